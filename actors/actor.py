@@ -1,0 +1,117 @@
+"""The trial actor: one per group of trials that share a loaded model.
+
+The control plane wraps ``TrialRunner`` with ``ray.remote`` and the resources
+the group needs; nothing here depends on Ray, so the same object runs in a
+plain process (benchmarks, tests of the method).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from datetime import datetime, timezone
+from typing import Any
+
+from actors import environment
+from actors.backends import create_backend
+from actors.backends.base import Backend, LoadInfo, ModelSpec
+from actors.measure import measure_trial
+from sweeper.outcome import LoadResult, TrialOutcome
+from sweeper.trial import Trial
+
+log = logging.getLogger(__name__)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    # Keep where it happened: the last frame is usually the telling one.
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        f = frames[-1]
+        text += f" (at {f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name})"
+    return text[:4000]
+
+
+class TrialRunner:
+    def __init__(self) -> None:
+        self.backend: Backend | None = None
+        self.load_info: LoadInfo | None = None
+        self.load_s: float | None = None
+        self.telemetry: Any = None
+        self.env = environment.capture()
+
+    # -- lifecycle -------------------------------------------------------------
+    def load(self, trial: Trial) -> LoadResult:
+        """Load the group's model once; every later ``run`` reuses it."""
+        try:
+            self.backend = create_backend(trial.backend)
+            t0 = time.monotonic()
+            self.load_info = self.backend.load(ModelSpec(
+                source=trial.model_source, location=trial.model_location,
+                precision=trial.precision, options_json=trial.backend_options, seed=trial.seed,
+            ))
+            self.load_s = time.monotonic() - t0
+            self.telemetry = self._open_telemetry(trial)
+        except Exception as exc:  # reported as the group's failure, never raised
+            log.exception("load failed")
+            return LoadResult(ok=False, error=_error_text(exc),
+                              reason="oom" if self._is_oom(exc) else "load_failed")
+        return LoadResult(ok=True, load_s=self.load_s, info={
+            "device": self.load_info.device, "device_name": self.load_info.device_name,
+            "weight_memory_bytes": self.load_info.weight_memory_bytes,
+        })
+
+    def _open_telemetry(self, trial: Trial) -> Any:
+        from actors.telemetry import NullTelemetry, Telemetry
+
+        if self.load_info.device != "cuda":
+            return NullTelemetry(reason="CPU-only trial: no GPU energy to measure")
+        telemetry = Telemetry.open(interval_s=trial.measure.sample_interval_s, sync=self.backend.sync)
+        telemetry.start()
+        return telemetry
+
+    def _is_oom(self, exc: BaseException) -> bool:
+        return self.backend is not None and self.backend.is_out_of_memory(exc)
+
+    def close(self) -> None:
+        if self.telemetry is not None:
+            self.telemetry.close()
+        if self.backend is not None:
+            self.backend.close()
+
+    def ping(self) -> dict:
+        return {"hostname": self.env["hostname"], "ray_node_id": self.env["ray_node_id"]}
+
+    # -- one trial ---------------------------------------------------------------
+    def run(self, trial: Trial) -> TrialOutcome:
+        started = _now()
+        base: dict[str, Any] = {
+            **self.env, "started_at": started, "load_s": self.load_s,
+            "device": self.load_info.device if self.load_info else None,
+            "device_name": self.load_info.device_name if self.load_info else None,
+            "weight_memory_bytes": self.load_info.weight_memory_bytes if self.load_info else None,
+        }
+        if self.telemetry is not None:
+            base.update(self.telemetry.environment())
+        try:
+            if self.backend is None or self.load_info is None:
+                raise RuntimeError("run() before a successful load()")
+            measured = measure_trial(self.backend, trial, self.load_info, self.telemetry)
+        except Exception as exc:
+            oom = self._is_oom(exc)
+            if self.backend is not None:
+                self.backend.recover()
+            return TrialOutcome(trial.trial_id, {
+                **base, "status": "failed", "reason": "oom" if oom else "exception",
+                "error": _error_text(exc), "finished_at": _now(),
+            })
+        tables: dict[str, Any] = {"requests": measured.requests}
+        if measured.timeline is not None:
+            tables["timeline"] = measured.timeline
+        row = {**base, **measured.row, "status": "ok", "finished_at": _now()}
+        return TrialOutcome(trial.trial_id, row, tables)

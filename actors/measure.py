@@ -1,0 +1,116 @@
+"""The measurement method of one trial (DESIGN §4), backend-agnostic.
+
+warmup (unrecorded) -> idle baseline -> measured window: repeat generate until
+both ``min_iters`` and ``min_duration_s`` are reached, device-synchronized at
+both ends -> per-request timing, throughput, memory, energy.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from actors.backends.base import Backend, Generation, LoadInfo
+from actors.workload import RandomPrompts
+from sweeper.trial import Trial
+
+
+@dataclass
+class Measurement:
+    row: dict[str, Any]
+    requests: list[dict[str, Any]]
+    timeline: Any | None  # pyarrow.Table of telemetry samples, or None
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def request_rows(generations: list[Generation], t0: float, input_len: int) -> list[dict]:
+    rows = []
+    for i, gen in enumerate(generations):
+        for j, r in enumerate(gen.requests):
+            ttft = r.t_first_token_s - r.t_start_s
+            e2e = r.t_end_s - r.t_start_s
+            rows.append({
+                "iteration": i, "request_index": j, "input_len": input_len,
+                "output_tokens": r.output_tokens, "t_start_s": r.t_start_s - t0,
+                "ttft_s": ttft, "e2e_s": e2e,
+                # vLLM's definition: the first token is prefill's, not decode's.
+                "tpot_s": (e2e - ttft) / (r.output_tokens - 1) if r.output_tokens > 1 else None,
+            })
+    return rows
+
+
+def latency_columns(requests: list[dict]) -> dict[str, float | None]:
+    ttft = [r["ttft_s"] for r in requests]
+    tpot = [r["tpot_s"] for r in requests if r["tpot_s"] is not None]
+    e2e = [r["e2e_s"] for r in requests]
+    return {
+        "ttft_s": _mean(ttft), "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
+        "tpot_s": _mean(tpot), "tpot_p50_s": _pct(tpot, 50), "tpot_p99_s": _pct(tpot, 99),
+        "e2e_s": _mean(e2e), "e2e_p50_s": _pct(e2e, 50),
+    }
+
+
+def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Any,
+                  clock=time.monotonic) -> Measurement:
+    m = trial.measure
+    prompts = RandomPrompts(load.vocab_size, trial.input_len, trial.batch_size, trial.seed)
+
+    backend.reset_peak_memory()
+    for i in range(m.warmup_iters):
+        backend.generate(prompts.batch(-1 - i), trial.output_len)
+
+    backend.sync()
+    t_idle = clock()
+    idle_power_w = telemetry.idle_baseline(m.idle_s) if telemetry.active and m.idle_s > 0 else None
+
+    generations: list[Generation] = []
+    with telemetry.measure(trial.trial_id) as handle:
+        backend.sync()
+        t0 = clock()
+        while True:
+            generations.append(backend.generate(prompts.batch(len(generations)), trial.output_len))
+            if len(generations) >= m.min_iters and clock() - t0 >= m.min_duration_s:
+                break
+        backend.sync()
+        t1 = clock()
+    duration_s = t1 - t0
+
+    requests = request_rows(generations, t0, trial.input_len)
+    output_tokens = sum(g.output_tokens for g in generations)
+    n_requests = len(requests)
+    row: dict[str, Any] = {
+        "n_iterations": len(generations), "n_requests": n_requests,
+        "duration_s": duration_s, "output_tokens": output_tokens,
+        "throughput_tok_s": output_tokens / duration_s,
+        "requests_per_s": n_requests / duration_s,
+        **latency_columns(requests),
+        "peak_memory_bytes": backend.peak_memory_bytes(),
+    }
+    marks = [mark for g in generations for mark in g.marks]
+    decode_tokens = sum(max(r.output_tokens - 1, 0) for g in generations for r in g.requests)
+    row.update(telemetry.trial_columns(
+        handle, idle_power_w=idle_power_w, marks=marks, output_tokens=output_tokens,
+        requests=n_requests, decode_tokens=decode_tokens,
+        iteration_bounds=[(g.t_start_s, g.t_end_s) for g in generations],
+        min_window_s=m.min_window_s, max_iteration_cv=m.max_iteration_cv,
+        duration_s=duration_s,
+    ))
+    timeline = None
+    if telemetry.active:
+        table = telemetry.timeline_table(trial.trial_id, t_idle, t1)
+        import pyarrow.compute as pc
+
+        timeline = table.set_column(table.schema.get_field_index("t_s"), "t_s",
+                                    pc.subtract(table.column("t_s"), t0))
+    return Measurement(row=row, requests=[{"trial_id": trial.trial_id, **r} for r in requests],
+                       timeline=timeline)

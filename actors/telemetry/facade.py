@@ -1,0 +1,338 @@
+"""What the actor holds: ``Telemetry`` on GPUs, ``NullTelemetry`` where there are none.
+
+Both answer the same calls, so the measurement code has no GPU branch beyond
+``active``; on the null path every energy column is None, never 0, because
+"not measured" and "no energy" must stay different in the results.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from actors.telemetry.meter import EnergyMeter, EnergyWindow
+from actors.telemetry.nvml import GpuInfo, NvmlUnavailableError, TelemetryError, resolve_gpus
+from actors.telemetry.rapl import RaplReader
+from actors.telemetry.sampler import TIMELINE_SCHEMA, Sampler
+
+log = logging.getLogger(__name__)
+
+TRIAL_COLUMNS: tuple[str, ...] = (
+    "energy_j", "energy_per_token_j", "energy_per_request_j", "avg_power_w", "peak_power_w",
+    "idle_power_w", "active_energy_j", "prefill_energy_j", "decode_energy_j",
+    "decode_energy_per_token_j", "energy_method", "energy_uncertainty_j", "cpu_energy_j",
+    "dram_energy_j", "gpu_uuids", "gpu_names", "gpu_power_limit_w", "driver_version",
+    "unstable", "unstable_reason",
+)
+
+
+def default_sync() -> None:
+    """Wait for this process's CUDA work, on every device it has used.
+
+    Looks torch up instead of importing it: a process that never imported
+    torch, or never touched CUDA, has no device work to wait for, and must not
+    pay for an import or create a CUDA context just to be told so.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    current = torch.cuda.current_device()
+    for i in range(torch.cuda.device_count()):
+        # Synchronizing an untouched device would create a context on it.
+        if i == current or torch.cuda.memory_reserved(i) > 0:
+            torch.cuda.synchronize(i)
+
+
+@dataclass
+class Measurement:
+    """Handle yielded by ``measure``; filled in when the block exits."""
+
+    name: str
+    t_start_s: float | None = None
+    t_end_s: float | None = None
+    window: EnergyWindow | None = None
+    cpu_energy_j: float | None = None
+    dram_energy_j: float | None = None
+    error: str | None = None  # why ``window`` is None, when it is
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.t_start_s is None or self.t_end_s is None:
+            return None
+        return self.t_end_s - self.t_start_s
+
+
+def _ratio(numerator: float | None, denominator: float | int | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def _window_reasons(duration_s: float | None, min_window_s: float) -> list[str]:
+    if duration_s is not None and duration_s < min_window_s:
+        return [f"window {duration_s:.2f} s < min_window_s {min_window_s:g} s"]
+    return []
+
+
+def _with_trial_id(table: pa.Table, trial_id: str, marks: list[tuple[str, float, float]] | None) -> pa.Table:
+    table = table.add_column(0, pa.field("trial_id", pa.string()),
+                             pa.array([trial_id] * table.num_rows, pa.string()))
+    if marks is None:
+        return table
+    # A sample belongs to the mark that starts last at or before it, if it has not ended.
+    ordered = sorted(marks, key=lambda m: m[1])
+    starts = [m[1] for m in ordered]
+    phases = []
+    for t in table.column("t_s").to_pylist():
+        k = bisect.bisect_right(starts, t) - 1
+        phases.append(ordered[k][0] if k >= 0 and t <= ordered[k][2] else None)
+    return table.append_column(pa.field("phase", pa.string()), pa.array(phases, pa.string()))
+
+
+class Telemetry:
+    """NVML sampler, energy meter and RAPL for the GPUs this process holds."""
+
+    active = True
+
+    def __init__(self, gpus: list[GpuInfo], sampler: Sampler, meter: EnergyMeter, rapl: RaplReader,
+                 sync: Callable[[], None] = default_sync) -> None:
+        self.gpus = gpus
+        self.sampler = sampler
+        self.meter = meter
+        self.rapl = rapl
+        self._sync = sync
+        self._rapl_by_window: OrderedDict[tuple[str, float, float], tuple[float | None, float | None]] = OrderedDict()
+
+    @classmethod
+    def open(cls, interval_s: float = 0.1, clock: Callable[[], float] = time.monotonic,
+             cuda_visible_devices: str | None = None, sync: Callable[[], None] | None = None, *,
+             sleep: Callable[[float], None] = time.sleep,
+             rapl_root: str = "/sys/class/powercap") -> Telemetry | NullTelemetry:
+        """Telemetry for the GPUs Ray assigned, or NullTelemetry (with ``reason``) if there are none.
+
+        A ``CUDA_VISIBLE_DEVICES`` entry that names no GPU raises
+        ``DeviceMappingError``: metering some other device must not pass silently.
+        """
+        try:
+            gpus = resolve_gpus(cuda_visible_devices)
+        except NvmlUnavailableError as exc:
+            # Asked for GPU telemetry and got none: worth a warning, not a failure.
+            return NullTelemetry(reason=str(exc), clock=clock, log_level=logging.WARNING)
+        if not gpus:
+            shown = cuda_visible_devices if cuda_visible_devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
+            return NullTelemetry(reason=f"no GPU visible to this process (CUDA_VISIBLE_DEVICES={shown!r})", clock=clock)
+        sync = sync or default_sync
+        sampler = Sampler(gpus, interval_s=interval_s, clock=clock)
+        meter = EnergyMeter(gpus, sampler, sync=sync, clock=clock, sleep=sleep)
+        return cls(gpus, sampler, meter, RaplReader(rapl_root), sync=sync)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.sampler.start()
+
+    def close(self) -> None:
+        self.sampler.stop()
+
+    def __enter__(self) -> Telemetry:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- measuring --------------------------------------------------------------------
+
+    def idle_baseline(self, duration_s: float) -> float | None:
+        return self.meter.idle_baseline(duration_s)
+
+    @contextmanager
+    def measure(self, name: str) -> Iterator[Measurement]:
+        """An energy window around the block; the handle is complete on exit.
+
+        If the window cannot be computed the block's results still stand:
+        ``handle.window`` stays None, ``handle.error`` says why, and the trial's
+        energy columns come out null and flagged unstable.
+        """
+        handle = Measurement(name)
+        handle.t_start_s = self.meter.begin(name)
+        rapl_start = self.rapl.read() if self.rapl.available else None
+        try:
+            yield handle
+        except BaseException:
+            self.meter.cancel(name)
+            raise
+        self._sync()
+        rapl_end = self.rapl.read() if rapl_start is not None else None
+        try:
+            handle.window = self.meter.end(name)
+        except TelemetryError as exc:
+            log.error("energy window %r failed: %s", name, exc)
+            handle.error = str(exc)
+            return
+        handle.t_start_s, handle.t_end_s = handle.window.t_start_s, handle.window.t_end_s
+        if rapl_start is not None and rapl_end is not None:
+            handle.cpu_energy_j, handle.dram_energy_j = self.rapl.delta(rapl_start, rapl_end)
+        key = (name, handle.window.t_start_s, handle.window.t_end_s)
+        self._rapl_by_window[key] = (handle.cpu_energy_j, handle.dram_energy_j)
+        while len(self._rapl_by_window) > 64:
+            self._rapl_by_window.popitem(last=False)
+
+    # -- reporting ----------------------------------------------------------------------
+
+    def trial_columns(self, window: EnergyWindow | Measurement | None, *, idle_power_w: float | None,
+                      marks: list[tuple[str, float, float]], output_tokens: int, requests: int,
+                      decode_tokens: int, iteration_bounds: list[tuple[float, float]],
+                      min_window_s: float = 10.0, max_iteration_cv: float = 0.05,
+                      duration_s: float | None = None) -> dict[str, Any]:
+        """The trial row's energy columns (``TRIAL_COLUMNS``) for one measured window.
+
+        ``window`` is the handle from ``measure`` or its ``.window``. ``duration_s``
+        is only used to judge stability when there is no window.
+        """
+        handle = window if isinstance(window, Measurement) else None
+        w = handle.window if handle is not None else window
+        cols: dict[str, Any] = dict.fromkeys(TRIAL_COLUMNS)
+        cols.update(self._gpu_columns())
+        reasons = _window_reasons(w.duration_s if w is not None else duration_s, min_window_s)
+        if w is None:
+            reasons.append(f"no energy window ({handle.error if handle and handle.error else 'not measured'})")
+            cols.update(unstable=True, unstable_reason="; ".join(reasons))
+            return cols
+
+        if handle is not None:
+            cpu_j, dram_j = handle.cpu_energy_j, handle.dram_energy_j
+        else:
+            cpu_j, dram_j = self._rapl_by_window.get((w.name, w.t_start_s, w.t_end_s), (None, None))
+        cols.update(
+            energy_j=w.energy_j,
+            energy_per_token_j=_ratio(w.energy_j, output_tokens),
+            energy_per_request_j=_ratio(w.energy_j, requests),
+            avg_power_w=w.avg_power_w,
+            peak_power_w=w.peak_power_w,
+            idle_power_w=idle_power_w,
+            active_energy_j=None if idle_power_w is None else w.energy_j - idle_power_w * w.duration_s,
+            energy_method=w.method,
+            energy_uncertainty_j=w.uncertainty_j,
+            cpu_energy_j=cpu_j,
+            dram_energy_j=dram_j,
+        )
+        try:
+            phases = self.meter.phase_energy(list(marks))
+        except TelemetryError as exc:
+            log.warning("phase energy unavailable: %s", exc)
+            phases = {}
+        cols["prefill_energy_j"] = phases.get("prefill")
+        cols["decode_energy_j"] = phases.get("decode")
+        cols["decode_energy_per_token_j"] = _ratio(phases.get("decode"), decode_tokens)
+        reasons += self._iteration_reasons(iteration_bounds, max_iteration_cv)
+        cols.update(unstable=bool(reasons), unstable_reason="; ".join(reasons) or None)
+        return cols
+
+    def _iteration_reasons(self, bounds: list[tuple[float, float]], max_cv: float) -> list[str]:
+        if len(bounds) < 2:
+            return []
+        try:
+            energies = self.meter.energies_between(bounds)
+        except TelemetryError as exc:
+            log.warning("per-iteration energy unavailable: %s", exc)
+            return []
+        mean = statistics.fmean(energies)
+        if mean <= 0:
+            return []
+        cv = statistics.stdev(energies) / mean
+        if math.isfinite(cv) and cv > max_cv:
+            return [f"per-iteration energy CV {cv:.3f} > max_iteration_cv {max_cv:g}"]
+        return []
+
+    def _gpu_columns(self) -> dict[str, Any]:
+        limits = [g.power_limit_w for g in self.gpus if g.power_limit_w is not None]
+        return {
+            "gpu_uuids": ",".join(g.uuid for g in self.gpus),
+            "gpu_names": ",".join(g.name for g in self.gpus),
+            "gpu_power_limit_w": sum(limits) if limits else None,
+            "driver_version": self.gpus[0].driver_version if self.gpus else None,
+        }
+
+    def environment(self) -> dict[str, Any]:
+        return self._gpu_columns()
+
+    def timeline_table(self, trial_id: str, t0_s: float, t1_s: float,
+                       marks: list[tuple[str, float, float]] | None = None) -> pa.Table:
+        """Sampler rows in [t0, t1] with ``trial_id`` first; with ``marks``, a ``phase`` column last."""
+        return _with_trial_id(self.sampler.table(t0_s, t1_s), trial_id, marks)
+
+
+class NullTelemetry:
+    """No GPU to meter: every call works and every energy column is None."""
+
+    active = False
+
+    def __init__(self, reason: str, clock: Callable[[], float] = time.monotonic,
+                 sync: Callable[[], None] | None = None, log_level: int = logging.INFO) -> None:
+        self.reason = reason
+        self.gpus: list[GpuInfo] = []
+        self.meter = None
+        self.sampler = None
+        self.rapl = None
+        self._clock = clock
+        self._sync = sync or (lambda: None)
+        log.log(log_level, "GPU telemetry off: %s", reason)
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> NullTelemetry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def idle_baseline(self, duration_s: float) -> float | None:
+        return None
+
+    @contextmanager
+    def measure(self, name: str) -> Iterator[Measurement]:
+        handle = Measurement(name, error=self.reason)
+        self._sync()
+        handle.t_start_s = self._clock()
+        yield handle
+        self._sync()
+        handle.t_end_s = self._clock()
+
+    def trial_columns(self, window: EnergyWindow | Measurement | None, *, idle_power_w: float | None = None,
+                      marks: list[tuple[str, float, float]] | None = None, output_tokens: int = 0,
+                      requests: int = 0, decode_tokens: int = 0,
+                      iteration_bounds: list[tuple[float, float]] | None = None,
+                      min_window_s: float = 10.0, max_iteration_cv: float = 0.05,
+                      duration_s: float | None = None) -> dict[str, Any]:
+        if isinstance(window, Measurement):
+            duration_s = window.duration_s if window.duration_s is not None else duration_s
+        elif window is not None:
+            duration_s = window.duration_s
+        reasons = _window_reasons(duration_s, min_window_s)
+        cols: dict[str, Any] = dict.fromkeys(TRIAL_COLUMNS)
+        cols.update(unstable=bool(reasons), unstable_reason="; ".join(reasons) or None)
+        return cols
+
+    def environment(self) -> dict[str, Any]:
+        return {"gpu_uuids": None, "gpu_names": None, "gpu_power_limit_w": None, "driver_version": None}
+
+    def timeline_table(self, trial_id: str, t0_s: float, t1_s: float,
+                       marks: list[tuple[str, float, float]] | None = None) -> pa.Table:
+        return _with_trial_id(TIMELINE_SCHEMA.empty_table(), trial_id, marks)

@@ -1,0 +1,180 @@
+"""The ``sweeper`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sweeper.errors import UserInputError
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    help="Measure seconds, bytes and joules of LLM inference across sweeps of models, "
+         "backends, precisions and batch sizes.",
+)
+# Piped output (CI logs, files) gets wide tables rather than 80-column truncation.
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+
+class DeviceChoice(str, Enum):
+    auto = "auto"
+    cuda = "cuda"
+    cpu = "cpu"
+
+
+def _fail(exc: UserInputError) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    return typer.Exit(code=2)
+
+
+def _local_device() -> str:
+    """Whether this machine has an NVIDIA GPU, asked of NVML (no torch import)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return "cuda" if pynvml.nvmlDeviceGetCount() > 0 else "cpu"
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return "cpu"
+
+
+SweepArg = Annotated[Path, typer.Argument(help="sweep file (YAML)", show_default=False)]
+
+
+@app.command()
+def plan(
+    sweep_file: SweepArg,
+    device: Annotated[DeviceChoice, typer.Option(help="plan for this device; auto: this machine's")] = DeviceChoice.auto,
+    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+) -> None:
+    """Expand a sweep into trials and show which would run and which are skipped (and why)."""
+    from sweeper.plan import make_plan
+    from sweeper.spec import load_sweep
+
+    try:
+        sweep = load_sweep(sweep_file)
+        target = _local_device() if device is DeviceChoice.auto else device.value
+        p = make_plan(sweep, target, sweep_path=str(sweep_file))
+    except UserInputError as exc:
+        raise _fail(exc) from None
+
+    if as_json:
+        payload = {
+            "sweep": sweep.name, "device": p.device, "trials": len(p.trials),
+            "runnable": len(p.runnable), "skipped": len(p.skipped), "excluded": p.excluded,
+            "groups": len(p.groups()),
+            "plan": [{"trial_id": pt.trial.trial_id, **pt.trial.axes(),
+                      "status": "run" if pt.runnable else "skipped", "reason": pt.skip_reason}
+                     for pt in p.trials],
+        }
+        print(json.dumps(payload, indent=2))
+        return
+    table = Table(title=f"{sweep.name}: {len(p.trials)} trials on {p.device}", title_justify="left")
+    for col in ("trial_id", "model", "backend", "precision", "batch", "in", "out", "rep", "status"):
+        table.add_column(col, justify="right" if col in ("batch", "in", "out", "rep") else "left")
+    for pt in p.trials:
+        t = pt.trial
+        status = "run" if pt.runnable else f"[yellow]skipped[/]: {pt.skip_reason}"
+        table.add_row(t.trial_id, t.model, t.backend, t.precision, str(t.batch_size),
+                      str(t.input_len), str(t.output_len), str(t.repeat), status)
+    out.print(table)
+    out.print(f"{len(p.runnable)} to run in {len(p.groups())} model load(s), "
+              f"{len(p.skipped)} skipped, {p.excluded} excluded by the sweep's exclude rules")
+
+
+@app.command()
+def run(
+    sweep_file: SweepArg,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="results directory or URI [default: results/<sweep name>]")] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster to join (auto, ray://host:10001); default: start a local Ray")] = None,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="re-run trials whose stored result is failed")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="one line per finished trial instead of the live display")] = False,
+) -> None:
+    """Run every trial of a sweep (resuming: trials with an ok result are not run again)."""
+    from sweeper.plan import expand, make_plan
+    from sweeper.scheduler import connect, run_plan
+    from sweeper.spec import load_sweep
+    from sweeper.storage import ResultStore
+
+    try:
+        sweep = load_sweep(sweep_file)
+        expand(sweep, sweep_path=str(sweep_file))  # every model resolves before Ray starts
+    except UserInputError as exc:
+        raise _fail(exc) from None
+
+    store = ResultStore(output or str(Path("results") / sweep.name))
+    err.print(f"sweeper: starting Ray{' at ' + address if address else ' (local)'} ...", highlight=False)
+    cluster = connect(address)
+    p = make_plan(sweep, cluster.device, sweep_path=str(sweep_file), check_hub=False)
+    err.print(f"sweeper: {sweep.name}: {len(p.runnable)} trials to run in {len(p.groups())} group(s), "
+              f"{len(p.skipped)} skipped, on {cluster.nodes} node(s) with {cluster.gpus} GPU(s), "
+              f"{cluster.cpus} CPU(s); results in {store.uri}", highlight=False)
+    try:
+        summary = run_plan(p, store, cluster, retry_failed=retry_failed, quiet=quiet, console=err)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]: every finished trial is saved; run the same command again to resume")
+        raise typer.Exit(code=130) from None
+    counts = store.aggregate()
+
+    table = Table(title=f"{sweep.name}: done in {summary.wall_s:,.1f} s", title_justify="left")
+    for col in ("ran", "ok", "failed", "skipped", "already done", "model loads", "trials.parquet rows"):
+        table.add_column(col, justify="right")
+    table.add_row(str(summary.ran), str(summary.ok), f"[red]{summary.failed}[/]" if summary.failed else "0",
+                  str(summary.skipped), str(summary.resumed), str(summary.model_loads), str(counts["trials"]))
+    err.print(table)
+    for line in summary.failures[:10]:
+        err.print(f"  [red]failed[/] {line}", highlight=False)
+    err.print(f"results: {store.uri}/trials.parquet (query with DuckDB, e.g. "
+              f"SELECT * FROM '{store.uri}/trials.parquet')", highlight=False)
+    if summary.failed:
+        raise typer.Exit(code=1)
+
+
+@app.command()
+def aggregate(
+    output: Annotated[str, typer.Argument(help="results directory or URI", show_default=False)],
+) -> None:
+    """Merge a results directory's shards into trials.parquet, requests.parquet, timeline.parquet."""
+    from sweeper.storage import ResultStore
+
+    store = ResultStore(output)
+    try:
+        counts = store.aggregate()
+    except UserInputError as exc:
+        raise _fail(exc) from None
+    out.print(", ".join(f"{kind}.parquet: {n} rows" for kind, n in counts.items()), highlight=False)
+
+
+@app.command()
+def presets() -> None:
+    """List the bundled synthetic model presets."""
+    from sweeper.presets import PRESETS
+
+    table = Table()
+    for col in ("preset", "type", "layers", "hidden", "heads/kv", "vocab", "mirrors"):
+        table.add_column(col)
+    for p in PRESETS.values():
+        c = p.config
+        table.add_row(p.name, c["model_type"], str(c["num_hidden_layers"]), str(c["hidden_size"]),
+                      f"{c['num_attention_heads']}/{c['num_key_value_heads']}", str(c["vocab_size"]),
+                      p.mirrors or "-")
+    out.print(table)
+
+
+def main() -> None:
+    try:
+        app()
+    except UserInputError as exc:  # safety net: no traceback for bad input
+        err.print(f"error: {exc}", highlight=False)
+        sys.exit(2)

@@ -1,0 +1,35 @@
+"""Typed errors of the control plane.
+
+Every error a user can cause by what they typed (a sweep file, a flag, a path)
+is a ``UserInputError``: the CLI prints its one-line message and exits with 2,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+
+class SweeperError(Exception):
+    """Base class of every error sweeper raises on purpose."""
+
+
+class UserInputError(SweeperError):
+    """Bad input: the CLI reports it on one line and exits with code 2."""
+
+
+class SweepFileError(UserInputError):
+    """A sweep file that cannot be read, parsed or validated."""
+
+    def __init__(self, path: str, field: str | None, message: str):
+        self.path = path
+        self.field = field
+        self.message = message
+        where = f"{path}: {field}" if field else path
+        super().__init__(f"{where}: {message}")
+
+
+class ModelResolutionError(UserInputError):
+    """A model entry that is neither a preset, a local checkpoint nor a reachable hub id."""
+
+
+class ResultsError(UserInputError):
+    """A results directory that does not exist or holds no shards."""

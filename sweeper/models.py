@@ -1,0 +1,83 @@
+"""Resolving a sweep's model entries: bundled preset, local checkpoint or hub id.
+
+Resolution happens at plan time, on the driver, so that an entry that names
+nothing fails before any GPU is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from sweeper.errors import ModelResolutionError
+from sweeper.presets import PRESETS
+
+ModelSource = Literal["synthetic", "path", "hub"]
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model as the actors see it: where its config (and weights) come from."""
+
+    name: str  # the entry exactly as written in the sweep file
+    source: ModelSource
+    location: str  # preset name, absolute directory, or hub repo id
+
+
+def resolve_model(entry: str, *, base_dir: Path | None = None, check_hub: bool = True) -> ModelRef:
+    """Resolve one ``models`` entry, or raise ``ModelResolutionError``.
+
+    Order: bundled preset (``synthetic:NAME`` forces it), then an existing local
+    directory with a ``config.json`` (relative paths from the sweep file's
+    folder), then a Hugging Face id whose ``config.json`` is cached or reachable.
+    """
+    name = entry.strip()
+    preset = name.removeprefix("synthetic:")
+    if preset in PRESETS:
+        return ModelRef(name, "synthetic", preset)
+    if name.startswith("synthetic:"):
+        raise ModelResolutionError(
+            f"unknown preset {preset!r}; bundled presets: {', '.join(sorted(PRESETS))}"
+        )
+
+    path = Path(os.path.expanduser(name))
+    if not path.is_absolute() and base_dir is not None and (base_dir / path).exists():
+        path = base_dir / path
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelResolutionError(f"directory {name!r} has no config.json")
+        return ModelRef(name, "path", str(path.resolve()))
+
+    if not _HUB_ID.match(name):
+        raise ModelResolutionError(
+            f"{name!r} is not a bundled preset ({', '.join(sorted(PRESETS))}), "
+            "an existing directory, or a Hugging Face id of the form org/name"
+        )
+    if check_hub and not _hub_config_reachable(name):
+        raise ModelResolutionError(
+            f"Hugging Face model {name!r} is neither cached locally nor reachable "
+            "(no network, a typo, or a gated model without a token?)"
+        )
+    return ModelRef(name, "hub", name)
+
+
+def _hub_config_reachable(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
+        return True
+    cached = try_to_load_from_cache(repo_id, "config.json")
+    if isinstance(cached, str):
+        return True
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return False
+    try:
+        hf_hub_download(repo_id, "config.json", etag_timeout=5)
+    except Exception:
+        return False
+    return True

@@ -1,0 +1,30 @@
+"""What an actor sends back for one trial: the trials row and any other tables.
+
+Shared by both planes so the driver can write shards without knowing how the
+numbers were produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TrialOutcome:
+    trial_id: str
+    row: dict[str, Any]  # trials-table columns measured by the actor
+    tables: dict[str, Any] = field(default_factory=dict)  # kind -> pyarrow.Table | list[dict]
+
+    @property
+    def status(self) -> str:
+        return self.row.get("status", "failed")
+
+
+@dataclass
+class LoadResult:
+    ok: bool
+    load_s: float | None = None
+    error: str | None = None
+    reason: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)  # weight_memory_bytes, device, ...

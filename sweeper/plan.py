@@ -1,0 +1,134 @@
+"""From a validated sweep to a plan: grid expansion, exclusions, compatibility, groups."""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sweeper.backends import BACKENDS, canonical_options
+from sweeper.errors import ModelResolutionError, SweepFileError
+from sweeper.models import ModelRef, resolve_model
+from sweeper.precisions import PRECISIONS
+from sweeper.spec import Sweep
+from sweeper.trial import MeasureSettings, Trial
+
+Device = Literal["cuda", "cpu"]
+
+
+@dataclass(frozen=True)
+class PlannedTrial:
+    trial: Trial
+    skip_reason: str | None = None
+
+    @property
+    def runnable(self) -> bool:
+        return self.skip_reason is None
+
+
+@dataclass(frozen=True)
+class TrialGroup:
+    """Trials that share a load key: one actor, one model load, run back to back."""
+
+    load_key: tuple
+    trials: tuple[Trial, ...]
+
+    @property
+    def num_gpus(self) -> int:
+        return max(t.num_gpus for t in self.trials)
+
+    @property
+    def label(self) -> str:
+        t = self.trials[0]
+        return f"{t.model} {t.backend}/{t.precision}"
+
+
+@dataclass
+class Plan:
+    sweep: Sweep
+    device: Device
+    trials: list[PlannedTrial]
+    excluded: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def runnable(self) -> list[Trial]:
+        return [p.trial for p in self.trials if p.runnable]
+
+    @property
+    def skipped(self) -> list[PlannedTrial]:
+        return [p for p in self.trials if not p.runnable]
+
+    def groups(self, trials: list[Trial] | None = None) -> list[TrialGroup]:
+        by_key: OrderedDict[tuple, list[Trial]] = OrderedDict()
+        for t in self.runnable if trials is None else trials:
+            by_key.setdefault(t.load_key, []).append(t)
+        # Small batches first: if a batch runs out of memory, larger ones of the
+        # same group can be predicted to as well.
+        return [
+            TrialGroup(k, tuple(sorted(v, key=lambda t: (t.batch_size, t.input_len, t.output_len, t.repeat))))
+            for k, v in by_key.items()
+        ]
+
+
+def _matches(rule: dict[str, Any], axes: dict[str, Any]) -> bool:
+    for key, wanted in rule.items():
+        options = wanted if isinstance(wanted, list) else [wanted]
+        if axes[key] not in options:
+            return False
+    return True
+
+
+def resolve_models(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True) -> list[ModelRef]:
+    base = Path(sweep_path).parent if sweep_path != "<sweep>" else None
+    refs = []
+    for i, entry in enumerate(sweep.models):
+        try:
+            refs.append(resolve_model(entry, base_dir=base, check_hub=check_hub))
+        except ModelResolutionError as exc:
+            raise SweepFileError(sweep_path, f"models[{i}]", str(exc)) from None
+    return refs
+
+
+def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True) -> tuple[list[Trial], int]:
+    """The full grid as trials, less those matching an ``exclude`` rule.
+
+    Returns the trials and the number excluded.
+    """
+    models = resolve_models(sweep, sweep_path=sweep_path, check_hub=check_hub)
+    measure = MeasureSettings(**sweep.measure.model_dump())
+    options = {b: canonical_options(sweep.options_for(b)) for b in sweep.backends}
+    trials: list[Trial] = []
+    excluded = 0
+    grid = itertools.product(
+        models, sweep.backends, sweep.precisions, sweep.batch_sizes,
+        sweep.workload.input_len, sweep.workload.output_len, range(sweep.repeats),
+    )
+    for model, backend, precision, batch, in_len, out_len, repeat in grid:
+        trial = Trial(
+            sweep=sweep.name, model=model.name, model_source=model.source,
+            model_location=model.location, backend=backend, precision=precision,
+            batch_size=batch, input_len=in_len, output_len=out_len,
+            dataset=sweep.workload.dataset, seed=sweep.workload.seed, repeat=repeat,
+            backend_options=options[backend], measure=measure,
+        )
+        if any(_matches(rule, trial.axes()) for rule in sweep.exclude):
+            excluded += 1
+            continue
+        trials.append(trial)
+    return trials, excluded
+
+
+def compatibility(trial: Trial, device: Device) -> str | None:
+    """Why this trial cannot run on ``device``, or None. Decided from the registries alone."""
+    backend = BACKENDS[trial.backend]
+    return (backend.unsupported_reason(trial.precision, device)
+            or PRECISIONS[trial.precision].unsupported_reason(device))
+
+
+def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", check_hub: bool = True) -> Plan:
+    trials, excluded = expand(sweep, sweep_path=sweep_path, check_hub=check_hub)
+    planned = [PlannedTrial(t, compatibility(t, device)) for t in trials]
+    return Plan(sweep=sweep, device=device, trials=planned, excluded=excluded)

@@ -1,0 +1,186 @@
+"""The result tables' schemas: one place, units in every name, documented.
+
+Shards are cast to these schemas when written, so every shard of a kind has the
+same columns and types, and ``docs/SCHEMA.md`` is generated from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    doc: str
+
+
+def _c(name: str, type_: pa.DataType, doc: str) -> Column:
+    return Column(name, type_, doc)
+
+
+S, I, F, B = pa.string(), pa.int64(), pa.float64(), pa.bool_()  # noqa: E741 - short type aliases keep the table readable
+TS = pa.timestamp("us", tz="UTC")
+
+TRIALS: tuple[Column, ...] = (
+    # identity and configuration
+    _c("trial_id", S, "content hash of the trial's configuration (stable across runs)"),
+    _c("sweep", S, "sweep name"),
+    _c("model", S, "model entry as written in the sweep file"),
+    _c("model_source", S, "synthetic (preset, random weights) | path | hub"),
+    _c("model_location", S, "preset name, directory or hub id the model was loaded from"),
+    _c("backend", S, "inference backend"),
+    _c("precision", S, "numeric format (fp32, fp16, bf16, ...)"),
+    _c("batch_size", I, "sequences per generate call"),
+    _c("input_len", I, "prompt tokens per sequence"),
+    _c("output_len", I, "generated tokens per sequence (exact)"),
+    _c("dataset", S, "prompt source"),
+    _c("seed", I, "prompt seed"),
+    _c("repeat", I, "repeat index (0-based)"),
+    _c("backend_options", S, "the backend's validated options, canonical JSON"),
+    _c("warmup_iters", I, "unrecorded generate calls before measuring"),
+    _c("min_iters", I, "measured generate calls, at least"),
+    _c("min_duration_s", F, "measured window length, at least"),
+    _c("idle_s", F, "idle-baseline window before the measured phase"),
+    _c("sample_interval_s", F, "telemetry sampling interval"),
+    _c("min_window_s", F, "windows shorter than this are flagged unstable"),
+    _c("max_iteration_cv", F, "per-iteration energy CV above this is flagged unstable"),
+    # outcome
+    _c("status", S, "ok | failed | skipped"),
+    _c("reason", S, "short machine-readable cause for failed/skipped (exception, unsupported, ...)"),
+    _c("error", S, "error text for failed/skipped trials"),
+    _c("started_at", TS, "trial start (UTC)"),
+    _c("finished_at", TS, "trial end (UTC)"),
+    # timing
+    _c("n_iterations", I, "measured generate calls"),
+    _c("n_requests", I, "measured requests (sequences) = n_iterations x batch_size"),
+    _c("duration_s", F, "measured window, device-synchronized at both ends"),
+    _c("output_tokens", I, "generated tokens in the measured window"),
+    _c("throughput_tok_s", F, "output_tokens / duration_s"),
+    _c("requests_per_s", F, "n_requests / duration_s"),
+    _c("ttft_s", F, "mean time to first generated token (prefill)"),
+    _c("ttft_p50_s", F, "median time to first token"),
+    _c("ttft_p99_s", F, "99th percentile time to first token"),
+    _c("tpot_s", F, "mean time per output token after the first: (e2e - ttft) / (n - 1)"),
+    _c("tpot_p50_s", F, "median time per output token"),
+    _c("tpot_p99_s", F, "99th percentile time per output token"),
+    _c("e2e_s", F, "mean end-to-end request latency"),
+    _c("e2e_p50_s", F, "median end-to-end request latency"),
+    _c("load_s", F, "model load time of the trial's group (shared by its trials, not in duration_s)"),
+    # memory
+    _c("peak_memory_bytes", I, "peak allocator memory during the trial (CUDA: torch max_memory_allocated; CPU: process max RSS)"),
+    _c("weight_memory_bytes", I, "model footprint after loading (parameters and buffers)"),
+    # energy (null on CPU-only runs)
+    _c("energy_j", F, "GPU energy over the measured window, all GPUs the trial holds"),
+    _c("energy_per_token_j", F, "energy_j / output_tokens"),
+    _c("energy_per_request_j", F, "energy_j / n_requests"),
+    _c("avg_power_w", F, "energy_j / duration_s"),
+    _c("peak_power_w", F, "highest sampled total power in the window"),
+    _c("idle_power_w", F, "power over the idle-baseline window"),
+    _c("active_energy_j", F, "energy_j - idle_power_w x duration_s"),
+    _c("prefill_energy_j", F, "energy attributed to prefill (timeline over phase marks)"),
+    _c("decode_energy_j", F, "energy attributed to decode"),
+    _c("decode_energy_per_token_j", F, "decode_energy_j / decode tokens"),
+    _c("energy_method", S, "nvml_counter_interpolated | nvml_counter | power_integral"),
+    _c("energy_uncertainty_j", F, "bound on the window-boundary error of energy_j"),
+    _c("cpu_energy_j", F, "CPU package energy (RAPL) over the window, null when unreadable"),
+    _c("dram_energy_j", F, "DRAM energy (RAPL) over the window, null when unreadable"),
+    _c("unstable", B, "the measurement is flagged as unreliable (see unstable_reason)"),
+    _c("unstable_reason", S, "why the trial is flagged unstable"),
+    # environment
+    _c("device", S, "cuda | cpu"),
+    _c("device_name", S, "GPU (or CPU) model name"),
+    _c("gpu_uuids", S, "UUIDs of the GPUs the trial held, comma-separated"),
+    _c("gpu_names", S, "names of the GPUs the trial held, comma-separated"),
+    _c("gpu_power_limit_w", F, "sum of the held GPUs' power limits"),
+    _c("driver_version", S, "NVIDIA driver version"),
+    _c("cuda_version", S, "CUDA version torch was built with"),
+    _c("torch_version", S, "torch version on the worker"),
+    _c("transformers_version", S, "transformers version on the worker"),
+    _c("accelerate_version", S, "accelerate version on the worker"),
+    _c("bitsandbytes_version", S, "bitsandbytes version on the worker"),
+    _c("vllm_version", S, "vllm version on the worker"),
+    _c("ray_version", S, "ray version on the worker"),
+    _c("python_version", S, "Python version on the worker"),
+    _c("sweeper_version", S, "sweeper version on the worker"),
+    _c("hostname", S, "worker host name"),
+    _c("ray_node_id", S, "Ray node id of the worker"),
+)
+
+REQUESTS: tuple[Column, ...] = (
+    _c("trial_id", S, "trial the request belongs to"),
+    _c("iteration", I, "measured generate call (0-based)"),
+    _c("request_index", I, "sequence index within the batch"),
+    _c("input_len", I, "prompt tokens"),
+    _c("output_tokens", I, "generated tokens"),
+    _c("t_start_s", F, "request start, seconds from the start of the measured window"),
+    _c("ttft_s", F, "time to first generated token"),
+    _c("tpot_s", F, "time per output token after the first"),
+    _c("e2e_s", F, "end-to-end latency"),
+)
+
+TIMELINE: tuple[Column, ...] = (
+    _c("trial_id", S, "trial the sample belongs to"),
+    _c("t_s", F, "seconds from the start of the measured window (negative: idle baseline)"),
+    _c("gpu_index", I, "NVML (physical) index of the GPU"),
+    _c("gpu_uuid", S, "GPU UUID"),
+    _c("power_w", F, "instantaneous power"),
+    _c("energy_mj", F, "NVML total-energy counter (raw, mJ since driver load)"),
+    _c("util_gpu_pct", F, "GPU utilisation"),
+    _c("memory_used_bytes", I, "device memory used (whole GPU)"),
+    _c("sm_clock_mhz", F, "SM clock"),
+    _c("temperature_c", F, "GPU temperature"),
+)
+
+TABLES: dict[str, tuple[Column, ...]] = {
+    "trials": TRIALS,
+    "requests": REQUESTS,
+    "timeline": TIMELINE,
+}
+
+
+def arrow_schema(kind: str) -> pa.Schema:
+    return pa.schema([pa.field(c.name, c.type) for c in TABLES[kind]])
+
+
+def to_table(kind: str, rows: list[dict[str, Any]] | pa.Table) -> pa.Table:
+    """Rows (or a table) as a table of exactly ``kind``'s schema.
+
+    Missing columns become nulls; an unknown column is a programming error and
+    raises, so the schema cannot drift silently.
+    """
+    schema = arrow_schema(kind)
+    names = set(schema.names)
+    if isinstance(rows, pa.Table):
+        unknown = set(rows.column_names) - names
+        if unknown:
+            raise KeyError(f"{kind}: unknown columns {sorted(unknown)}")
+        cols = [rows.column(f.name).cast(f.type) if f.name in rows.column_names
+                else pa.nulls(rows.num_rows, f.type) for f in schema]
+        return pa.Table.from_arrays(cols, schema=schema)
+    for row in rows:
+        unknown = set(row) - names
+        if unknown:
+            raise KeyError(f"{kind}: unknown columns {sorted(unknown)}")
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def schema_markdown() -> str:
+    lines = []
+    for kind, cols in TABLES.items():
+        lines += [f"### `{kind}.parquet`", "", "| column | type | meaning |", "| --- | --- | --- |"]
+        lines += [f"| `{c.name}` | {c.type} | {c.doc.replace('|', chr(92) + '|')} |" for c in cols]
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m sweeper.schema > docs/SCHEMA.md
+    print("# Result tables\n")
+    print("Generated from `sweeper/schema.py` (`python -m sweeper.schema > docs/SCHEMA.md`); "
+          "a test keeps the two in step. Units are in the column names: `_s` seconds, `_j` joules, "
+          "`_w` watts, `_bytes` bytes, `_mj` millijoules, `_mhz` MHz, `_c` degrees Celsius, `_pct` per cent.\n")
+    print(schema_markdown())

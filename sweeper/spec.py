@@ -1,0 +1,196 @@
+"""The sweep file: a pydantic schema, loaded with ``yaml.safe_load``.
+
+Every list axis also takes a scalar. Unknown keys are errors. Any problem is
+raised as ``SweepFileError`` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from sweeper.backends import BACKENDS
+from sweeper.errors import SweepFileError
+from sweeper.precisions import PRECISIONS
+
+T = TypeVar("T")
+
+
+def _listify(value: Any) -> Any:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def _dedupe(values: list) -> list:
+    seen: list = []
+    for v in values:
+        if v not in seen:
+            seen.append(v)
+    return seen
+
+
+# A grid axis: a scalar or a non-empty list, duplicates dropped in order.
+Axis = Annotated[list[T], BeforeValidator(_listify), Field(min_length=1)]
+
+PositiveInt = Annotated[int, Field(gt=0, strict=True)]
+
+# The axes a trial is made of, as ``exclude`` entries may name them.
+AXES = ("model", "backend", "precision", "batch_size", "input_len", "output_len", "repeat")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Workload(_Strict):
+    input_len: Axis[PositiveInt]
+    output_len: Axis[PositiveInt]
+    dataset: Literal["random"] = "random"
+    seed: int = 0
+
+    _dedupe = field_validator("input_len", "output_len")(_dedupe)
+
+
+class Measure(_Strict):
+    warmup_iters: int = Field(1, ge=0)
+    min_iters: int = Field(5, gt=0)
+    min_duration_s: float = Field(10.0, ge=0)
+    idle_s: float = Field(2.0, ge=0, description="idle-baseline window before the measured phase")
+    sample_interval_s: float = Field(0.1, gt=0, le=10)
+    min_window_s: float = Field(10.0, ge=0, description="shorter measured windows are flagged unstable")
+    max_iteration_cv: float = Field(0.05, gt=0, description="per-iteration energy CV above this is flagged unstable")
+
+
+class Sweep(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", max_length=100)
+    models: Axis[str]
+    backends: Axis[str] = ["transformers"]
+    precisions: Axis[str]
+    batch_sizes: Axis[PositiveInt]
+    workload: Workload
+    measure: Measure = Measure()
+    exclude: list[dict[str, Any]] = []
+    repeats: int = Field(1, gt=0, strict=True)
+    backend_options: dict[str, dict[str, Any]] = {}
+
+    _dedupe = field_validator("models", "backends", "precisions", "batch_sizes")(_dedupe)
+
+    @field_validator("models")
+    @classmethod
+    def _non_blank(cls, models: list[str]) -> list[str]:
+        for m in models:
+            if not m.strip():
+                raise ValueError("a model entry is empty")
+        return models
+
+    @field_validator("backends")
+    @classmethod
+    def _known_backends(cls, backends: list[str]) -> list[str]:
+        for b in backends:
+            if b not in BACKENDS:
+                raise ValueError(f"unknown backend {b!r}; known: {', '.join(sorted(BACKENDS))}")
+        return backends
+
+    @field_validator("precisions")
+    @classmethod
+    def _known_precisions(cls, precisions: list[str]) -> list[str]:
+        for p in precisions:
+            if p not in PRECISIONS:
+                raise ValueError(
+                    f"unknown precision {p!r}; known: {', '.join(PRECISIONS)}"
+                )
+        return precisions
+
+    @field_validator("exclude")
+    @classmethod
+    def _exclude_names_axes(cls, rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, rule in enumerate(rules):
+            if not rule:
+                raise ValueError(f"exclude[{i}] is empty (it would exclude every trial)")
+            for key in rule:
+                if key not in AXES:
+                    raise ValueError(
+                        f"exclude[{i}] names {key!r}, which is not an axis; axes: {', '.join(AXES)}"
+                    )
+        return rules
+
+    @model_validator(mode="after")
+    def _backend_options_valid(self) -> Sweep:
+        for backend, options in self.backend_options.items():
+            if backend not in BACKENDS:
+                raise ValueError(
+                    f"backend_options names unknown backend {backend!r}; known: {', '.join(sorted(BACKENDS))}"
+                )
+            try:
+                BACKENDS[backend].options.model_validate(options)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                field = ".".join(str(p) for p in err["loc"])
+                raise ValueError(f"backend_options.{backend}.{field}: {err['msg']}") from None
+        return self
+
+    def options_for(self, backend: str) -> BaseModel:
+        return BACKENDS[backend].options.model_validate(self.backend_options.get(backend, {}))
+
+
+def _field_path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("function-after", "function-before") or "[" in str(part):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def parse_sweep(data: Any, path: str = "<sweep>") -> Sweep:
+    if not isinstance(data, dict):
+        raise SweepFileError(path, None, "expected a mapping of sweep fields at the top level")
+    try:
+        return Sweep.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = _field_path(err["loc"]) or None
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        elif err["type"] == "too_short":
+            msg = "must not be empty (give at least one value)"
+        more = len(exc.errors()) - 1
+        if more:
+            msg += f" (and {more} more problem{'s' if more > 1 else ''})"
+        raise SweepFileError(path, field, msg) from None
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    p = Path(path)
+    if not p.is_file():
+        raise SweepFileError(str(path), None, "no such file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SweepFileError(str(path), None, f"malformed YAML: {where}{problem}") from None
+    except UnicodeDecodeError:
+        raise SweepFileError(str(path), None, "not a text file") from None
+    return parse_sweep(data, str(path))

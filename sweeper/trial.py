@@ -1,0 +1,88 @@
+"""Trial records: frozen, fully resolved, identified by a hash of their content."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+# Bumped when the measurement method changes in a way that makes old results
+# incomparable: every trial id changes and a resumed sweep re-runs everything.
+METHOD_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    warmup_iters: int = 1
+    min_iters: int = 5
+    min_duration_s: float = 10.0
+    idle_s: float = 2.0
+    sample_interval_s: float = 0.1
+    min_window_s: float = 10.0
+    max_iteration_cv: float = 0.05
+
+
+@dataclass(frozen=True)
+class Trial:
+    sweep: str
+    model: str
+    model_source: str  # synthetic | path | hub
+    model_location: str  # preset name, directory or hub id
+    backend: str
+    precision: str
+    batch_size: int
+    input_len: int
+    output_len: int
+    dataset: str
+    seed: int
+    repeat: int
+    backend_options: str  # canonical JSON of the backend's validated options
+    measure: MeasureSettings = MeasureSettings()
+    trial_id: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "trial_id", _content_hash(self.identity()))
+
+    def identity(self) -> dict:
+        """What makes two trials the same measurement.
+
+        The sweep's name and the model's on-disk location are left out: renaming
+        a sweep or moving a checkpoint does not make old results wrong.
+        """
+        skip = {"sweep", "model_location", "trial_id", "measure"}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        d["measure"] = asdict(self.measure)
+        d["method_version"] = METHOD_VERSION
+        return d
+
+    @property
+    def load_key(self) -> tuple:
+        """Trials with the same load key share one loaded model on one actor."""
+        return (self.model, self.model_source, self.backend, self.precision, self.backend_options)
+
+    @property
+    def num_gpus(self) -> int:
+        return 1
+
+    def axes(self) -> dict:
+        return {
+            "model": self.model, "backend": self.backend, "precision": self.precision,
+            "batch_size": self.batch_size, "input_len": self.input_len,
+            "output_len": self.output_len, "repeat": self.repeat,
+        }
+
+    def columns(self) -> dict:
+        """The trial's configuration as flat trials-table columns."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "measure"}
+        d.update(asdict(self.measure))
+        return d
+
+    def label(self) -> str:
+        return (f"{self.model} {self.backend}/{self.precision} bs={self.batch_size} "
+                f"in={self.input_len} out={self.output_len}"
+                + (f" r{self.repeat}" if self.repeat else ""))
+
+
+def _content_hash(obj: dict) -> str:
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the real ``sweeper`` command line in a fresh process."""
+    return subprocess.run(
+        [sys.executable, "-m", "sweeper", *args], cwd=cwd or ROOT, capture_output=True,
+        text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One real local Ray for the tests that drive the scheduler in-process."""
+    from sweeper.scheduler import connect
+
+    info = connect(None)
+    yield info
+    import ray
+
+    ray.shutdown()
+
+
+@pytest.fixture
+def write_sweep(tmp_path):
+    def _write(text: str, name: str = "sweep.yaml") -> Path:
+        p = tmp_path / name
+        p.write_text(text)
+        return p
+
+    return _write
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tmp_path_factory) -> Path:
+    """A local checkpoint directory (config only) of a GPT-2 with 64 positions.
+
+    GPT-2's learned position table makes prompts longer than 64 tokens fail
+    inside generate: a real, deterministic per-trial error.
+    """
+    d = tmp_path_factory.mktemp("tiny-gpt2")
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 512,
+        "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 2,
+        "bos_token_id": 1, "eos_token_id": 2,
+    }))
+    from safetensors.numpy import save_file
+
+    save_file({}, str(d / "model.safetensors"), metadata={"format": "pt"})
+    return d

@@ -1,0 +1,68 @@
+"""The command line: plan output, and bad input as one clear line with exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+GOOD = """
+name: t
+models: [tiny-llama]
+precisions: [fp32, fp16]
+batch_sizes: [1, 2]
+workload: {input_len: 8, output_len: 4}
+"""
+
+
+def test_plan_json_lists_trials_and_skips(write_sweep):
+    r = run_cli("plan", str(write_sweep(GOOD)), "--json", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert (plan["trials"], plan["runnable"], plan["skipped"], plan["groups"]) == (4, 2, 2, 1)
+    skipped = [t for t in plan["plan"] if t["status"] == "skipped"]
+    assert all(t["precision"] == "fp16" and "cpu" in t["reason"] for t in skipped)
+
+
+def test_plan_table(write_sweep):
+    r = run_cli("plan", str(write_sweep(GOOD)), "--device", "cuda")
+    assert r.returncode == 0, r.stderr
+    assert "4 to run in 2 model load(s), 0 skipped" in r.stdout
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("name: t\nmodels: [a, b\n", "malformed YAML"),
+    (GOOD + "colour: red\n", "colour: unknown key"),
+    (GOOD.replace("[1, 2]", "[1, -2]"), "batch_sizes[1]: Input should be greater than 0"),
+    (GOOD.replace("[1, 2]", "[]"), "batch_sizes: must not be empty"),
+    (GOOD.replace("input_len: 8", "input_len: eight"), "workload.input_len[0]"),
+    (GOOD.replace("tiny-llama", "not/a-real-model-xyz"), "models[0]: Hugging Face model"),
+    (GOOD.replace("fp16", "int3"), "precisions: unknown precision 'int3'"),
+])
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_bad_sweep_files_exit_2_with_one_line(write_sweep, text, expected, command):
+    r = run_cli(command, str(write_sweep(text)))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout
+    assert expected in r.stderr
+    assert "starting Ray" not in r.stderr  # nothing ran
+
+
+def test_missing_file_and_bad_flags_exit_2(tmp_path):
+    r = run_cli("run", str(tmp_path / "none.yaml"))
+    assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("run", "sweeps/quickstart.yaml", "--no-such-flag")
+    assert r.returncode == 2 and "No such option" in r.stderr
+    r = run_cli("plan", "sweeps/quickstart.yaml", "--device", "tpu")
+    assert r.returncode == 2 and "Invalid value" in r.stderr
+    r = run_cli("aggregate", str(tmp_path))
+    assert r.returncode == 2 and "no trial shards" in r.stderr
+
+
+def test_presets_listed():
+    r = run_cli("presets")
+    assert r.returncode == 0
+    for name in ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-0.5b", "qwen2.5-7b", "mistral-7b", "tiny-llama"):
+        assert name in r.stdout

@@ -1,0 +1,28 @@
+"""Documentation that is generated from code stays in step with it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_schema_doc_is_current():
+    generated = subprocess.run([sys.executable, "-m", "sweeper.schema"], capture_output=True, text=True,
+                               check=True, cwd=ROOT).stdout
+    assert (ROOT / "docs" / "SCHEMA.md").read_text() == generated, \
+        "docs/SCHEMA.md is stale: python -m sweeper.schema > docs/SCHEMA.md"
+
+
+def test_readme_starts_with_the_two_commands():
+    head = (ROOT / "README.md").read_text().split("\n## ", 1)[0]
+    assert "sweeper run sweeps/quickstart.yaml" in head
+    assert "pytest" in head
+
+
+def test_control_plane_does_not_import_torch():
+    code = ("import sys, sweeper.cli, sweeper.plan, sweeper.scheduler, sweeper.storage, actors.actor;"
+            "heavy = [m for m in ('torch', 'transformers', 'vllm') if m in sys.modules];"
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -1,0 +1,98 @@
+"""Grid expansion, exclusions, trial identity, compatibility and grouping."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweeper.errors import SweepFileError
+from sweeper.plan import expand, make_plan
+from sweeper.spec import parse_sweep
+
+BASE = {
+    "name": "s", "models": ["tiny-llama", "tiny-qwen2"], "precisions": ["fp32", "bf16", "fp16"],
+    "batch_sizes": [1, 4], "workload": {"input_len": [8, 16], "output_len": 4}, "repeats": 2,
+}
+
+
+def sweep(**patch):
+    return parse_sweep({**BASE, **patch})
+
+
+def test_full_grid_is_the_cartesian_product():
+    trials, excluded = expand(sweep())
+    assert excluded == 0
+    assert len(trials) == 2 * 3 * 2 * 2 * 1 * 2
+    assert len({t.trial_id for t in trials}) == len(trials)
+    combos = {(t.model, t.precision, t.batch_size, t.input_len, t.repeat) for t in trials}
+    assert ("tiny-qwen2", "fp16", 4, 16, 1) in combos
+
+
+def test_exclusions_match_partially_and_by_list():
+    trials, excluded = expand(sweep(exclude=[
+        {"model": "tiny-qwen2", "precision": "fp16"},       # 2*2*2 = 8
+        {"batch_size": 4, "input_len": [8, 16], "model": "tiny-llama"},  # 3*2*2 = 12
+    ]))
+    assert excluded == 8 + 12
+    assert len(trials) == 48 - 20
+    assert not any(t.model == "tiny-qwen2" and t.precision == "fp16" for t in trials)
+    assert not any(t.model == "tiny-llama" and t.batch_size == 4 for t in trials)
+
+
+def test_trial_id_is_a_stable_content_hash():
+    a, _ = expand(sweep())
+    b, _ = expand(sweep(name="renamed"))
+    assert [t.trial_id for t in a] == [t.trial_id for t in b]  # the sweep's name is not identity
+    c, _ = expand(sweep(batch_sizes=[1, 4, 8]))
+    ids_a, ids_c = {t.trial_id for t in a}, {t.trial_id for t in c}
+    assert ids_a < ids_c and len(ids_c - ids_a) == 24  # adding an axis value adds only new trials
+    d, _ = expand(sweep(measure={"min_iters": 9}))
+    assert not ({t.trial_id for t in d} & ids_a)  # measurement settings are identity
+    assert len(a[0].trial_id) == 16 and int(a[0].trial_id, 16) >= 0
+
+
+def test_known_trial_id_does_not_drift():
+    # If this changes, every user's resume breaks: bump METHOD_VERSION on purpose instead.
+    t, _ = expand(parse_sweep({"name": "x", "models": "tiny-llama", "precisions": "fp32",
+                               "batch_sizes": 1, "workload": {"input_len": 8, "output_len": 4}}))
+    assert t[0].trial_id == KNOWN_ID
+
+
+KNOWN_ID = "f9d02b88dd725b4f"
+
+
+def test_compatibility_decided_at_plan_time():
+    cpu = make_plan(sweep(), "cpu")
+    skipped = cpu.skipped
+    assert len(skipped) == 16 and all(p.trial.precision == "fp16" for p in skipped)
+    assert "fp16 on cpu" in skipped[0].skip_reason
+    gpu = make_plan(sweep(), "cuda")
+    assert not gpu.skipped
+
+
+def test_groups_share_a_load_key_and_run_small_batches_first():
+    p = make_plan(sweep(batch_sizes=[4, 1]), "cuda")
+    groups = p.groups()
+    assert len(groups) == 2 * 3  # model x precision
+    for g in groups:
+        assert len({t.load_key for t in g.trials}) == 1
+        sizes = [t.batch_size for t in g.trials]
+        assert sizes == sorted(sizes)
+    assert sum(len(g.trials) for g in groups) == len(p.runnable)
+
+
+def test_unresolvable_models_name_the_entry(tmp_path):
+    with pytest.raises(SweepFileError) as info:
+        expand(sweep(models=["tiny-llama", "no such thing!"]), sweep_path="f.yaml")
+    assert info.value.field == "models[1]"
+    with pytest.raises(SweepFileError, match="neither cached locally nor reachable"):
+        expand(sweep(models=["nobody-xyz/no-such-model-123"]), sweep_path="f.yaml")
+    with pytest.raises(SweepFileError, match="no config.json"):
+        expand(sweep(models=[str(tmp_path)]), sweep_path="f.yaml")
+    with pytest.raises(SweepFileError, match="unknown preset"):
+        expand(sweep(models=["synthetic:llama-99b"]), sweep_path="f.yaml")
+
+
+def test_local_checkpoint_directory_resolves(tiny_gpt2_dir):
+    trials, _ = expand(sweep(models=[str(tiny_gpt2_dir)], precisions="fp32"))
+    assert trials[0].model_source == "path"
+    assert trials[0].model_location == str(tiny_gpt2_dir.resolve())

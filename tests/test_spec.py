@@ -1,0 +1,89 @@
+"""Sweep-file schema: axes, defaults, unknown keys, bad values."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweeper.errors import SweepFileError
+from sweeper.spec import load_sweep, parse_sweep
+
+MINIMAL = {
+    "name": "s", "models": "tiny-llama", "precisions": "fp32", "batch_sizes": 4,
+    "workload": {"input_len": 8, "output_len": 4},
+}
+
+
+def test_scalars_become_one_element_axes():
+    s = parse_sweep(MINIMAL)
+    assert s.models == ["tiny-llama"]
+    assert s.backends == ["transformers"]
+    assert s.batch_sizes == [4]
+    assert s.workload.input_len == [8]
+    assert s.repeats == 1 and s.measure.min_iters == 5
+
+
+def test_duplicates_dropped_in_order():
+    s = parse_sweep({**MINIMAL, "batch_sizes": [8, 1, 8, 2]})
+    assert s.batch_sizes == [8, 1, 2]
+
+
+@pytest.mark.parametrize("patch, field, words", [
+    ({"modles": ["x"]}, "modles", "unknown key"),
+    ({"workload": {"input_len": 8, "output_len": 4, "prompt": "x"}}, "workload.prompt", "unknown key"),
+    ({"batch_sizes": []}, "batch_sizes", "must not be empty"),
+    ({"batch_sizes": [1, 0]}, "batch_sizes[1]", "greater than 0"),
+    ({"batch_sizes": ["four"]}, "batch_sizes[0]", "integer"),
+    ({"batch_sizes": [1.5]}, "batch_sizes[0]", "integer"),
+    ({"workload": {"input_len": -1, "output_len": 4}}, "workload.input_len[0]", "greater than 0"),
+    ({"precisions": ["fp7"]}, "precisions", "unknown precision 'fp7'"),
+    ({"backends": ["tensorrt"]}, "backends", "unknown backend 'tensorrt'"),
+    ({"exclude": [{"colour": "red"}]}, "exclude", "not an axis"),
+    ({"exclude": [{}]}, "exclude", "empty"),
+    ({"name": "a b/c"}, "name", "pattern"),
+    ({"measure": {"min_iters": 0}}, "measure.min_iters", "greater than 0"),
+    ({"backend_options": {"transformers": {"attn_implementation": "magic"}}}, None, "attn_implementation"),
+    ({"backend_options": {"transformers": {"bogus": 1}}}, None, "bogus"),
+])
+def test_bad_values_name_the_field(patch, field, words):
+    with pytest.raises(SweepFileError) as info:
+        parse_sweep({**MINIMAL, **patch}, "f.yaml")
+    msg = str(info.value)
+    assert msg.startswith("f.yaml: ")
+    if field:
+        assert info.value.field == field, msg
+    assert words in msg
+
+
+def test_missing_required_field():
+    data = dict(MINIMAL)
+    del data["models"]
+    with pytest.raises(SweepFileError, match="models: required field is missing"):
+        parse_sweep(data, "f.yaml")
+
+
+def test_top_level_not_a_mapping():
+    with pytest.raises(SweepFileError, match="mapping"):
+        parse_sweep(["a", "b"], "f.yaml")
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(SweepFileError, match="no such file"):
+        load_sweep(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodels: [a, b\n")
+    with pytest.raises(SweepFileError, match=r"malformed YAML: line \d+"):
+        load_sweep(bad)
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("name: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(SweepFileError, match="malformed YAML"):
+        load_sweep(evil)
+
+
+def test_bundled_sweeps_are_valid():
+    from tests.conftest import ROOT
+
+    for path in (ROOT / "sweeps").glob("*.yaml"):
+        load_sweep(path)

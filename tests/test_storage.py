@@ -1,0 +1,126 @@
+"""Shards are atomic, typed by the schema, and aggregate into DuckDB-readable tables."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timezone
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from sweeper.schema import TRIALS, arrow_schema, to_table
+from sweeper.storage import ResultStore
+
+
+def trial_row(trial_id: str, status: str = "ok", **extra):
+    return {"trial_id": trial_id, "status": status, "model": "m", "batch_size": 1,
+            "started_at": datetime.now(timezone.utc), **extra}
+
+
+def test_shard_roundtrip_and_schema(tmp_path):
+    store = ResultStore(str(tmp_path))
+    store.write_shard("trials", "a", [trial_row("a", throughput_tok_s=12.5)])
+    table = pq.read_table(tmp_path / "shards" / "trials" / "a.parquet")
+    assert table.schema == arrow_schema("trials")
+    assert table.num_rows == 1 and table.column("throughput_tok_s")[0].as_py() == 12.5
+    assert table.column("energy_j")[0].as_py() is None  # exists, null until measured
+
+
+def test_unknown_column_is_a_bug_not_a_silent_drop(tmp_path):
+    with pytest.raises(KeyError, match="energy_kwh"):
+        ResultStore(str(tmp_path)).write_shard("trials", "a", [trial_row("a", energy_kwh=1.0)])
+
+
+def test_a_failed_write_leaves_no_visible_shard(tmp_path, monkeypatch):
+    store = ResultStore(str(tmp_path))
+    real_write = pq.write_table
+
+    def write_then_crash(table, where, **kw):
+        real_write(table, where, **kw)  # the bytes hit the disk...
+        raise OSError("disk full")       # ...then the writer dies before the rename
+
+    monkeypatch.setattr(pq, "write_table", write_then_crash)
+    with pytest.raises(OSError):
+        store.write_shard("trials", "a", [trial_row("a")])
+    monkeypatch.undo()
+    assert store.shard_paths("trials") == []
+    assert list((tmp_path / "shards" / "trials").iterdir()) == []  # temp file cleaned up
+    assert store.stored_trials() == {}
+
+
+def test_readers_never_see_a_partial_shard(tmp_path):
+    """Concurrent readers only ever see whole shards (rename is atomic)."""
+    store = ResultStore(str(tmp_path))
+    rows = [trial_row("x", throughput_tok_s=float(i)) for i in range(1)]
+    errors = []
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            try:
+                for path in store.shard_paths("trials"):
+                    pq.read_table(path)
+            except Exception as exc:  # a torn file would fail to parse
+                errors.append(exc)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for i in range(200):
+        store.write_shard("trials", f"t{i % 7}", rows)
+    stop.set()
+    t.join()
+    assert not errors
+    assert len(store.shard_paths("trials")) == 7
+
+
+def test_rewrite_replaces_the_trials_shard(tmp_path):
+    store = ResultStore(str(tmp_path))
+    store.write_shard("trials", "a", [trial_row("a", status="failed", error="boom")])
+    store.write_shard("trials", "a", [trial_row("a", status="ok")])
+    assert store.stored_trials()["a"].status == "ok"
+    assert store.aggregate()["trials"] == 1
+
+
+def test_aggregate_writes_every_kind_readable_by_duckdb(tmp_path):
+    store = ResultStore(str(tmp_path))
+    for tid in ("a", "b"):
+        store.write_shard("requests", tid, [{"trial_id": tid, "iteration": i, "request_index": 0,
+                                              "ttft_s": 0.1 * i} for i in range(3)])
+        store.write_shard("trials", tid, [trial_row(tid, throughput_tok_s=10.0)])
+    counts = store.aggregate()
+    assert counts == {"trials": 2, "requests": 6, "timeline": 0}
+    con = duckdb.connect()
+    n, avg = con.execute(f"SELECT count(*), avg(throughput_tok_s) FROM '{tmp_path}/trials.parquet'").fetchone()
+    assert (n, avg) == (2, 10.0)
+    assert con.execute(f"SELECT count(*) FROM '{tmp_path}/requests.parquet' WHERE trial_id='b'").fetchone()[0] == 3
+    # an empty kind still aggregates to a typed, empty table
+    assert pq.read_table(tmp_path / "timeline.parquet").schema == arrow_schema("timeline")
+
+
+def test_old_shards_gain_new_columns_as_nulls(tmp_path):
+    old = to_table("trials", [trial_row("old")]).drop_columns(["energy_j", "unstable"])
+    (tmp_path / "shards" / "trials").mkdir(parents=True)
+    pq.write_table(old, tmp_path / "shards" / "trials" / "old.parquet")
+    table = ResultStore(str(tmp_path)).read_shards("trials")
+    assert table.column("energy_j").to_pylist() == [None]
+
+
+def test_aggregate_of_an_empty_directory_is_a_user_error(tmp_path):
+    from sweeper.errors import ResultsError
+
+    with pytest.raises(ResultsError, match="no trial shards"):
+        ResultStore(str(tmp_path)).aggregate()
+
+
+def test_schema_names_carry_units():
+    unitless_ok = {"trial_id", "sweep", "model", "model_source", "model_location", "backend",
+                   "precision", "batch_size", "input_len", "output_len", "dataset", "seed", "repeat",
+                   "backend_options", "warmup_iters", "min_iters", "status", "reason", "error",
+                   "started_at", "finished_at", "n_iterations", "n_requests", "output_tokens",
+                   "energy_method", "unstable", "unstable_reason", "device", "device_name",
+                   "gpu_uuids", "hostname", "ray_node_id", "max_iteration_cv"}
+    for col in TRIALS:
+        if col.name in unitless_ok or col.name.endswith("_version"):
+            continue
+        assert col.name.rsplit("_", 1)[-1] in {"s", "j", "w", "bytes"}, col.name

@@ -1,0 +1,654 @@
+"""Telemetry: device mapping, sampler, energy meter, RAPL and the actor-facing facade.
+
+NVML is replaced by ``tests/fake_nvml.py`` (the only double); everything else
+is the real code, driven on a fake clock so results are exact and repeatable.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import time
+
+import pyarrow as pa
+import pynvml
+import pytest
+
+from actors.telemetry import (
+    METHOD_COUNTER,
+    METHOD_INTERPOLATED,
+    METHOD_POWER,
+    TIMELINE_SCHEMA,
+    TRIAL_COLUMNS,
+    DeviceMappingError,
+    EnergyMeter,
+    Measurement,
+    NullTelemetry,
+    RaplReader,
+    RaplSnapshot,
+    Sampler,
+    Telemetry,
+    TelemetryError,
+    resolve_gpus,
+)
+from tests.fake_nvml import FakeClock, FakeGpu, FakeNvml, PowerTrace
+
+START_S = 1000.0
+
+
+def uuid(i: int) -> str:
+    return f"GPU-{i:08x}-1111-2222-3333-{i:012x}"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START_S)
+
+
+def install(monkeypatch: pytest.MonkeyPatch, gpus: list[FakeGpu], clock=None, **kwargs) -> FakeNvml:
+    fake = FakeNvml(gpus, clock, **kwargs)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake
+
+
+def rig(monkeypatch, clock, gpus: list[FakeGpu], *, interval_s=0.1, sample_phase_s=0.03, visible="0"):
+    """Fake NVML, the real sampler and meter on the fake clock, with a first sample taken."""
+    install(monkeypatch, gpus, clock)
+    infos = resolve_gpus(visible)
+    sampler = Sampler(infos, interval_s=interval_s, clock=clock)
+    meter = EnergyMeter(infos, sampler, clock=clock, sleep=clock.sleep)
+    clock.t_s = START_S + sample_phase_s
+    sampler.sample_once()
+    return infos, sampler, meter
+
+
+# -- device mapping ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def four_gpus(monkeypatch, clock) -> FakeNvml:
+    gpus = [FakeGpu(uuid(i), power_limit_mw=700_000 - i * 1000) for i in range(4)]
+    gpus[3].mig_uuids = ("MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",)
+    return install(monkeypatch, gpus, clock)
+
+
+def test_visible_indices_map_to_physical_gpus_by_uuid(four_gpus):
+    gpus = resolve_gpus("2,0")
+    assert [(g.index, g.uuid) for g in gpus] == [(2, uuid(2)), (0, uuid(0))]
+    assert gpus[0].power_limit_w == 698.0
+    assert gpus[0].driver_version == "580.95.05"
+    assert gpus[0].energy_counter_supported
+
+
+def test_visible_uuids_reordered_keep_physical_indices(four_gpus):
+    gpus = resolve_gpus(f"{uuid(3)}, {uuid(1)}")
+    assert [(g.index, g.uuid) for g in gpus] == [(3, uuid(3)), (1, uuid(1))]
+
+
+def test_uuid_prefix_and_mig_map_to_their_gpu(four_gpus):
+    assert [g.index for g in resolve_gpus(uuid(2)[:14])] == [2]
+    assert [g.uuid for g in resolve_gpus("MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee")] == [uuid(3)]
+    assert [g.uuid for g in resolve_gpus(f"MIG-{uuid(1)}/1/0")] == [uuid(1)]
+
+
+def test_unset_means_all_empty_means_none_negative_ends_the_list(four_gpus, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert [g.index for g in resolve_gpus()] == [0, 1, 2, 3]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert [g.index for g in resolve_gpus()] == [3, 1]
+    assert resolve_gpus("") == []
+    assert [g.index for g in resolve_gpus("1,-1,2")] == [1]
+
+
+def test_one_gpu_named_twice_is_held_once(four_gpus):
+    assert [g.index for g in resolve_gpus(f"1,{uuid(1)},1")] == [1]
+
+
+@pytest.mark.parametrize("entry", ["4", "GPU-ffffffff-0000-0000-0000-000000000000", "GPU-0000",
+                                   "MIG-ffffffff-0000-0000-0000-000000000000", "gpu0"])
+def test_unknown_visible_entry_raises(four_gpus, entry):
+    with pytest.raises(DeviceMappingError):
+        resolve_gpus(entry)
+    assert issubclass(DeviceMappingError, TelemetryError)
+
+
+def test_pre_volta_gpu_reports_no_counter(monkeypatch, clock):
+    install(monkeypatch, [FakeGpu(uuid(0), energy_supported=False, power_limit_mw=None)], clock)
+    (gpu,) = resolve_gpus("0")
+    assert not gpu.energy_counter_supported
+    assert gpu.power_limit_w is None
+
+
+# -- sampler ---------------------------------------------------------------------------------
+
+
+def test_sampler_rows_table_and_clear(monkeypatch, clock):
+    gpus, sampler, _ = rig(monkeypatch, clock, [FakeGpu(uuid(0)), FakeGpu(uuid(1))], visible="1,0")
+    sampler.run_inline(START_S + 1.0, clock.sleep)
+    rows = sampler.rows_between(START_S + 0.2, START_S + 0.5)
+    assert [r["gpu_index"] for r in rows] == [1, 0] * 3
+    assert rows[0]["power_w"] == pytest.approx(300.0)
+    assert rows[0]["energy_mj"] == FakeGpu(uuid(1)).counter_mj(rows[0]["t_s"])
+    table = sampler.table()
+    assert table.schema == TIMELINE_SCHEMA
+    assert table.num_rows == 2 * 10
+    assert table.column("memory_used_bytes")[0].as_py() == 40 * 2**30
+    sampler.clear_before(START_S + 0.5)
+    assert min(sampler.table().column("t_s").to_pylist()) >= START_S + 0.5
+
+
+def test_sampler_survives_failing_reads(monkeypatch, clock):
+    gpu = FakeGpu(uuid(0), fail_every={"nvmlDeviceGetPowerUsage": 2, "nvmlDeviceGetTemperatureV": 1,
+                                       "nvmlDeviceGetTotalEnergyConsumption": 3})
+    _, sampler, _ = rig(monkeypatch, clock, [gpu])
+    sampler.run_inline(START_S + 1.2, clock.sleep)
+    rows = sampler.rows_between(0, 1e9)
+    assert len(rows) == 12
+    powers = [r["power_w"] for r in rows]
+    assert None in powers and any(p is not None for p in powers)
+    assert any(r["energy_mj"] is None for r in rows)
+    assert all(r["util_gpu_pct"] == 97 for r in rows)
+    # resolve_gpus probed the temperature call once already: the fake fails it every time.
+    assert all(r["temperature_c"] is None for r in rows)
+
+
+def test_sampler_retention_bounds_memory(monkeypatch, clock):
+    install(monkeypatch, [FakeGpu(uuid(0))], clock)
+    sampler = Sampler(resolve_gpus("0"), interval_s=0.1, clock=clock, retention_s=10.0)
+    sampler.run_inline(START_S + 60.0, clock.sleep)
+    times = sampler.table().column("t_s").to_pylist()
+    assert START_S + 60.0 - 11.0 - 0.2 <= times[0] <= START_S + 50.0
+    assert len(times) <= 112
+
+
+def test_sampler_stops_asking_for_unsupported_fields(monkeypatch, clock):
+    gpu = FakeGpu(uuid(0), energy_supported=False)
+    fake = install(monkeypatch, [gpu], clock)
+    sampler = Sampler(resolve_gpus("0"), clock=clock)
+    calls = fake.calls.get("nvmlDeviceGetTotalEnergyConsumption", 0)
+    for _ in range(5):
+        sampler.sample_once()
+    assert fake.calls.get("nvmlDeviceGetTotalEnergyConsumption", 0) == calls
+    assert sampler.rows_between(0, 1e9)[0]["energy_mj"] is None
+
+
+def test_sampler_thread_real_time(monkeypatch, caplog):
+    crashing = FakeGpu(uuid(1), crash={"nvmlDeviceGetMemoryInfo": RuntimeError("bug in a reader")})
+    install(monkeypatch, [FakeGpu(uuid(0), update_period_s=0.02), crashing], time.monotonic)
+    sampler = Sampler(resolve_gpus("0"), interval_s=0.01)
+    sampler.start()
+    sampler.start()  # idempotent
+    time.sleep(0.25)
+    sampler.stop()
+    sampler.stop()
+    rows = sampler.rows_between(0, 1e12)
+    assert 8 <= len(rows) <= 30
+    times = [r["t_s"] for r in rows]
+    assert times == sorted(times)
+
+    # A bug (not an NVML error) in one sample is logged; the thread carries on.
+    broken = Sampler(resolve_gpus("1"), interval_s=0.01)
+    with caplog.at_level(logging.ERROR):
+        broken.start()
+        time.sleep(0.1)
+        assert broken.running
+        broken.stop()
+    assert "telemetry sample failed" in caplog.text
+    assert not broken.running
+
+
+def test_meter_with_real_thread_and_clock(monkeypatch):
+    install(monkeypatch, [FakeGpu(uuid(0), update_period_s=0.02)], time.monotonic)
+    gpus = resolve_gpus("0")
+    sampler = Sampler(gpus, interval_s=0.005)
+    meter = EnergyMeter(gpus, sampler)
+    sampler.start()
+    try:
+        meter.begin("w")
+        time.sleep(0.3)
+        w = meter.end("w")
+    finally:
+        sampler.stop()
+    assert w.method == METHOD_INTERPOLATED
+    assert w.energy_j == pytest.approx(300.0 * w.duration_s, abs=w.uncertainty_j)
+    assert w.avg_power_w == pytest.approx(300.0, rel=0.05)
+
+
+@pytest.mark.parametrize("n_gpus", [1, 8])
+def test_sampler_per_sample_cost(monkeypatch, clock, n_gpus, capsys):
+    """Measures the cost of one sample on the fake (no timing assertion)."""
+    gpus = [FakeGpu(uuid(i)) for i in range(n_gpus)]
+    fake = install(monkeypatch, gpus, clock)
+    sampler = Sampler(resolve_gpus(), interval_s=0.1, clock=clock)
+    n = 3000
+    for _ in range(n):
+        clock.sleep(0.001)
+        sampler.sample_once()
+    stats = sampler.stats()
+    # The fake's own share: the same NVML calls made directly.
+    handles = [fake.nvmlDeviceGetHandleByIndex(i) for i in range(n_gpus)]
+    t0 = time.perf_counter()
+    for _ in range(n):
+        for h in handles:
+            fake.nvmlDeviceGetTotalEnergyConsumption(h)
+            fake.nvmlDeviceGetPowerUsage(h)
+            fake.nvmlDeviceGetUtilizationRates(h)
+            fake.nvmlDeviceGetMemoryInfo(h)
+            fake.nvmlDeviceGetClockInfo(h, fake.NVML_CLOCK_SM)
+            fake.nvmlDeviceGetTemperatureV(h, fake.NVML_TEMPERATURE_GPU)
+    fake_s = (time.perf_counter() - t0) / n
+    with capsys.disabled():
+        print(f"\n[sampler cost] {n_gpus} GPU(s): {stats.mean_sample_cost_s * 1e6:.1f} us/sample "
+              f"(fake NVML's own calls {fake_s * 1e6:.1f} us, sampler overhead "
+              f"{(stats.mean_sample_cost_s - fake_s) * 1e6:.1f} us); duty at 100 ms = "
+              f"{stats.duty_fraction * 100:.4f}% of a core")
+    assert stats.samples == n
+
+
+# -- energy meter ------------------------------------------------------------------------------
+
+
+def test_constant_power_interpolation_beats_raw_counter(monkeypatch, clock):
+    gpu = FakeGpu(uuid(0), power=PowerTrace.constant(300.0))
+    _, sampler, meter = rig(monkeypatch, clock, [gpu])
+    t0, t1 = START_S + 5.02, START_S + 15.08  # 20 ms and 80 ms after counter updates
+    sampler.run_inline(t0, clock.sleep)
+    meter.begin("w")
+    sampler.run_inline(t1, clock.sleep)
+    w = meter.end("w")
+
+    true_j = 300.0 * (t1 - t0)
+    raw_j = (gpu.counter_mj(t1) - gpu.counter_mj(t0)) / 1000
+    assert (w.t_start_s, w.t_end_s) == (t0, t1)
+    assert w.method == METHOD_INTERPOLATED
+    assert w.energy_j == pytest.approx(true_j, abs=0.01)  # mJ rounding of the counter
+    assert abs(raw_j - true_j) == pytest.approx(300.0 * 0.06, abs=0.01)
+    assert abs(w.energy_j - true_j) < abs(raw_j - true_j) / 100
+    assert abs(w.energy_j - true_j) <= w.uncertainty_j
+    assert w.avg_power_w == pytest.approx(300.0, rel=1e-5)
+    assert w.peak_power_w == pytest.approx(300.0)
+    assert w.energy_j_per_gpu == {uuid(0): w.energy_j}
+    # Worst case per boundary is P * (update period + half a sample gap), root-sum-squared.
+    assert w.uncertainty_j == pytest.approx(300.0 * 0.15 * 2**0.5, rel=1e-6)
+
+
+def test_interpolation_beats_raw_counter_at_random_boundaries(monkeypatch, clock):
+    gpu = FakeGpu(uuid(0), power=PowerTrace.constant(450.0), update_phase_s=0.037)
+    _, sampler, meter = rig(monkeypatch, clock, [gpu], interval_s=0.1, sample_phase_s=0.011)
+    rng = random.Random(7)
+    t = START_S + 2.0
+    for i in range(40):
+        t0 = t + rng.uniform(0.0, 0.3)
+        t1 = t0 + rng.uniform(1.0, 3.0)
+        sampler.run_inline(t0, clock.sleep)
+        meter.begin(f"w{i}")
+        sampler.run_inline(t1, clock.sleep)
+        w = meter.end(f"w{i}")
+        true_j = 450.0 * (w.t_end_s - w.t_start_s)
+        raw_err = abs((gpu.counter_mj(w.t_end_s) - gpu.counter_mj(w.t_start_s)) / 1000 - true_j)
+        err = abs(w.energy_j - true_j)
+        assert err <= max(raw_err, 0.002)
+        assert err < 0.01
+        t = clock() + 0.5
+
+
+@pytest.mark.parametrize("interval_s", [0.1, 0.05, 0.07, 0.13])
+def test_uncertainty_covers_true_error_on_random_step_traces(monkeypatch, clock, interval_s):
+    rng = random.Random(int(interval_s * 1000))
+    steps = []
+    t = START_S
+    while t < START_S + 120:
+        t += rng.uniform(0.02, 2.0)
+        steps.append((t, rng.choice([70.0, 150.0, 400.0, 700.0])))
+    gpu = FakeGpu(uuid(0), power=PowerTrace(100.0, steps), update_phase_s=rng.uniform(0, 0.1))
+    _, sampler, meter = rig(monkeypatch, clock, [gpu], interval_s=interval_s,
+                            sample_phase_s=rng.uniform(0, interval_s))
+    worst = 0.0
+    for i in range(60):
+        t0 = clock() + rng.uniform(0.3, 1.0)
+        t1 = t0 + rng.uniform(0.5, 4.0)
+        sampler.run_inline(t0, clock.sleep)
+        meter.begin(f"w{i}")
+        sampler.run_inline(t1, clock.sleep)
+        w = meter.end(f"w{i}")
+        err = abs(w.energy_j - gpu.power.energy_between_j(w.t_start_s, w.t_end_s))
+        assert w.method == METHOD_INTERPOLATED
+        assert err <= w.uncertainty_j
+        worst = max(worst, err / w.uncertainty_j)
+    assert worst > 0.01  # the traces do exercise the boundaries
+
+
+def test_intermittent_counter_failures_keep_interpolation(monkeypatch, clock):
+    gpu = FakeGpu(uuid(0), power=PowerTrace(250.0, [(START_S + 6.0, 650.0)]),
+                  fail_every={"nvmlDeviceGetTotalEnergyConsumption": 3})
+    _, sampler, meter = rig(monkeypatch, clock, [gpu])
+    t0, t1 = START_S + 2.01, START_S + 9.09
+    sampler.run_inline(t0, clock.sleep)
+    meter.begin("w")
+    sampler.run_inline(t1, clock.sleep)
+    w = meter.end("w")
+    assert w.method == METHOD_INTERPOLATED
+    assert abs(w.energy_j - gpu.power.energy_between_j(t0, t1)) <= w.uncertainty_j
+
+
+def test_step_power_trace(monkeypatch, clock):
+    step_s = START_S + 8.0
+    gpu = FakeGpu(uuid(0), power=PowerTrace(100.0, [(step_s, 400.0)]))
+    _, sampler, meter = rig(monkeypatch, clock, [gpu])
+    t0, t1 = START_S + 3.06, START_S + 14.04
+    sampler.run_inline(t0, clock.sleep)
+    meter.begin("w")
+    sampler.run_inline(t1, clock.sleep)
+    w = meter.end("w")
+    true_j = 100.0 * (step_s - t0) + 400.0 * (t1 - step_s)
+    # Update instants are placed to within half a sample gap (50 ms): with 100 W
+    # at one end and 400 W at the other that leaves at most 300 W x 50 ms.
+    assert abs(w.energy_j - true_j) <= 300.0 * 0.05 + 0.01
+    assert abs(w.energy_j - true_j) <= w.uncertainty_j
+    assert w.peak_power_w == pytest.approx(400.0)
+    # The energy of each side of the step is placed where it belongs, to within an update.
+    assert meter.energy_between(t0, step_s) == pytest.approx(100.0 * (step_s - t0), abs=400.0 * 0.1)
+    assert meter.energy_between(step_s, t1) == pytest.approx(400.0 * (t1 - step_s), abs=400.0 * 0.1)
+
+
+def test_phase_energies_over_a_partition_sum_to_the_window(monkeypatch, clock):
+    rng = random.Random(3)
+    steps = [(START_S + 2 + i * 0.37, rng.uniform(80, 700)) for i in range(60)]
+    gpus = [FakeGpu(uuid(0), power=PowerTrace(120.0, steps)),
+            FakeGpu(uuid(1), power=PowerTrace.constant(250.0), update_phase_s=0.05)]
+    _, sampler, meter = rig(monkeypatch, clock, gpus, visible="0,1")
+    t0, t1 = START_S + 3.013, START_S + 23.071
+    sampler.run_inline(t0, clock.sleep)
+    meter.begin("w")
+    sampler.run_inline(t1, clock.sleep)
+    w = meter.end("w")
+
+    cuts = sorted([t0, t1] + [rng.uniform(t0, t1) for _ in range(120)])
+    marks = [("prefill" if i % 2 == 0 else "decode", a, b) for i, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False))]
+    phases = meter.phase_energy(marks)
+    assert set(phases) == {"prefill", "decode"}
+    assert phases["prefill"] + phases["decode"] == pytest.approx(w.energy_j, rel=1e-9)
+    assert meter.energy_between(t0, t1) == pytest.approx(w.energy_j, rel=1e-12)
+    assert sum(meter.energies_between(list(zip(cuts, cuts[1:], strict=False)))) == pytest.approx(w.energy_j, rel=1e-9)
+
+
+def test_phase_energy_on_constant_power_is_power_times_time(monkeypatch, clock):
+    _, sampler, meter = rig(monkeypatch, clock, [FakeGpu(uuid(0), power=PowerTrace.constant(350.0))])
+    sampler.run_inline(START_S + 6.0, clock.sleep)
+    # Phases far shorter than the counter's 100 ms update period still get P * t.
+    marks = [("prefill", START_S + 3.0, START_S + 3.013), ("decode", START_S + 3.013, START_S + 3.5),
+             ("prefill", START_S + 3.5, START_S + 3.52), ("decode", START_S + 3.52, START_S + 4.0)]
+    phases = meter.phase_energy(marks)
+    assert phases["prefill"] == pytest.approx(350.0 * 0.033, abs=0.01)
+    assert phases["decode"] == pytest.approx(350.0 * 0.967, abs=0.01)
+
+
+def test_idle_baseline(monkeypatch, clock):
+    gpu = FakeGpu(uuid(0), power=PowerTrace(62.0, [(START_S + 30.0, 500.0)]))
+    _, sampler, meter = rig(monkeypatch, clock, [gpu])
+    sampler.run_inline(START_S + 1.0, clock.sleep)
+    idle_w = meter.idle_baseline(2.0)
+    assert idle_w == pytest.approx(62.0, rel=1e-4)
+    assert meter.last_idle_window.duration_s == pytest.approx(2.0)
+    assert meter.last_idle_window.method == METHOD_INTERPOLATED
+
+
+def test_power_integral_fallback_without_counter(monkeypatch, clock):
+    gpu = FakeGpu(uuid(0), energy_supported=False, power=PowerTrace(200.0, [(START_S + 5.0, 300.0)]))
+    _, sampler, meter = rig(monkeypatch, clock, [gpu])
+    t0, t1 = START_S + 2.05, START_S + 9.05
+    sampler.run_inline(t0, clock.sleep)
+    meter.begin("w")
+    sampler.run_inline(t1, clock.sleep)
+    w = meter.end("w")
+    assert w.method == METHOD_POWER
+    true_j = gpu.power.energy_between_j(t0, t1)
+    # Power reads lag the trace by up to one update; the integral still lands within a few per cent.
+    assert w.energy_j == pytest.approx(true_j, rel=0.02)
+    assert meter.energy_between(t0, t1) == pytest.approx(w.energy_j)
+
+
+def test_raw_counter_fallback_when_the_timeline_does_not_bracket(monkeypatch, clock):
+    gpu = FakeGpu(uuid(0), power=PowerTrace.constant(300.0))
+    install(monkeypatch, [gpu], clock)
+    gpus = resolve_gpus("0")
+    sampler = Sampler(gpus, clock=clock)  # never samples
+    meter = EnergyMeter(gpus, sampler, clock=clock, sleep=clock.sleep, settle_timeout_s=0.0)
+    clock.t_s = START_S + 1.02
+    meter.begin("w")
+    clock.t_s = START_S + 1.48
+    w = meter.end("w")
+    assert w.method == METHOD_COUNTER
+    assert w.energy_j == pytest.approx(300.0 * 0.4)  # from 1.0 to 1.4: the last updates seen
+    assert abs(w.energy_j - 300.0 * 0.46) <= w.uncertainty_j
+
+
+def test_multi_gpu_sum_counts_a_duplicated_uuid_once(monkeypatch, clock):
+    gpus = [FakeGpu(uuid(0), power=PowerTrace.constant(300.0)),
+            FakeGpu(uuid(1), power=PowerTrace.constant(500.0), update_phase_s=0.04)]
+    install(monkeypatch, gpus, clock)
+    infos = resolve_gpus(f"0,1,{uuid(0)}")
+    assert len(infos) == 2
+    twice = infos + [infos[0]]
+    sampler = Sampler(twice, clock=clock)
+    meter = EnergyMeter(twice, sampler, clock=clock, sleep=clock.sleep)
+    clock.t_s = START_S + 0.03
+    sampler.sample_once()
+    sampler.run_inline(START_S + 2.01, clock.sleep)
+    meter.begin("w")
+    sampler.run_inline(START_S + 7.09, clock.sleep)
+    w = meter.end("w")
+    assert len(sampler.rows_between(START_S + 3.0, START_S + 3.99)) == 2 * 10
+    assert set(w.energy_j_per_gpu) == {uuid(0), uuid(1)}
+    assert w.energy_j_per_gpu[uuid(0)] == pytest.approx(300.0 * 5.08, abs=0.01)
+    assert w.energy_j_per_gpu[uuid(1)] == pytest.approx(500.0 * 5.08, abs=0.01)
+    assert w.energy_j == pytest.approx(800.0 * 5.08, abs=0.02)
+    assert w.peak_power_w == pytest.approx(800.0)
+
+
+def test_window_misuse_raises(monkeypatch, clock):
+    _, _, meter = rig(monkeypatch, clock, [FakeGpu(uuid(0))])
+    with pytest.raises(TelemetryError):
+        meter.end("never")
+    meter.begin("w")
+    with pytest.raises(TelemetryError):
+        meter.begin("w")
+
+
+# -- RAPL ----------------------------------------------------------------------------------------
+
+
+def make_domain(root, key, name, energy_uj, max_uj=262_143_328_850, nested_in=None):
+    path = (root / nested_in / key) if nested_in else (root / key)
+    path.mkdir(parents=True)
+    (path / "name").write_text(name + "\n")
+    (path / "energy_uj").write_text(f"{energy_uj}\n")
+    (path / "max_energy_range_uj").write_text(f"{max_uj}\n")
+    return path
+
+
+def set_energy(path, energy_uj):
+    (path / "energy_uj").write_text(f"{energy_uj}\n")
+
+
+def test_rapl_sums_sockets_dram_and_wraps(tmp_path):
+    max_uj = 1_000_000_000
+    p0 = make_domain(tmp_path, "intel-rapl:0", "package-0", max_uj - 2_000_000, max_uj)
+    make_domain(tmp_path, "intel-rapl:0:0", "core", 5, nested_in="intel-rapl:0")
+    d0 = make_domain(tmp_path, "intel-rapl:0:1", "dram", 10_000_000, nested_in="intel-rapl:0")
+    p1 = make_domain(tmp_path, "intel-rapl:1", "package-1", 50_000_000)
+    d1 = make_domain(tmp_path, "intel-rapl:1:0", "dram", 70_000_000)  # listed at top level
+    make_domain(tmp_path, "intel-rapl-mmio:0", "package-0", 1)  # the same package again: skipped
+    rapl = RaplReader(tmp_path)
+    assert rapl.available and rapl.reason is None
+    a = rapl.read()
+    set_energy(p0, 3_000_000)  # wrapped: 2 J to the top, then 3 J
+    set_energy(p1, 60_000_000)
+    set_energy(d0, 12_500_000)
+    set_energy(d1, 71_000_000)
+    cpu_j, dram_j = rapl.delta(a, rapl.read())
+    assert cpu_j == pytest.approx(5.0 + 10.0)
+    assert dram_j == pytest.approx(2.5 + 1.0)
+
+
+def test_rapl_without_dram_and_without_domains(tmp_path):
+    p0 = make_domain(tmp_path / "one", "intel-rapl:0", "package-0", 100)
+    rapl = RaplReader(tmp_path / "one")
+    a = rapl.read()
+    set_energy(p0, 1_000_100)
+    assert rapl.delta(a, rapl.read()) == (pytest.approx(1.0), None)
+
+    (tmp_path / "empty").mkdir()
+    none = RaplReader(tmp_path / "empty")
+    assert not none.available and none.reason == "no intel-rapl domains"
+    assert none.delta(none.read(), none.read()) == (None, None)
+    missing = RaplReader(tmp_path / "absent")
+    assert not missing.available and "no " in missing.reason
+
+
+def test_rapl_unreadable_counter_gives_a_reason(tmp_path):
+    p0 = make_domain(tmp_path, "intel-rapl:0", "package-0", 100)
+    (p0 / "energy_uj").unlink()
+    (p0 / "energy_uj").mkdir()  # unreadable as a file, whoever runs the test
+    rapl = RaplReader(tmp_path)
+    assert not rapl.available
+    assert "energy_uj" in rapl.reason or "intel-rapl:0" in rapl.reason
+    assert rapl.delta(RaplSnapshot(), RaplSnapshot()) == (None, None)
+
+
+# -- facade ----------------------------------------------------------------------------------------
+
+
+def open_telemetry(monkeypatch, clock, gpus, tmp_path, visible="0"):
+    install(monkeypatch, gpus, clock)
+    p0 = make_domain(tmp_path, "intel-rapl:0", "package-0", 1_000_000)
+    tel = Telemetry.open(interval_s=0.1, clock=clock, cuda_visible_devices=visible, sleep=clock.sleep,
+                         rapl_root=str(tmp_path))
+    assert isinstance(tel, Telemetry) and tel.active
+    clock.t_s = START_S + 0.03
+    tel.sampler.sample_once()
+    return tel, p0
+
+
+def measured_trial(tel, clock, p0, *, iterations=12, iter_s=1.0, prefill_s=0.04):
+    marks, bounds = [], []
+    with tel.measure("trial") as handle:
+        assert isinstance(handle, Measurement)
+        t = clock()
+        for _ in range(iterations):
+            start = t
+            marks += [("prefill", start, start + prefill_s), ("decode", start + prefill_s, start + iter_s)]
+            bounds.append((start, start + iter_s))
+            t = start + iter_s
+            tel.sampler.run_inline(t, clock.sleep)
+        set_energy(p0, 1_000_000 + 42_000_000)
+    return handle, marks, bounds
+
+
+def test_telemetry_trial_columns(monkeypatch, clock, tmp_path):
+    gpu = FakeGpu(uuid(0), name="NVIDIA H200", power=PowerTrace(60.0, [(START_S + 4.0, 500.0)]))
+    tel, p0 = open_telemetry(monkeypatch, clock, [gpu], tmp_path)
+    tel.sampler.run_inline(START_S + 1.0, clock.sleep)
+    idle_w = tel.meter.idle_baseline(2.0)
+    tel.sampler.run_inline(START_S + 4.0, clock.sleep)
+    handle, marks, bounds = measured_trial(tel, clock, p0)
+    w = handle.window
+    assert handle.cpu_energy_j == pytest.approx(42.0) and handle.dram_energy_j is None
+
+    cols = tel.trial_columns(handle.window, idle_power_w=idle_w, marks=marks, output_tokens=1200,
+                             requests=12, decode_tokens=1188, iteration_bounds=bounds, duration_s=12.0)
+    assert tuple(cols) == TRIAL_COLUMNS
+    assert cols["energy_j"] == pytest.approx(500.0 * w.duration_s, rel=1e-3)
+    assert cols["energy_per_token_j"] == pytest.approx(cols["energy_j"] / 1200)
+    assert cols["energy_per_request_j"] == pytest.approx(cols["energy_j"] / 12)
+    assert cols["idle_power_w"] == pytest.approx(60.0, rel=1e-3)
+    assert cols["active_energy_j"] == pytest.approx(cols["energy_j"] - 60.0 * w.duration_s, rel=1e-3)
+    assert cols["prefill_energy_j"] + cols["decode_energy_j"] == pytest.approx(cols["energy_j"], abs=cols["energy_uncertainty_j"])
+    assert cols["prefill_energy_j"] == pytest.approx(500.0 * 0.04 * 12, rel=0.01)
+    assert cols["decode_energy_per_token_j"] == pytest.approx(cols["decode_energy_j"] / 1188)
+    assert cols["energy_method"] == METHOD_INTERPOLATED
+    assert cols["cpu_energy_j"] == pytest.approx(42.0)  # found from the window alone
+    assert cols["dram_energy_j"] is None
+    assert cols["gpu_uuids"] == uuid(0) and cols["gpu_names"] == "NVIDIA H200"
+    assert cols["gpu_power_limit_w"] == 700.0 and cols["driver_version"] == "580.95.05"
+    assert cols["unstable"] is False and cols["unstable_reason"] is None
+    assert tel.trial_columns(handle, idle_power_w=idle_w, marks=marks, output_tokens=1200, requests=12,
+                             decode_tokens=1188, iteration_bounds=bounds) == cols
+    assert tel.environment() == {"gpu_uuids": uuid(0), "gpu_names": "NVIDIA H200",
+                                 "gpu_power_limit_w": 700.0, "driver_version": "580.95.05"}
+
+    table = tel.timeline_table("t-1", w.t_start_s, w.t_end_s, marks=marks)
+    assert table.column_names[0] == "trial_id" and table.column_names[-1] == "phase"
+    assert set(table.column("trial_id").to_pylist()) == {"t-1"}
+    assert set(table.column("phase").to_pylist()) <= {"prefill", "decode"}
+    assert tel.timeline_table("t-1", w.t_start_s, w.t_end_s).column_names == ["trial_id", *TIMELINE_SCHEMA.names]
+    tel.close()
+
+
+def test_trial_flagged_unstable_by_short_window_and_iteration_spread(monkeypatch, clock, tmp_path):
+    steps = [(START_S + 3.0 + i, 200.0 if i % 2 else 600.0) for i in range(20)]
+    tel, p0 = open_telemetry(monkeypatch, clock, [FakeGpu(uuid(0), power=PowerTrace(100.0, steps))], tmp_path)
+    tel.sampler.run_inline(START_S + 3.0, clock.sleep)
+    handle, marks, bounds = measured_trial(tel, clock, p0, iterations=6)
+    cols = tel.trial_columns(handle, idle_power_w=None, marks=marks, output_tokens=60, requests=6,
+                             decode_tokens=54, iteration_bounds=bounds, min_window_s=10.0)
+    assert cols["unstable"] is True
+    assert "min_window_s" in cols["unstable_reason"] and "CV" in cols["unstable_reason"]
+    assert cols["idle_power_w"] is None and cols["active_energy_j"] is None
+
+
+def test_measure_block_that_raises_leaves_no_open_window(monkeypatch, clock, tmp_path):
+    tel, _ = open_telemetry(monkeypatch, clock, [FakeGpu(uuid(0))], tmp_path)
+    tel.sampler.run_inline(START_S + 1.0, clock.sleep)
+    with pytest.raises(ValueError), tel.measure("trial"):
+        raise ValueError("generate failed")
+    with tel.measure("trial") as handle:
+        tel.sampler.run_inline(clock() + 1.0, clock.sleep)
+    assert handle.window is not None
+
+
+@pytest.mark.parametrize("how", ["init_fails", "no_gpus", "no_pynvml"])
+def test_null_telemetry_reports_none_for_every_energy_column(monkeypatch, clock, how, caplog):
+    if how == "no_pynvml":
+        monkeypatch.setitem(sys.modules, "pynvml", None)
+    else:
+        install(monkeypatch, [FakeGpu(uuid(0))], clock,
+                init_error=pynvml.NVMLError_DriverNotLoaded() if how == "init_fails" else None)
+    with caplog.at_level(logging.INFO):
+        tel = Telemetry.open(clock=clock, cuda_visible_devices="" if how == "no_gpus" else None)
+    assert isinstance(tel, NullTelemetry) and not tel.active
+    assert tel.reason and tel.reason in caplog.text
+    tel.start()
+    assert tel.idle_baseline(2.0) is None
+    with tel.measure("trial") as handle:
+        clock.sleep(12.5)
+    assert handle.duration_s == pytest.approx(12.5)
+    cols = tel.trial_columns(handle.window, idle_power_w=None, marks=[("prefill", 0.0, 1.0)],
+                             output_tokens=100, requests=1, decode_tokens=99,
+                             iteration_bounds=[(0.0, 1.0)], duration_s=handle.duration_s)
+    assert tuple(cols) == TRIAL_COLUMNS
+    assert all(cols[k] is None for k in TRIAL_COLUMNS if k not in ("unstable", "unstable_reason"))
+    assert cols["unstable"] is False and cols["unstable_reason"] is None
+    short = tel.trial_columns(handle, idle_power_w=None, marks=[], output_tokens=1, requests=1,
+                              decode_tokens=0, iteration_bounds=[], min_window_s=20.0)
+    assert short["unstable"] is True and "min_window_s" in short["unstable_reason"]
+    assert set(tel.environment().values()) == {None}
+    table = tel.timeline_table("t", 0.0, 1.0)
+    assert table.num_rows == 0 and table.column_names == ["trial_id", *TIMELINE_SCHEMA.names]
+    assert isinstance(table, pa.Table)
+    tel.close()
+
+
+def test_unknown_visible_device_is_loud_not_null(monkeypatch, clock):
+    install(monkeypatch, [FakeGpu(uuid(0))], clock)
+    with pytest.raises(DeviceMappingError):
+        Telemetry.open(clock=clock, cuda_visible_devices="3")
+
+
+def test_importing_telemetry_loads_neither_torch_nor_pynvml():
+    import subprocess
+
+    code = ("import sys, actors.telemetry; "
+            "assert 'torch' not in sys.modules and 'pynvml' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
