@@ -107,7 +107,7 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Any
     ))
     timeline = None
     if telemetry.active:
-        table = telemetry.timeline_table(trial.trial_id, t_idle, t1)
+        table = telemetry.timeline_table(trial.trial_id, t_idle, t1, marks=marks)
         import pyarrow.compute as pc
 
         timeline = table.set_column(table.schema.get_field_index("t_s"), "t_s",

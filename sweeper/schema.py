@@ -134,6 +134,7 @@ TIMELINE: tuple[Column, ...] = (
     _c("memory_used_bytes", I, "device memory used (whole GPU)"),
     _c("sm_clock_mhz", F, "SM clock"),
     _c("temperature_c", F, "GPU temperature"),
+    _c("phase", S, "prefill | decode when the sample falls in a generate call's phase, else null"),
 )
 
 TABLES: dict[str, tuple[Column, ...]] = {

@@ -1,0 +1,161 @@
+"""GPU evidence for the energy method, in one process on one GPU.
+
+Runs the real actor code (``TrialRunner``, no Ray) on a synthetic model and checks:
+
+1. counter energy vs the integral of the sampled power over the same windows;
+2. repeatability: coefficient of variation of ``energy_per_token_j`` over repeats;
+3. an independent cross-check of each window with Zeus's ``ZeusMonitor``;
+4. sampler overhead: throughput with the sampler on vs off, alternated side by side;
+5. prefill + decode energy against the window total and its uncertainty.
+
+    python bench/energy.py --model llama-3.1-8b --batches 1,32 --repeats 5 --out $OUT/energy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def make_trials(model: str, batch: int, repeats: int, window_s: float, in_len: int, out_len: int):
+    from sweeper.plan import expand
+    from sweeper.spec import parse_sweep
+
+    sweep = parse_sweep({
+        "name": "energy-bench", "models": model, "precisions": "bf16", "batch_sizes": batch,
+        "workload": {"input_len": in_len, "output_len": out_len}, "repeats": repeats,
+        "measure": {"warmup_iters": 1, "min_iters": 3, "min_duration_s": window_s, "idle_s": 2.0,
+                    "min_window_s": 10.0},
+    })
+    return expand(sweep)[0]
+
+
+def power_integral_j(timeline, duration_s: float) -> float:
+    """Trapezoid of total sampled power over [0, duration_s] (t_s is relative to the window start)."""
+    rows = timeline.to_pylist()
+    by_gpu: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r["power_w"] is not None:
+            by_gpu.setdefault(r["gpu_uuid"], []).append((r["t_s"], r["power_w"]))
+    total = 0.0
+    for series in by_gpu.values():
+        t, p = (np.array(x) for x in zip(*sorted(series), strict=True))
+        grid = np.linspace(0.0, duration_s, 20001)
+        total += float(np.trapezoid(np.interp(grid, t, p), grid))
+    return total
+
+
+def cv(values: list[float]) -> float:
+    return statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--batches", default="1,32")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--window-s", type=float, default=15.0)
+    ap.add_argument("--overhead-window-s", type=float, default=8.0)
+    ap.add_argument("--overhead-pairs", type=int, default=2)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--out", default="energy.json")
+    args = ap.parse_args()
+
+    import torch
+
+    from actors.actor import TrialRunner
+    from actors.measure import measure_trial
+    from actors.telemetry import NullTelemetry
+
+    try:
+        from zeus.monitor import ZeusMonitor
+
+        zeus = ZeusMonitor(gpu_indices=[torch.cuda.current_device()], approx_instant_energy=False)
+    except Exception as exc:  # the cross-check is optional; say so in the output
+        print(f"zeus unavailable: {exc}")
+        zeus = None
+
+    report: dict = {"model": args.model, "device": torch.cuda.get_device_name(),
+                    "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "batches": {}}
+    runner = None
+    for batch in (int(b) for b in args.batches.split(",")):
+        trials = make_trials(args.model, batch, args.repeats, args.window_s, args.input_len, args.output_len)
+        if runner is None:
+            runner = TrialRunner()
+            load = runner.load(trials[0])
+            assert load.ok, load.error
+            report["load_s"] = load.load_s
+            print(f"loaded {args.model} in {load.load_s:.1f} s on {report['device']}", flush=True)
+        tel = runner.telemetry
+        zeus_by_trial: dict[str, tuple[float, float]] = {}
+        orig_measure = tel.measure
+
+        @contextlib.contextmanager
+        def measure_with_zeus(name, _orig=orig_measure, _z=zeus_by_trial):
+            with _orig(name) as handle:
+                if zeus is not None:
+                    zeus.begin_window(name)
+                yield handle
+                if zeus is not None:
+                    m = zeus.end_window(name)
+                    _z[name] = (m.total_energy, m.time)
+
+        tel.measure = measure_with_zeus
+        rows = []
+        for trial in trials:
+            outcome = runner.run(trial)
+            row = outcome.row
+            assert row["status"] == "ok", row.get("error")
+            integral = power_integral_j(outcome.tables["timeline"], row["duration_s"])
+            z = zeus_by_trial.get(trial.trial_id)
+            phase_sum = row["prefill_energy_j"] + row["decode_energy_j"]
+            rows.append({
+                "repeat": trial.repeat, "duration_s": row["duration_s"], "energy_j": row["energy_j"],
+                "energy_method": row["energy_method"], "uncertainty_j": row["energy_uncertainty_j"],
+                "energy_per_token_j": row["energy_per_token_j"], "throughput_tok_s": row["throughput_tok_s"],
+                "avg_power_w": row["avg_power_w"], "idle_power_w": row["idle_power_w"],
+                "power_integral_j": integral, "counter_vs_integral": row["energy_j"] / integral,
+                "zeus_energy_j": z[0] if z else None, "zeus_time_s": z[1] if z else None,
+                "ours_vs_zeus_power": (row["avg_power_w"] / (z[0] / z[1])) if z else None,
+                "ours_vs_zeus_energy": (row["energy_j"] / z[0]) if z else None,
+                "prefill_energy_j": row["prefill_energy_j"], "decode_energy_j": row["decode_energy_j"],
+                "phase_sum_minus_total_j": phase_sum - row["energy_j"],
+                "unstable": row["unstable"], "unstable_reason": row["unstable_reason"],
+                "cpu_energy_j": row["cpu_energy_j"],
+            })
+            print(json.dumps({"batch": batch, **rows[-1]}), flush=True)
+        tel.measure = orig_measure
+
+        # Sampler on vs off, alternated in one process on the same loaded model.
+        ovh_trial = make_trials(args.model, batch, 1, args.overhead_window_s, args.input_len, args.output_len)[0]
+        off = NullTelemetry(reason="overhead benchmark: sampler off")
+        tput = {"on": [], "off": []}
+        for _ in range(args.overhead_pairs):
+            for mode, t in (("on", tel), ("off", off)):
+                m = measure_trial(runner.backend, ovh_trial, runner.load_info, t)
+                tput[mode].append(m.row["throughput_tok_s"])
+        report["batches"][batch] = {
+            "trials": rows,
+            "energy_per_token_cv": cv([r["energy_per_token_j"] for r in rows]),
+            "counter_vs_integral_max_dev": max(abs(r["counter_vs_integral"] - 1) for r in rows),
+            "zeus_max_dev_power": (max(abs(r["ours_vs_zeus_power"] - 1) for r in rows) if zeus else None),
+            "zeus_max_dev_energy": (max(abs(r["ours_vs_zeus_energy"] - 1) for r in rows) if zeus else None),
+            "phase_gap_within_uncertainty": all(abs(r["phase_sum_minus_total_j"]) <= r["uncertainty_j"] for r in rows),
+            "sampler_on_tok_s": tput["on"], "sampler_off_tok_s": tput["off"],
+            "sampler_on_over_off": statistics.fmean(tput["on"]) / statistics.fmean(tput["off"]),
+        }
+        summary = {k: v for k, v in report["batches"][batch].items() if k != "trials"}
+        print(json.dumps({"batch": batch, **summary}), flush=True)
+    runner.close()
+    Path(args.out).write_text(json.dumps(report, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
