@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--window-s", type=float, default=15.0)
     ap.add_argument("--overhead-window-s", type=float, default=8.0)
-    ap.add_argument("--overhead-pairs", type=int, default=2)
+    ap.add_argument("--overhead-pairs", type=int, default=4)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--out", default="energy.json")
@@ -139,7 +139,14 @@ def main() -> None:
         tput = {"on": [], "off": []}
         for _ in range(args.overhead_pairs):
             for mode, t in (("on", tel), ("off", off)):
-                m = measure_trial(runner.backend, ovh_trial, runner.load_info, t)
+                # "off" must stop the actor's sampler thread, not just meter nothing.
+                if mode == "off":
+                    tel.sampler.stop()
+                try:
+                    m = measure_trial(runner.backend, ovh_trial, runner.load_info, t)
+                finally:
+                    if mode == "off":
+                        tel.sampler.start()
                 tput[mode].append(m.row["throughput_tok_s"])
         report["batches"][batch] = {
             "trials": rows,

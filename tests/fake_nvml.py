@@ -7,8 +7,11 @@ What it simulates, after measurements on H100/H200:
 - each GPU's energy counter (mJ since "driver load") changes only at update
   instants ``update_phase_s + k * update_period_s`` and then holds the exact
   integral of the scripted power up to that instant;
-- the power reading steps at the same instants and holds the mean power of
-  the period just ended;
+- the instantaneous power field (``NVML_FI_DEV_POWER_INSTANT``) steps at the
+  same instants and holds the mean power of the period just ended, while
+  ``nvmlDeviceGetPowerUsage`` holds a one-second trailing mean, as it does on
+  Ampere and newer (``power_average_s``); pre-Volta boards have neither the
+  counter nor the field, and an instantaneous ``nvmlDeviceGetPowerUsage``;
 - exceptions are the real ``pynvml`` classes, so ``except NVMLError`` in the
   code under test means what it means against a driver.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import random
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -48,9 +52,27 @@ class PowerTrace:
     def __init__(self, initial_w: float, steps: list[tuple[float, float]] | tuple = ()) -> None:
         self.initial_w = initial_w
         self.steps = sorted(steps)
+        if self.steps and self.steps[0][0] < 0:
+            raise ValueError("steps start at t >= 0")
         self._times = [t for t, _ in self.steps]
-        levels = [initial_w] + [w for _, w in self.steps]
-        self._deltas = [b - a for a, b in zip(levels, levels[1:], strict=False)]
+        self._energy_at_step_j = []  # energy from time 0 to each step
+        energy_j, t_prev, level_w = 0.0, 0.0, initial_w
+        for t, power_w in self.steps:
+            energy_j += level_w * (t - t_prev)
+            self._energy_at_step_j.append(energy_j)
+            t_prev, level_w = t, power_w
+
+    def then(self, t_s: float, power_w: float) -> None:
+        """Switch to ``power_w`` from ``t_s`` on (at or after the last step): scripts a
+        trace as a test goes, the way a workload drives a real GPU."""
+        if self.steps and t_s < self.steps[-1][0]:
+            raise ValueError("steps are appended in time order")
+        level_w = self.steps[-1][1] if self.steps else self.initial_w
+        t_prev = self._times[-1] if self._times else 0.0
+        energy_j = self._energy_at_step_j[-1] if self._energy_at_step_j else 0.0
+        self._energy_at_step_j.append(energy_j + level_w * (t_s - t_prev))
+        self.steps.append((t_s, power_w))
+        self._times.append(t_s)
 
     @classmethod
     def constant(cls, power_w: float) -> PowerTrace:
@@ -61,12 +83,11 @@ class PowerTrace:
         return self.initial_w if k == 0 else self.steps[k - 1][1]
 
     def energy_j(self, t_s: float) -> float:
-        """Energy from time 0 to ``t_s``: a sum of ramps, one per step."""
-        total = self.initial_w * t_s
-        for t_step, delta in zip(self._times, self._deltas, strict=True):
-            if t_step < t_s:
-                total += delta * (t_s - t_step)
-        return total
+        """Energy from time 0 to ``t_s``."""
+        k = bisect.bisect_right(self._times, t_s) - 1
+        if k < 0:
+            return self.initial_w * t_s
+        return self._energy_at_step_j[k] + self.steps[k][1] * (t_s - self._times[k])
 
     def energy_between_j(self, t0_s: float, t1_s: float) -> float:
         return self.energy_j(t1_s) - self.energy_j(t0_s)
@@ -79,8 +100,11 @@ class FakeGpu:
     power: PowerTrace = field(default_factory=lambda: PowerTrace.constant(300.0))
     update_period_s: float = 0.1
     update_phase_s: float = 0.0
+    update_jitter_s: float = 0.0  # each update instant moves by up to this much (an H200 shows ~4 ms)
     power_limit_mw: int | None = 700_000
     energy_supported: bool = True
+    instant_power_supported: bool = True
+    power_average_s: float = 1.0  # window of nvmlDeviceGetPowerUsage's trailing mean
     counter_at_zero_mj: int = 987_654_321  # energy since "driver load", before time 0
     mig_uuids: tuple[str, ...] = ()
     # NVML function name -> fail every n-th call with NVMLError_Unknown (1 = always)
@@ -92,16 +116,27 @@ class FakeGpu:
     temperature_c: int = 55
     util_gpu_pct: int = 97
 
+    def update_s(self, k: int) -> float:
+        jitter = self.update_jitter_s * (2 * random.Random(k).random() - 1) if self.update_jitter_s else 0.0
+        return self.update_phase_s + k * self.update_period_s + jitter
+
     def last_update_s(self, t_s: float) -> float:
-        k = math.floor((t_s - self.update_phase_s) / self.update_period_s + 1e-9)
-        return self.update_phase_s + k * self.update_period_s
+        k = math.floor((t_s - self.update_phase_s) / self.update_period_s + 1e-9) + 1
+        while self.update_s(k) > t_s + 1e-12:
+            k -= 1
+        return self.update_s(k)
 
     def counter_mj(self, t_s: float) -> int:
         return self.counter_at_zero_mj + round(1000 * self.power.energy_j(self.last_update_s(t_s)))
 
-    def power_mw(self, t_s: float) -> int:
+    def mean_power_mw(self, t_s: float, over_s: float) -> int:
         u = self.last_update_s(t_s)
-        return round(1000 * self.power.energy_between_j(u - self.update_period_s, u) / self.update_period_s)
+        return round(1000 * self.power.energy_between_j(u - over_s, u) / over_s)
+
+    @classmethod
+    def pre_volta(cls, uuid: str, **kwargs) -> FakeGpu:
+        return cls(uuid, name="Tesla P100-PCIE-16GB", energy_supported=False, instant_power_supported=False,
+                   power_average_s=kwargs.pop("update_period_s", 0.1), **kwargs)
 
 
 @dataclass(frozen=True)
@@ -115,6 +150,7 @@ class FakeNvml:
 
     NVML_CLOCK_SM = _real.NVML_CLOCK_SM
     NVML_TEMPERATURE_GPU = _real.NVML_TEMPERATURE_GPU
+    NVML_FI_DEV_POWER_INSTANT = _real.NVML_FI_DEV_POWER_INSTANT
 
     def __init__(self, gpus: list[FakeGpu], clock: FakeClock | None = None, *,
                  driver_version: str = "580.95.05", init_error: Exception | None = None) -> None:
@@ -217,7 +253,21 @@ class FakeNvml:
 
     def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
         self._call("nvmlDeviceGetPowerUsage", handle)
-        return handle.gpu.power_mw(self.clock())
+        return handle.gpu.mean_power_mw(self.clock(), handle.gpu.power_average_s)
+
+    def nvmlDeviceGetFieldValues(self, handle: _Handle, field_ids: list) -> list[SimpleNamespace]:
+        self._call("nvmlDeviceGetFieldValues", handle)
+        out = []
+        for field_id in field_ids:
+            field_id = field_id[0] if isinstance(field_id, tuple) else field_id
+            if field_id == _real.NVML_FI_DEV_POWER_INSTANT and handle.gpu.instant_power_supported:
+                mw = handle.gpu.mean_power_mw(self.clock(), handle.gpu.update_period_s)
+                out.append(SimpleNamespace(fieldId=field_id, nvmlReturn=_real.NVML_SUCCESS,
+                                           valueType=_real.NVML_VALUE_TYPE_UNSIGNED_INT, value=SimpleNamespace(uiVal=mw)))
+            else:
+                out.append(SimpleNamespace(fieldId=field_id, nvmlReturn=_real.NVML_ERROR_NOT_SUPPORTED,
+                                           valueType=_real.NVML_VALUE_TYPE_UNSIGNED_INT, value=SimpleNamespace(uiVal=0)))
+        return out
 
     def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> SimpleNamespace:
         self._call("nvmlDeviceGetUtilizationRates", handle)

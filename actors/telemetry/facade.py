@@ -124,6 +124,9 @@ class Telemetry:
 
         A ``CUDA_VISIBLE_DEVICES`` entry that names no GPU raises
         ``DeviceMappingError``: metering some other device must not pass silently.
+        ``sync`` must return only once all of the trial's device work is done
+        (the default waits for this process's CUDA streams; a backend whose
+        generate call blocks until its workers finish may pass its own).
         """
         try:
             gpus = resolve_gpus(cuda_visible_devices)
@@ -135,7 +138,9 @@ class Telemetry:
             return NullTelemetry(reason=f"no GPU visible to this process (CUDA_VISIBLE_DEVICES={shown!r})", clock=clock)
         sync = sync or default_sync
         sampler = Sampler(gpus, interval_s=interval_s, clock=clock)
-        meter = EnergyMeter(gpus, sampler, sync=sync, clock=clock, sleep=sleep)
+        # The actor's windows are synchronized at both ends and the GPU is ours
+        # alone (DESIGN §4): the GPU is quiet on the outer side of each boundary.
+        meter = EnergyMeter(gpus, sampler, sync=sync, clock=clock, sleep=sleep, quiet_boundaries=True)
         return cls(gpus, sampler, meter, RaplReader(rapl_root), sync=sync)
 
     # -- lifecycle --------------------------------------------------------------------

@@ -2,9 +2,15 @@
 
 One row per GPU per sample. Each row's ``t_s`` is the instant of *that GPU's*
 energy-counter read (the midpoint of two clock reads around it), because the
-meter interpolates the counter in time: with several GPUs, and with the GIL
-handed back and forth between NVML calls, one timestamp per sweep could be
-milliseconds off for the later GPUs.
+meter interpolates the counter in time and one read takes about 4 ms on an
+H200: with several GPUs, one timestamp per sweep would be tens of ms off for
+the later ones.
+
+Cost, measured on an H200 (driver 580): a sample of one GPU takes 3.9-4.8 ms of
+wall time, nearly all of it inside the driver's energy read with the GIL
+released; a Python-bound loop of small kernels ran at the same speed with the
+sampler on and off (ratio 1.000). On the test double the loop itself costs a
+few microseconds per GPU.
 """
 
 from __future__ import annotations
