@@ -16,7 +16,8 @@ from typing import Any
 from actors import environment
 from actors.backends import create_backend
 from actors.backends.base import Backend, LoadInfo, ModelSpec
-from actors.measure import measure_trial
+from actors.measure import Measurement, measure_trial
+from actors.profile_pass import failed_columns, profile_layers
 from sweeper.outcome import LoadResult, TrialOutcome
 from sweeper.trial import Trial
 
@@ -113,5 +114,33 @@ class TrialRunner:
         tables: dict[str, Any] = {"requests": measured.requests}
         if measured.timeline is not None:
             tables["timeline"] = measured.timeline
-        row = {**base, **measured.row, "status": "ok", "finished_at": _now()}
+        row = {**base, **measured.row, "status": "ok"}
+        if trial.layer_profile is not None:
+            # After the headline window has closed: hooks never touch the headline numbers.
+            row.update(self._profile_layers(trial, measured, tables))
+        row["finished_at"] = _now()
         return TrialOutcome(trial.trial_id, row, tables)
+
+    def _profile_layers(self, trial: Trial, measured: Measurement, tables: dict[str, Any]) -> dict[str, Any]:
+        """The layer-profiling pass's trials columns; its rows go into ``tables``.
+
+        A pass that breaks fails the trial: what the sweep asked for was not
+        produced, and ``--retry-failed`` re-runs it. The headline numbers stay
+        in the row all the same, since they were measured before, without hooks.
+        """
+        headline = measured.row
+        try:
+            profile = profile_layers(
+                self.backend, trial, self.load_info, self.telemetry,
+                headline_s_per_iter=headline["duration_s"] / headline["n_iterations"])
+        except Exception as exc:
+            log.exception("layer profiling pass failed")
+            oom = self._is_oom(exc)
+            self.backend.recover()
+            text = _error_text(exc)
+            return {**failed_columns(trial.layer_profile, text), "status": "failed",
+                    "reason": "oom" if oom else "layer_profile_failed",
+                    "error": f"layer profiling pass: {text}"}
+        if profile.rows:
+            tables["layers"] = profile.rows
+        return profile.columns

@@ -145,7 +145,7 @@ def run(
 def aggregate(
     output: Annotated[str, typer.Argument(help="results directory or URI", show_default=False)],
 ) -> None:
-    """Merge a results directory's shards into trials.parquet, requests.parquet, timeline.parquet."""
+    """Merge a results directory's shards into trials.parquet, requests.parquet, timeline.parquet, layers.parquet."""
     from sweeper.storage import ResultStore
 
     store = ResultStore(output)
@@ -170,6 +170,69 @@ def presets() -> None:
                       f"{c['num_attention_heads']}/{c['num_key_value_heads']}", str(c["vocab_size"]),
                       p.mirrors or "-")
     out.print(table)
+
+
+class ReportFormat(str, Enum):
+    html = "html"
+    md = "md"
+
+
+@app.command()
+def report(
+    output: Annotated[str, typer.Argument(help="results directory", show_default=False)],
+    fmt: Annotated[ReportFormat, typer.Option("--format", help="html: one self-contained page; md: Markdown with the PNGs beside it")] = ReportFormat.html,
+    max_tpot_ms: Annotated[float | None, typer.Option(min=0.0, help="latency bound of the best-configuration table (mean TPOT, ms)")] = None,
+    max_ttft_ms: Annotated[float | None, typer.Option(min=0.0, help="latency bound of the best-configuration table (mean TTFT, ms)")] = None,
+    trial: Annotated[str | None, typer.Option(help="trial_id whose power timeline (and layer profile, if any) is shown [default: the ok trial with the most energy]")] = None,
+) -> None:
+    """Write OUTPUT/report/: plots, the best configuration per model, unstable, failed and skipped trials."""
+    from sweeper.report import build_report
+
+    try:
+        rep = build_report(output, fmt.value, max_tpot_ms=max_tpot_ms, max_ttft_ms=max_ttft_ms, trial_id=trial)
+    except UserInputError as exc:
+        raise _fail(exc) from None
+    out.print(f"report: {rep.path} ({len(rep.plots)} plots, PNGs in {rep.directory})", highlight=False, soft_wrap=True)
+    for note in rep.notes:
+        out.print(f"  note: {note}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def query(
+    output: Annotated[str, typer.Argument(help="results directory", show_default=False)],
+    sql: Annotated[str, typer.Argument(help="DuckDB SQL over the views trials, requests, timeline, layers", show_default=False)],
+    as_csv: Annotated[bool, typer.Option("--csv", help="print CSV")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON records")] = False,
+) -> None:
+    """Run DuckDB SQL over a results directory's aggregated tables (each one a view of its name)."""
+    from rich.markup import escape
+
+    from sweeper.query import QueryError, run_query, to_csv, to_json
+
+    try:
+        if as_csv and as_json:
+            raise QueryError("--csv and --json exclude each other")
+        result = run_query(output, sql)
+    except UserInputError as exc:
+        raise _fail(exc) from None
+    if as_csv:
+        sys.stdout.write(to_csv(result))
+        return
+    if as_json:
+        print(to_json(result))
+        return
+    max_rows = 500  # a terminal table of a whole timeline helps nobody; --csv has every row
+    table = Table()
+    for i, col in enumerate(result.columns):
+        numeric = any(isinstance(r[i], int | float) and not isinstance(r[i], bool) for r in result.rows[:50])
+        table.add_column(escape(col), justify="right" if numeric else "left")
+    for row in result.rows[:max_rows]:
+        table.add_row(*("[dim]NULL[/]" if v is None else escape(f"{v:.6g}" if isinstance(v, float) else str(v))
+                        for v in row))
+    if result.columns:
+        out.print(table)
+    if len(result.rows) > max_rows:
+        err.print(f"{len(result.rows) - max_rows} more rows not shown (use --csv or --json for all)", highlight=False)
 
 
 def main() -> None:

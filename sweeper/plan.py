@@ -100,6 +100,7 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
     models = resolve_models(sweep, sweep_path=sweep_path, check_hub=check_hub)
     measure = MeasureSettings(**sweep.measure.model_dump())
     options = {b: canonical_options(sweep.options_for(b)) for b in sweep.backends}
+    layer_profile = sweep.profile.layers if sweep.profile is not None else None
     trials: list[Trial] = []
     excluded = 0
     grid = itertools.product(
@@ -112,7 +113,7 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
             model_location=model.location, backend=backend, precision=precision,
             batch_size=batch, input_len=in_len, output_len=out_len,
             dataset=sweep.workload.dataset, seed=sweep.workload.seed, repeat=repeat,
-            backend_options=options[backend], measure=measure,
+            backend_options=options[backend], measure=measure, layer_profile=layer_profile,
         )
         if any(_matches(rule, trial.axes()) for rule in sweep.exclude):
             excluded += 1

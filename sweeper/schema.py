@@ -49,6 +49,7 @@ TRIALS: tuple[Column, ...] = (
     _c("sample_interval_s", F, "telemetry sampling interval"),
     _c("min_window_s", F, "windows shorter than this are flagged unstable"),
     _c("max_iteration_cv", F, "per-iteration energy CV above this is flagged unstable"),
+    _c("layer_profile", S, "layer-profiling granularity (block | submodule | leaf); null: no profiling pass"),
     # outcome
     _c("status", S, "ok | failed | skipped"),
     _c("reason", S, "short machine-readable cause for failed/skipped (exception, unsupported, ...)"),
@@ -91,6 +92,10 @@ TRIALS: tuple[Column, ...] = (
     _c("dram_energy_j", F, "DRAM energy (RAPL) over the window, null when unreadable"),
     _c("unstable", B, "the measurement is flagged as unreliable (see unstable_reason)"),
     _c("unstable_reason", S, "why the trial is flagged unstable"),
+    # layer profiling (a separate pass after the measured window; rows in layers.parquet)
+    _c("layer_profile_status", S, "ok, or why the profiling pass wrote no layer rows (not applicable: ..., failed: ...)"),
+    _c("layer_profile_overhead", F, "profiling pass time per iteration / measured time per iteration - 1 (the hooks' slowdown)"),
+    _c("layer_profile_energy_j", F, "GPU energy measured over the profiling pass; its layers rows' energy_j sum to it"),
     # environment
     _c("device", S, "cuda | cpu"),
     _c("device_name", S, "GPU (or CPU) model name"),
@@ -137,10 +142,26 @@ TIMELINE: tuple[Column, ...] = (
     _c("phase", S, "prefill | decode when the sample falls in a generate call's phase, else null"),
 )
 
+LAYERS: tuple[Column, ...] = (
+    _c("trial_id", S, "trial the profiling pass belongs to"),
+    _c("module", S, "qualified module name in the model (e.g. model.layers.3.self_attn)"),
+    _c("module_type", S, "role: decoder_block | attention | mlp | norm | embedding | rotary_embedding | "
+                         "final_norm | lm_head | other (leaf modules: the role of the unit they sit in)"),
+    _c("layer_index", I, "decoder block index, null for modules outside the blocks"),
+    _c("phase", S, "prefill (forwards over the prompt) | decode (one-token forwards)"),
+    _c("calls", I, "forward calls of the module in this phase over the whole pass"),
+    _c("gpu_time_s", F, "summed time between CUDA events recorded at the module's forward entry and exit "
+                        "(CPU runs: host clock, synchronous there), over the whole pass"),
+    _c("time_share", F, "gpu_time_s / the phase's summed gpu_time_s over all profiled modules"),
+    _c("energy_j", F, "energy attributed to the module in this phase (null on CPU-only runs)"),
+    _c("method", S, "energy attribution method: gpu_time_share_of_phase_energy | gpu_time_share_of_window_energy"),
+)
+
 TABLES: dict[str, tuple[Column, ...]] = {
     "trials": TRIALS,
     "requests": REQUESTS,
     "timeline": TIMELINE,
+    "layers": LAYERS,
 }
 
 

@@ -7,7 +7,7 @@ raised as ``SweepFileError`` naming the file and the field.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import (
@@ -75,6 +75,19 @@ class Measure(_Strict):
     max_iteration_cv: float = Field(0.05, gt=0, description="per-iteration energy CV above this is flagged unstable")
 
 
+# Layer-profiling granularities (DESIGN §5): decoder blocks, the attention / MLP /
+# norms inside each block, or every leaf module.
+LayerGranularity = Literal["block", "submodule", "leaf"]
+LAYER_GRANULARITIES: tuple[str, ...] = get_args(LayerGranularity)
+
+
+class Profile(_Strict):
+    """Opt-in profiling passes, run after (never inside) a trial's headline measurement."""
+
+    layers: LayerGranularity = Field(
+        description="per-layer GPU time and energy at this granularity")
+
+
 class Sweep(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", max_length=100)
     models: Axis[str]
@@ -86,6 +99,7 @@ class Sweep(_Strict):
     exclude: list[dict[str, Any]] = []
     repeats: int = Field(1, gt=0, strict=True)
     backend_options: dict[str, dict[str, Any]] = {}
+    profile: Profile | None = None
 
     _dedupe = field_validator("models", "backends", "precisions", "batch_sizes")(_dedupe)
 

@@ -30,6 +30,8 @@ _SORT = {
     "trials": [("started_at", "ascending"), ("trial_id", "ascending")],
     "requests": [("trial_id", "ascending"), ("iteration", "ascending"), ("request_index", "ascending")],
     "timeline": [("trial_id", "ascending"), ("t_s", "ascending"), ("gpu_index", "ascending")],
+    "layers": [("trial_id", "ascending"), ("phase", "descending"), ("layer_index", "ascending"),
+               ("module", "ascending")],
 }
 
 

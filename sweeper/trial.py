@@ -38,6 +38,8 @@ class Trial:
     repeat: int
     backend_options: str  # canonical JSON of the backend's validated options
     measure: MeasureSettings = MeasureSettings()
+    # Layer-profiling granularity (block | submodule | leaf), or None: no profiling pass.
+    layer_profile: str | None = None
     trial_id: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -53,6 +55,10 @@ class Trial:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         d["measure"] = asdict(self.measure)
         d["method_version"] = METHOD_VERSION
+        # Optional settings join the identity only when set, so that adding
+        # one never changes the ids of trials that do not use it (resume).
+        if d["layer_profile"] is None:
+            del d["layer_profile"]
         return d
 
     @property
@@ -80,7 +86,8 @@ class Trial:
     def label(self) -> str:
         return (f"{self.model} {self.backend}/{self.precision} bs={self.batch_size} "
                 f"in={self.input_len} out={self.output_len}"
-                + (f" r{self.repeat}" if self.repeat else ""))
+                + (f" r{self.repeat}" if self.repeat else "")
+                + (f" layers={self.layer_profile}" if self.layer_profile else ""))
 
 
 def _content_hash(obj: dict) -> str:

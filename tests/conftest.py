@@ -61,3 +61,25 @@ def tiny_gpt2_dir(tmp_path_factory) -> Path:
 
     save_file({}, str(d / "model.safetensors"), metadata={"format": "pt"})
     return d
+
+
+@pytest.fixture(scope="session")
+def quickstart_results(tmp_path_factory) -> Path:
+    """Results of a real, tiny sweep run through the CLI (about 25 s on 2 cores).
+
+    fp16 is in it for its skip: on a CPU it becomes a real `skipped` row with its
+    reason, at no cost, so the report's failed/skipped table sees real data.
+    """
+    d = tmp_path_factory.mktemp("quickstart")
+    sweep = d / "tiny.yaml"
+    sweep.write_text(
+        "name: quickstart\n"
+        "models: [tiny-llama]\n"
+        "precisions: [fp32, bf16, fp16]\n"
+        "batch_sizes: [1, 2]\n"
+        "workload: {input_len: 8, output_len: 4}\n"
+        "measure: {warmup_iters: 1, min_iters: 2, min_duration_s: 0.2, idle_s: 0}\n"
+    )
+    r = run_cli("run", str(sweep), "--output", str(d / "results"), "--quiet")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return d / "results"

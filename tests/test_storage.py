@@ -89,7 +89,7 @@ def test_aggregate_writes_every_kind_readable_by_duckdb(tmp_path):
                                               "ttft_s": 0.1 * i} for i in range(3)])
         store.write_shard("trials", tid, [trial_row(tid, throughput_tok_s=10.0)])
     counts = store.aggregate()
-    assert counts == {"trials": 2, "requests": 6, "timeline": 0}
+    assert counts == {"trials": 2, "requests": 6, "timeline": 0, "layers": 0}
     con = duckdb.connect()
     n, avg = con.execute(f"SELECT count(*), avg(throughput_tok_s) FROM '{tmp_path}/trials.parquet'").fetchone()
     assert (n, avg) == (2, 10.0)
@@ -119,7 +119,8 @@ def test_schema_names_carry_units():
                    "backend_options", "warmup_iters", "min_iters", "status", "reason", "error",
                    "started_at", "finished_at", "n_iterations", "n_requests", "output_tokens",
                    "energy_method", "unstable", "unstable_reason", "device", "device_name",
-                   "gpu_uuids", "hostname", "ray_node_id", "max_iteration_cv"}
+                   "gpu_uuids", "gpu_names", "hostname", "ray_node_id", "max_iteration_cv",
+                   "layer_profile", "layer_profile_status", "layer_profile_overhead"}
     for col in TRIALS:
         if col.name in unitless_ok or col.name.endswith("_version"):
             continue

@@ -1,0 +1,96 @@
+"""``sweeper query``: DuckDB SQL over a results directory's aggregated tables.
+
+Each aggregated table that exists becomes a view of its name (``trials``,
+``requests``, ``timeline``, ``layers``), so a query never needs a file path.
+DuckDB is imported only when a query runs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from sweeper.errors import UserInputError
+
+VIEWS = ("trials", "requests", "timeline", "layers")
+
+
+class QueryError(UserInputError):
+    """SQL that DuckDB rejects (syntax, unknown table or column, a failed cast)."""
+
+
+@dataclass
+class QueryResult:
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+    views: list[str]
+
+
+def connect(root: str | os.PathLike) -> tuple[Any, list[str]]:
+    """An in-memory DuckDB connection with one view per aggregated table; and the views' names."""
+    import duckdb
+
+    from sweeper.report import check_results_dir, table_path
+
+    path = check_results_dir(root)
+    con = duckdb.connect()
+    views = []
+    for kind in VIEWS:
+        table = table_path(path, kind)
+        if table is not None:
+            literal = str(table.resolve()).replace("'", "''")
+            con.execute(f"CREATE VIEW {kind} AS SELECT * FROM read_parquet('{literal}')")
+            views.append(kind)
+    return con, views
+
+
+def run_query(root: str | os.PathLike, sql: str) -> QueryResult:
+    import duckdb
+
+    if not sql.strip():
+        raise QueryError("empty query")
+    con, views = connect(root)
+    try:
+        cur = con.execute(sql)
+        if cur.description is None:  # a statement without a result (SET, CREATE ...)
+            return QueryResult([], [], views)
+        columns = [d[0] for d in cur.description]
+        return QueryResult(columns, cur.fetchall(), views)
+    except duckdb.Error as exc:
+        # DuckDB's message carries the caret diagram on later lines; the first line names the error.
+        first = str(exc).strip().splitlines()[0].strip() if str(exc).strip() else type(exc).__name__
+        hint = f" (views: {', '.join(views)})" if "does not exist" in first else ""
+        raise QueryError(f"query failed: {first}{hint}") from None
+    finally:
+        con.close()
+
+
+def to_csv(result: QueryResult) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(result.columns)
+    writer.writerows(result.rows)
+    return buf.getvalue()
+
+
+def to_json(result: QueryResult) -> str:
+    """Records, one object per row; timestamps and other non-JSON values as their ISO/str form."""
+    import json
+    import math
+    from decimal import Decimal
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None  # NaN is not JSON
+        if isinstance(v, Decimal):
+            return float(v)
+        if isinstance(v, int | float | str | bool) or v is None:
+            return v
+        return v.isoformat() if hasattr(v, "isoformat") else str(v)
+
+    records = [{c: plain(v) for c, v in zip(result.columns, row, strict=True)} for row in result.rows]
+    return json.dumps(records, indent=2)

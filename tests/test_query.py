@@ -1,0 +1,103 @@
+"""``sweeper query``: DuckDB SQL over the aggregated tables of real results."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.test_report import build_gpu_results
+
+
+@pytest.fixture(scope="module")
+def gpu_results(tmp_path_factory) -> Path:
+    return build_gpu_results(tmp_path_factory.mktemp("h200-q") / "quantization")
+
+
+def test_table_output_on_quickstart(quickstart_results):
+    import pandas as pd
+
+    r = run_cli("query", str(quickstart_results),
+                "SELECT model, precision, batch_size, status FROM trials ORDER BY precision, batch_size")
+    assert r.returncode == 0, r.stderr
+    trials = pd.read_parquet(quickstart_results / "trials.parquet")
+    lines = [ln for ln in r.stdout.splitlines() if "tiny-llama" in ln]
+    assert len(lines) == len(trials)
+    assert "┃ model" in r.stdout and "batch_size" in r.stdout
+
+
+def test_views_join_requests_to_trials(quickstart_results):
+    import pandas as pd
+
+    sql = ("SELECT t.precision, t.batch_size, count(*) AS n, any_value(t.n_requests) AS expected "
+           "FROM requests r JOIN trials t USING (trial_id) GROUP BY ALL ORDER BY ALL")
+    r = run_cli("query", str(quickstart_results), sql, "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    ok = pd.read_parquet(quickstart_results / "trials.parquet").query("status == 'ok'")
+    assert len(rows) == len(ok) > 0
+    assert all(row["n"] == row["expected"] for row in rows)  # one requests row per measured request
+
+
+def test_csv_and_json_types(gpu_results):
+    r = run_cli("query", str(gpu_results), "SELECT trial_id, energy_j, started_at, unstable FROM trials "
+                "ORDER BY energy_j DESC LIMIT 3", "--csv")
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert [row["trial_id"] for row in rows][0] == "d58a02976863a6f0"
+    assert float(rows[0]["energy_j"]) == pytest.approx(4502.73, abs=0.01)
+
+    r = run_cli("query", str(gpu_results), "SELECT started_at, unstable, "
+                "round(energy_j, 1)::DECIMAL(10, 1) AS e FROM trials ORDER BY energy_j DESC LIMIT 1", "--json")
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads(r.stdout)
+    assert row["started_at"].startswith("20") and row["unstable"] is False and row["e"] == 4502.7
+
+
+def test_gpu_views_include_timeline_and_layers(gpu_results):
+    r = run_cli("query", str(gpu_results), "SELECT module_type, round(sum(energy_j) / "
+                "(SELECT sum(energy_j) FROM layers), 3) AS share FROM layers GROUP BY 1 ORDER BY 2 DESC",
+                "--json")
+    assert r.returncode == 0, r.stderr
+    shares = json.loads(r.stdout)
+    assert shares[0]["module_type"] == "mlp"
+    assert sum(s["share"] for s in shares) == pytest.approx(1.0, abs=0.01)
+    r = run_cli("query", str(gpu_results), "SELECT count(DISTINCT trial_id) AS n FROM timeline", "--json")
+    assert json.loads(r.stdout) == [{"n": 16}]
+
+
+def test_long_results_are_capped_in_the_table_only(gpu_results):
+    r = run_cli("query", str(gpu_results), "SELECT * FROM timeline")
+    assert r.returncode == 0, r.stderr
+    assert "more rows not shown (use --csv or --json for all)" in r.stderr
+    r = run_cli("query", str(gpu_results), "SELECT t_s FROM timeline", "--csv")
+    import pyarrow.parquet as pq
+
+    assert len(r.stdout.splitlines()) == 1 + pq.read_metadata(gpu_results / "timeline.parquet").num_rows
+
+
+@pytest.mark.parametrize("sql, expected", [
+    ("SELEC 1", "query failed: Parser Error: syntax error at or near \"SELEC\""),
+    ("SELECT * FROM trails", "Table with name trails does not exist"),
+    ("SELECT no_such_column FROM trials", "query failed: Binder Error"),
+    ("   ", "empty query"),
+])
+def test_bad_sql_is_one_line_exit_2(quickstart_results, sql, expected):
+    r = run_cli("query", str(quickstart_results), sql)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout
+    assert expected in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_missing_directory_and_conflicting_flags(tmp_path, quickstart_results):
+    r = run_cli("query", str(tmp_path / "nope"), "SELECT 1")
+    assert r.returncode == 2 and "no such results directory" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("query", str(tmp_path), "SELECT 1")
+    assert r.returncode == 2 and "no trials.parquet" in r.stderr
+    r = run_cli("query", str(quickstart_results), "SELECT 1", "--csv", "--json")
+    assert r.returncode == 2 and "exclude each other" in r.stderr

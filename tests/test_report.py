@@ -1,0 +1,425 @@
+"""``sweeper report`` against a real quickstart run and a real H200 trials table.
+
+The GPU results directory is docs/data/quantization_h200_trials.parquet (a real
+H200 run of sweeps/quantization.yaml) plus a timeline and a layer profile laid
+out from each trial's own measured numbers (idle, prefill and decode power,
+TTFT, end-to-end time), written through the schema, for the plots a CPU
+machine cannot produce.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import ROOT, run_cli
+
+H200_TRIALS = ROOT / "docs" / "data" / "quantization_h200_trials.parquet"
+
+# layers.parquet's columns (issue 4), for a checkout whose sweeper.schema does not declare the table yet.
+LAYERS_SCHEMA = pa.schema([
+    ("trial_id", pa.string()), ("module", pa.string()), ("module_type", pa.string()),
+    ("layer_index", pa.int64()), ("phase", pa.string()), ("calls", pa.int64()),
+    ("gpu_time_s", pa.float64()), ("time_share", pa.float64()), ("energy_j", pa.float64()),
+    ("method", pa.string()),
+])
+
+
+def _layers_table(rows: list[dict]) -> pa.Table:
+    from sweeper.schema import TABLES, to_table
+
+    return to_table("layers", rows) if "layers" in TABLES else pa.Table.from_pylist(rows, schema=LAYERS_SCHEMA)
+
+
+def _timeline_rows(trial: dict) -> list[dict]:
+    """Samples at the trial's interval: idle power before the window, then its iterations'
+    prefill and decode at the power its measured phase energies imply."""
+    dt, n = trial["sample_interval_s"], trial["n_iterations"]
+    prefill_s = trial["ttft_s"] * n
+    prefill_w = trial["prefill_energy_j"] / prefill_s
+    decode_w = trial["decode_energy_j"] / (trial["duration_s"] - prefill_s)
+    rows, energy_mj = [], 9.0e9
+    t = -trial["idle_s"]
+    while t <= trial["duration_s"] + 1e-9:
+        if t < 0:
+            phase, power = None, trial["idle_power_w"]
+        else:
+            in_call = t % trial["e2e_s"]
+            phase, power = ("prefill", prefill_w) if in_call < trial["ttft_s"] else ("decode", decode_w)
+        energy_mj += power * dt * 1e3
+        rows.append({"trial_id": trial["trial_id"], "t_s": round(t, 6), "gpu_index": 0,
+                     "gpu_uuid": trial["gpu_uuids"], "power_w": power, "energy_mj": energy_mj,
+                     "util_gpu_pct": 0.0 if phase is None else 100.0, "memory_used_bytes": trial["peak_memory_bytes"],
+                     "sm_clock_mhz": 1980.0, "temperature_c": 40.0, "phase": phase})
+        t += dt
+    return rows
+
+
+def _layer_rows(trial: dict, n_layers: int) -> list[dict]:
+    """A submodule-granularity profile: each phase's measured energy shared out by GPU time."""
+    in_block = {"self_attn": ("attention", 0.35), "mlp": ("mlp", 0.55),
+                "input_layernorm": ("norm", 0.05), "post_attention_layernorm": ("norm", 0.05)}
+    outside = {"model.embed_tokens": ("embedding", 0.01), "model.norm": ("final_norm", 0.01),
+               "lm_head": ("lm_head", 0.04)}
+    block_share = 1.0 - sum(w for _, w in outside.values())
+    modules = [(name, role, None, w) for name, (role, w) in outside.items()]
+    modules += [(f"model.layers.{i}.{sub}", role, i, block_share * w / n_layers)
+                for i in range(n_layers) for sub, (role, w) in in_block.items()]
+    prefill_s = trial["ttft_s"] * trial["n_iterations"]
+    rows = []
+    for phase, energy_j, time_s, calls in (
+            ("prefill", trial["prefill_energy_j"], prefill_s, trial["n_iterations"]),
+            ("decode", trial["decode_energy_j"], trial["duration_s"] - prefill_s,
+             trial["n_iterations"] * (trial["output_len"] - 1))):
+        rows += [{"trial_id": trial["trial_id"], "module": name, "module_type": role, "layer_index": idx,
+                  "phase": phase, "calls": calls, "gpu_time_s": time_s * share, "time_share": share,
+                  "energy_j": energy_j * share, "method": "gpu_time_share_of_phase_energy"}
+                 for name, role, idx, share in modules]
+    return rows
+
+
+def build_gpu_results(directory: Path) -> Path:
+    """A results directory from the real H200 trials table (see the module docstring)."""
+    from sweeper.schema import to_table
+
+    directory.mkdir(parents=True, exist_ok=True)
+    trials = pq.read_table(H200_TRIALS)
+    pq.write_table(to_table("trials", trials), directory / "trials.parquet")
+    rows = trials.to_pylist()
+    timeline = [s for t in rows if t["status"] == "ok" for s in _timeline_rows(t)]
+    pq.write_table(to_table("timeline", timeline), directory / "timeline.parquet")
+    biggest = max(rows, key=lambda t: t["energy_j"] or 0)
+    n_layers = 32 if "8b" in biggest["model"] else 16  # llama-3.1-8b / llama-3.2-1b
+    pq.write_table(_layers_table(_layer_rows(biggest, n_layers)), directory / "layers.parquet")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def gpu_results(tmp_path_factory) -> Path:
+    return build_gpu_results(tmp_path_factory.mktemp("h200") / "quantization")
+
+
+@pytest.fixture
+def quickstart_copy(quickstart_results, tmp_path) -> Path:
+    """A private copy: a report writes into the results directory."""
+    return Path(shutil.copytree(quickstart_results, tmp_path / "quickstart"))
+
+
+def _embedded_pngs(page: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
+
+
+# -- the real quickstart (CPU: no energy, no timeline, no layers) ----------------------
+
+
+def test_report_on_quickstart_leaves_out_energy_plots_with_notes(quickstart_copy):
+    import pandas as pd
+
+    r = run_cli("report", str(quickstart_copy))
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    page_path = quickstart_copy / "report" / "index.html"
+    page = page_path.read_text()
+    assert str(page_path) in r.stdout.replace("\n", "")
+
+    # The plots a CPU run can have, embedded and also written beside the page.
+    pngs = _embedded_pngs(page)
+    assert len(pngs) == 2 and all(p.startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
+    assert (quickstart_copy / "report" / "throughput.png").read_bytes() == pngs[0]
+    assert (quickstart_copy / "report" / "weight_memory.png").is_file()
+    for missing in ("energy_per_token.png", "pareto.png", "power_timeline.png", "layer_shares.png",
+                    "fidelity.png"):
+        assert not (quickstart_copy / "report" / missing).exists()
+    # Every plot left out says so on one line.
+    for note in ("Energy per token vs batch size left out", "Pareto frontier: latency vs J/token left out",
+                 "Power timeline left out", "Layer energy shares left out", "Fidelity vs J/token left out"):
+        assert note in page
+        assert note in r.stdout
+    assert "Power timeline left out: no timeline samples (a CPU-only run has no GPU telemetry)" in page
+
+    trials = pd.read_parquet(quickstart_copy / "trials.parquet")
+    ok = trials[trials["status"] == "ok"]
+    # No energy on CPU: the best configuration falls back to throughput.
+    best = ok.loc[ok["throughput_tok_s"].idxmax()]
+    assert "highest tok/s (no energy)" in page
+    assert best["trial_id"] in page.split("<h2>Plots</h2>")[0]
+    # Unstable trials (the fixture's windows are far below min_window_s) are listed with their reason.
+    unstable = ok[ok["unstable"].fillna(False)]
+    assert len(unstable) == len(ok) > 0
+    section = page.split("Unstable trials")[1].split("<h2>")[0]
+    for row in unstable.itertuples():
+        assert row.trial_id in section
+        assert html.escape(row.unstable_reason) in section
+    # Failed and skipped trials are listed with their reasons (fp16 is skipped on CPU).
+    bad = trials[trials["status"] != "ok"]
+    if (trials["device"].dropna() == "cpu").all():
+        assert len(bad) > 0
+    section = page.split("Failed and skipped trials")[1]
+    for row in bad.itertuples():
+        assert row.trial_id in section and html.escape(row.reason) in section
+
+
+def test_markdown_report_keeps_images_beside_it(quickstart_copy):
+    r = run_cli("report", str(quickstart_copy), "--format", "md")
+    assert r.returncode == 0, r.stderr
+    md = (quickstart_copy / "report" / "report.md").read_text()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert images == ["throughput.png", "weight_memory.png"]
+    assert all((quickstart_copy / "report" / name).stat().st_size > 5000 for name in images)
+    assert "> Power timeline left out" in md
+    assert "| model | backend | precision |" in md
+
+
+def test_latency_bound_that_nothing_meets(quickstart_copy):
+    r = run_cli("report", str(quickstart_copy), "--max-tpot-ms", "0.000001")
+    assert r.returncode == 0, r.stderr
+    page = (quickstart_copy / "report" / "index.html").read_text()
+    assert "no ok trial within the bounds" in page
+    assert "TPOT ≤ 1e-06 ms" in page
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--trial", "nosuchtrial"], "no trial 'nosuchtrial'"),
+    (["--max-tpot-ms", "-1"], "Invalid value"),
+    (["--format", "pdf"], "Invalid value"),
+])
+def test_bad_report_options_exit_2(quickstart_copy, args, expected):
+    r = run_cli("report", str(quickstart_copy), *args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert expected in r.stderr and "Traceback" not in r.stderr
+    assert not (quickstart_copy / "report" / "index.html").exists()
+
+
+def test_missing_or_unaggregated_directory_exit_2(tmp_path, quickstart_results):
+    r = run_cli("report", str(tmp_path / "nope"))
+    assert r.returncode == 2 and "no such results directory" in r.stderr and "Traceback" not in r.stderr
+    shards_only = tmp_path / "shards_only"
+    shutil.copytree(quickstart_results / "shards", shards_only / "shards")
+    r = run_cli("report", str(shards_only))
+    assert r.returncode == 2 and f"run `sweeper aggregate {shards_only}` first" in " ".join(r.stderr.split())
+
+
+def test_layer_profile_of_a_real_cpu_run_is_shown_as_time_shares(tmp_path):
+    """A real profiled sweep on CPU: layers.parquet has host-clock times and no energy."""
+    import pandas as pd
+
+    from sweeper.plots import layer_shares
+    from sweeper.report import build_report
+
+    sweep = tmp_path / "profiled.yaml"
+    sweep.write_text("name: profiled\nmodels: [tiny-llama]\nprecisions: [fp32]\nbatch_sizes: [2]\n"
+                     "workload: {input_len: 8, output_len: 4}\n"
+                     "measure: {warmup_iters: 1, min_iters: 2, min_duration_s: 0.2, idle_s: 0}\n"
+                     "profile: {layers: submodule}\n")
+    root = tmp_path / "results"
+    r = run_cli("run", str(sweep), "--output", str(root), "--quiet")
+    assert r.returncode == 0, r.stderr[-3000:]
+    layers = pd.read_parquet(root / "layers.parquet")
+    assert len(layers) > 0 and layers["energy_j"].isna().all()
+
+    report = build_report(root, "md")
+    (trial_id,) = layers["trial_id"].unique()
+    assert "layer_shares.png" in [p.filename for p in report.plots]
+    md = report.path.read_text()
+    assert f"*Layer energy shares*: layer profile of trial {trial_id}" in md
+    shares, value = layer_shares(layers)
+    assert value == "gpu_time_s" and shares.to_numpy().sum() == pytest.approx(1.0)
+    assert {"attention", "mlp"} <= set(shares.index)
+
+
+# -- the H200 results (energy, timeline, layers) ----------------------------------------------
+
+
+def test_report_on_gpu_results_has_every_plot(gpu_results):
+    from sweeper.report import build_report
+
+    report = build_report(gpu_results, max_tpot_ms=15.0)
+    names = [p.filename for p in report.plots]
+    assert names == ["throughput.png", "energy_per_token.png", "pareto.png", "weight_memory.png",
+                     "power_timeline.png", "layer_shares.png"]
+    # No fidelity was measured in that run: its plot is the only one left out.
+    assert report.notes == ["Fidelity vs J/token left out: no fidelity_kl column in trials.parquet "
+                            "(no fidelity measured)"]
+    page = report.path.read_text()
+    assert len(_embedded_pngs(page)) == 6
+    assert "NVIDIA H200" in page
+    # The power timeline defaults to the ok trial with the most energy (llama-3.1-8b fp16 bs=64, 4503 J).
+    assert "trial d58a02976863a6f0: llama-3.1-8b transformers/fp16 bs=64 (the ok trial with the most energy" in page
+
+
+def test_best_configuration_under_latency_bounds(gpu_results):
+    import pandas as pd
+
+    from sweeper.report import best_configs
+
+    trials = pd.read_parquet(gpu_results / "trials.parquet")
+    free = best_configs(trials).set_index("model")
+    # Unbounded: the largest batch has the fewest joules per token for both models.
+    assert free.loc["llama-3.2-1b", "batch_size"] == 64 and free.loc["llama-3.1-8b", "batch_size"] == 64
+    assert (free["criterion"] == "lowest J/token").all()
+    expected = trials[trials.model == "llama-3.2-1b"]["energy_per_token_j"].min()
+    assert free.loc["llama-3.2-1b", "energy_per_token_j"] == expected
+
+    bounded = best_configs(trials, max_ttft_ms=50.0, max_tpot_ms=15.0).set_index("model")
+    # TTFT <= 50 ms rules out the 8b's batches of 32 and 64 (111-231 ms) and TPOT <= 15 ms its
+    # fp16 batch 32 and bf16 batch 8 and 32.
+    eight = trials[(trials.model == "llama-3.1-8b") & (trials.ttft_s <= 0.050) & (trials.tpot_s <= 0.015)]
+    assert bounded.loc["llama-3.1-8b", "trial_id"] == eight.loc[eight.energy_per_token_j.idxmin(), "trial_id"]
+    assert bounded.loc["llama-3.1-8b", "ttft_ms"] <= 50.0 and bounded.loc["llama-3.1-8b", "tpot_ms"] <= 15.0
+    assert bounded.loc["llama-3.2-1b", "batch_size"] == 64  # 41 ms TTFT, 8 ms TPOT: within both
+
+
+def test_pareto_frontier_is_the_non_dominated_set(gpu_results):
+    import pandas as pd
+
+    from sweeper.plots import pareto_frontier, pareto_mask
+
+    assert list(pareto_mask([1, 2, 3, 2, 1], [3, 2, 1, 3, 3])) == [True, True, True, False, True]
+    trials = pd.read_parquet(gpu_results / "trials.parquet")
+    front = pareto_frontier(trials, "tpot_s")
+    for _, g in front.groupby("model"):
+        for _, p in g.iterrows():
+            dominated = ((g.energy_per_token_j <= p.energy_per_token_j) & (g.tpot_s <= p.tpot_s)
+                         & ((g.energy_per_token_j < p.energy_per_token_j) | (g.tpot_s < p.tpot_s))).any()
+            assert p.on_frontier == (not dominated)
+        assert g.on_frontier.any()
+
+
+def test_unstable_trials_are_marked_not_hidden(gpu_results, tmp_path):
+    import pandas as pd
+
+    from sweeper.report import build_report
+
+    # The H200 run had no unstable trial; flag two the way the actor would (short window).
+    trials = pd.read_parquet(gpu_results / "trials.parquet")
+    flagged = trials["batch_size"] == 1
+    trials.loc[flagged, "unstable"] = True
+    trials.loc[flagged, "unstable_reason"] = "window 9.9 s < min_window_s 10 s"
+    root = tmp_path / "unstable"
+    root.mkdir()
+    trials.to_parquet(root / "trials.parquet")
+    report = build_report(root)
+    page = report.path.read_text()
+    section = page.split("Unstable trials (4)")[1].split("<h2>")[0]
+    for tid in trials.loc[flagged, "trial_id"]:
+        assert tid in section
+    assert "hollow hatched markers: the 4 unstable trial(s) listed below" in page  # the plots' captions
+    assert len(report.plots) == 4  # every plot still drawn: throughput, J/token, Pareto, memory
+
+
+def test_fidelity_plot_when_the_column_exists(gpu_results, tmp_path):
+    import pandas as pd
+
+    from sweeper.report import build_report
+
+    trials = pd.read_parquet(gpu_results / "trials.parquet")
+    # A fidelity_kl column as the quantization issue adds it (KL to the bf16 reference).
+    trials["fidelity_kl"] = trials["precision"].map({"bf16": 0.0, "fp16": 2.1e-4})
+    root = tmp_path / "fidelity"
+    root.mkdir()
+    trials.to_parquet(root / "trials.parquet")
+    report = build_report(root)
+    assert "fidelity.png" in [p.filename for p in report.plots]
+    assert not any(n.startswith("Fidelity") for n in report.notes)
+
+
+def test_timeline_phases_are_shaded_from_the_phase_column(gpu_results):
+    import pandas as pd
+
+    from sweeper.plots import phase_spans, plot_power_timeline
+
+    timeline = pd.read_parquet(gpu_results / "timeline.parquet", filters=[("trial_id", "==", "d58a02976863a6f0")])
+    spans = phase_spans(timeline)
+    assert {s[0] for s in spans} == {"prefill", "decode"}
+    assert spans[0][1] == 0.0  # nothing shaded over the idle baseline (phase null)
+    assert all(a[2] <= b[1] for a, b in zip(spans, spans[1:], strict=False))  # ordered, not overlapping
+    fig = plot_power_timeline(timeline, {"trial_id": "d58a02976863a6f0", "duration_s": 10.76})
+    ax = fig.axes[0]
+    assert len(ax.patches) == len(spans)
+    assert {t.get_text() for t in ax.get_legend().get_texts()} >= {"prefill", "decode"}
+
+
+def test_chosen_trial_and_layers(gpu_results):
+    r = run_cli("report", str(gpu_results), "--trial", "e76f4689a845c045", "--format", "md")
+    assert r.returncode == 0, r.stderr
+    md = (gpu_results / "report" / "report.md").read_text()
+    assert "![Power timeline](power_timeline.png)" in md
+    # That trial has no layer profile: the profiled one is shown instead.
+    assert "![Layer energy shares](layer_shares.png)" in md
+
+
+def test_layer_shares_sum_to_one_and_blocks_are_equal(gpu_results):
+    import pandas as pd
+
+    from sweeper.plots import layer_shares, plot_layer_shares
+
+    layers = pd.read_parquet(gpu_results / "layers.parquet")
+    shares, value = layer_shares(layers)
+    assert value == "energy_j"
+    assert shares.to_numpy().sum() == pytest.approx(1.0)
+    assert shares.sum(axis=1).idxmax() == "mlp"
+    fig = plot_layer_shares(layers)
+    bars = [p.get_height() for p in fig.axes[1].patches]
+    assert len(bars) == 32 and max(bars) == pytest.approx(min(bars))
+
+
+def test_compare_two_sweeps(gpu_results, tmp_path):
+    import pandas as pd
+
+    from sweeper.report import compare_sweeps
+
+    trials = pd.read_parquet(gpu_results / "trials.parquet")
+    other = tmp_path / "other"
+    other.mkdir()
+    faster = trials.copy()
+    faster["throughput_tok_s"] *= 2
+    faster.to_parquet(other / "trials.parquet")
+    joined = compare_sweeps(gpu_results, other)
+    assert len(joined) == 16
+    assert joined["throughput_ratio"].tolist() == pytest.approx([2.0] * 16)
+    assert joined["energy_per_token_ratio"].tolist() == pytest.approx([1.0] * 16)
+
+
+def test_report_does_not_import_plotting_at_cli_import():
+    import sys
+
+    code = ("import sys, sweeper.cli, sweeper.report, sweeper.plots;"
+            "heavy = [m for m in ('matplotlib', 'duckdb', 'pandas', 'torch') if m in sys.modules];"
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# -- the page in a real browser -------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (CI installs it)")
+def test_html_report_renders_in_headless_chromium(gpu_results, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from sweeper.report import build_report
+
+    page = build_report(gpu_results).path
+    shot = tmp_path / "page.png"
+    r = subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run",
+         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1280,2000",
+         page.as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert shot.is_file(), r.stderr
+    pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    assert pixels.shape[:2] == (2000, 1280)
+    non_white = (pixels.min(axis=2) < 240).mean()
+    assert non_white > 0.03, f"only {non_white:.1%} of the page is drawn"
+    # Saturated pixels come only from the plots (the text is grey): the embedded images rendered.
+    colourful = (pixels.max(axis=2) - pixels.min(axis=2) > 80).sum()
+    assert colourful > 5000, f"{colourful} coloured pixels: the plots did not render"
