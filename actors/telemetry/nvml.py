@@ -78,8 +78,8 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def unique_by_uuid(gpus: Iterable[GpuInfo]) -> list[GpuInfo]:
-    """Order-preserving dedupe: one physical GPU must never be counted twice."""
+def unique_by_uuid(gpus: Iterable[Any]) -> list[Any]:
+    """Order-preserving dedupe by ``.uuid``: one physical GPU must never be counted twice."""
     seen: set[str] = set()
     out = []
     for g in gpus:
@@ -112,7 +112,7 @@ def resolve_gpus(cuda_visible_devices: str | None = None) -> list[GpuInfo]:
         else:
             chosen = _parse_visible(nv, cuda_visible_devices, physical)
         driver = _text(nv.nvmlSystemGetDriverVersion())
-        return [_describe(nv, dev, driver) for dev in _unique_devices(chosen)]
+        return [_describe(nv, dev, driver) for dev in unique_by_uuid(chosen)]
     except nv.NVMLError as exc:
         raise TelemetryError(f"NVML failed while mapping devices: {exc}") from exc
 
@@ -128,15 +128,6 @@ def _physical_device(nv: Any, index: int) -> _Physical:
     handle = nv.nvmlDeviceGetHandleByIndex(index)
     return _Physical(index, _text(nv.nvmlDeviceGetUUID(handle)), handle)
 
-
-def _unique_devices(devices: list[_Physical]) -> list[_Physical]:
-    seen: set[str] = set()
-    out = []
-    for d in devices:
-        if d.uuid not in seen:
-            seen.add(d.uuid)
-            out.append(d)
-    return out
 
 
 def _parse_visible(nv: Any, spec: str, physical: list[_Physical]) -> list[_Physical]:
