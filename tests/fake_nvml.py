@@ -153,8 +153,11 @@ class FakeNvml:
     NVML_FI_DEV_POWER_INSTANT = _real.NVML_FI_DEV_POWER_INSTANT
 
     def __init__(self, gpus: list[FakeGpu], clock: FakeClock | None = None, *,
-                 driver_version: str = "580.95.05", init_error: Exception | None = None) -> None:
+                 driver_version: str = "580.95.05", init_error: Exception | None = None,
+                 energy_read_s: float = 0.0) -> None:
         self.gpus = gpus
+        # An energy-counter read takes ~4 ms inside the driver on an H200; time passes during it.
+        self.energy_read_s = energy_read_s
         self.clock = clock or FakeClock()
         self.driver_version = driver_version
         self.init_error = init_error
@@ -249,6 +252,8 @@ class FakeNvml:
         self._call("nvmlDeviceGetTotalEnergyConsumption", handle)
         if not handle.gpu.energy_supported:
             raise _real.NVMLError_NotSupported()
+        if self.energy_read_s:
+            self.clock.sleep(self.energy_read_s)
         return handle.gpu.counter_mj(self.clock())
 
     def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:

@@ -714,3 +714,38 @@ def test_importing_telemetry_loads_neither_torch_nor_pynvml():
     code = ("import sys, actors.telemetry; "
             "assert 'torch' not in sys.modules and 'pynvml' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_window_starts_after_the_meters_own_reads(monkeypatch, clock):
+    """Work begins when ``begin`` returns; the stamp must not precede the meter's slow reads.
+
+    On an H200 a counter read takes ~4 ms: stamped before them, the window opened on
+    idle time that the interpolated curve then filled with the work's power, and
+    prefill + decode fell ~11 J short of the window (bench/energy.py --dump).
+    """
+    gpu = FakeGpu(uuid(0), power=PowerTrace.constant(120.0))
+    install(monkeypatch, [gpu], clock, energy_read_s=0.004)
+    infos = resolve_gpus("0")
+    sampler = Sampler(infos, interval_s=0.1, clock=clock)
+    meter = EnergyMeter(infos, sampler, clock=clock, sleep=clock.sleep, quiet_boundaries=True)
+    clock.t_s = START_S + 0.03
+    sampler.sample_once()
+    sampler.run_inline(START_S + 3.0, clock.sleep)
+
+    t0 = meter.begin("w")
+    assert clock() == t0  # nothing between the stamp and the caller's work
+    gpu.power.then(t0, 630.0)  # the work starts now...
+    sampler.run_inline(t0 + 12.0, clock.sleep)
+    t_work_end = clock()
+    gpu.power.then(t_work_end, 120.0)  # ...and ends just before end()
+    w = meter.end("w")
+
+    marks, t = [], t0
+    while t + 1.5 < t_work_end:
+        marks += [("prefill", t, t + 0.1), ("decode", t + 0.1, t + 1.5)]
+        t += 1.5
+    marks += [("prefill", t, t + 0.1), ("decode", t + 0.1, t_work_end)]
+    phases = meter.phase_energy(marks)
+    true_j = gpu.power.energy_between_j(w.t_start_s, w.t_end_s)
+    assert abs(w.energy_j - true_j) <= w.uncertainty_j
+    assert abs(phases["prefill"] + phases["decode"] - w.energy_j) <= w.uncertainty_j
