@@ -8,6 +8,7 @@ plain process (benchmarks, tests of the method).
 from __future__ import annotations
 
 import logging
+import os
 import time
 import traceback
 from datetime import datetime, timezone
@@ -86,7 +87,8 @@ class TrialRunner:
             self.backend.close()
 
     def ping(self) -> dict:
-        return {"hostname": self.env["hostname"], "ray_node_id": self.env["ray_node_id"]}
+        # pid: lets an operator (or a fault test) find the process that holds this actor
+        return {"hostname": self.env["hostname"], "ray_node_id": self.env["ray_node_id"], "pid": os.getpid()}
 
     # -- one trial ---------------------------------------------------------------
     def run(self, trial: Trial) -> TrialOutcome:

@@ -100,6 +100,8 @@ def run(
     address: Annotated[str | None, typer.Option(help="Ray cluster to join (auto, ray://host:10001); default: start a local Ray")] = None,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="re-run trials whose stored result is failed")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="one line per finished trial instead of the live display")] = False,
+    max_retries: Annotated[int, typer.Option("--max-retries", min=0, help="re-runs of a trial whose actor died (on a fresh actor) before it is recorded failed")] = 2,
+    no_oom_pruning: Annotated[bool, typer.Option("--no-oom-pruning", help="run larger batches of a shape that ran out of memory instead of skipping them as predicted_oom")] = False,
 ) -> None:
     """Run every trial of a sweep (resuming: trials with an ok result are not run again)."""
     from sweeper.plan import expand, make_plan
@@ -121,18 +123,26 @@ def run(
               f"{len(p.skipped)} skipped, on {cluster.nodes} node(s) with {cluster.gpus} GPU(s), "
               f"{cluster.cpus} CPU(s); results in {store.uri}", highlight=False)
     try:
-        summary = run_plan(p, store, cluster, retry_failed=retry_failed, quiet=quiet, console=err)
+        summary = run_plan(p, store, cluster, retry_failed=retry_failed, quiet=quiet, console=err,
+                           max_retries=max_retries, oom_pruning=not no_oom_pruning)
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]: every finished trial is saved; run the same command again to resume")
         raise typer.Exit(code=130) from None
     counts = store.aggregate()
 
     table = Table(title=f"{sweep.name}: done in {summary.wall_s:,.1f} s", title_justify="left")
-    for col in ("ran", "ok", "failed", "skipped", "already done", "model loads", "trials.parquet rows"):
+    busy = summary.busy_fraction
+    for col in ("ran", "ok", "failed", "skipped", "already done", "retries", "model loads", "busy",
+                "trials.parquet rows"):
         table.add_column(col, justify="right")
     table.add_row(str(summary.ran), str(summary.ok), f"[red]{summary.failed}[/]" if summary.failed else "0",
-                  str(summary.skipped), str(summary.resumed), str(summary.model_loads), str(counts["trials"]))
+                  str(summary.skipped), str(summary.resumed), str(summary.retries), str(summary.model_loads),
+                  f"{busy:.2f}" if busy is not None else "-", str(counts["trials"]))
     err.print(table)
+    if busy is not None:
+        unit = "GPU(s)" if cluster.gpus else "node(s)"
+        err.print(f"busy fraction {busy:.2f}: {summary.busy_s:,.1f} s of trials over {summary.slots} {unit} "
+                  f"x {summary.wall_s:,.1f} s wall; {summary.model_loads} model load(s)", highlight=False)
     for line in summary.failures[:10]:
         err.print(f"  [red]failed[/] {line}", highlight=False)
     err.print(f"results: {store.uri}/trials.parquet (query with DuckDB, e.g. "

@@ -50,7 +50,9 @@ def connect(address: str | None) -> ClusterInfo:
         if address:
             ray.init(address=address, **common)
         else:
-            ray.init(include_dashboard=False, **common)
+            # "local": always a fresh in-process Ray. Without it, ray.init() joins
+            # whatever cluster /tmp/ray/ray_current_cluster names, even a dead one.
+            ray.init(address="local", include_dashboard=False, **common)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     resources = ray.cluster_resources()
     node_cpus = [int(n["Resources"].get("CPU", 0)) for n in nodes] or [1]
@@ -68,7 +70,17 @@ class RunSummary:
     resumed: int = 0  # already had an ok (or kept failed) shard
     wall_s: float = 0.0
     model_loads: int = 0
+    retries: int = 0  # trial attempts re-run after their actor died
+    busy_s: float = 0.0  # sum over trials of the time an actor spent running them
+    slots: int = 1  # GPUs (or, CPU-only, nodes) the sweep could use at once
     failures: list[str] = field(default_factory=list)
+
+    @property
+    def busy_fraction(self) -> float | None:
+        """Share of the slots' wall time spent running trials (loads and idle slots are the rest)."""
+        if self.wall_s <= 0:
+            return None
+        return self.busy_s / (max(self.slots, 1) * self.wall_s)
 
 
 def _resume_filter(trials: list[Trial], store: ResultStore, retry_failed: bool) -> tuple[list[Trial], int, int]:
@@ -108,19 +120,35 @@ class Recorder:
         self.store.write_shard("trials", trial.trial_id, [{**trial.columns(), **row}])
 
 
+def predicted_oom(oom_trial: Trial, pending: list[Trial]) -> list[Trial]:
+    """The pending trials that ``oom_trial`` running out of memory predicts will too.
+
+    Same loaded model (group), same workload shape, a larger batch: they need
+    at least the memory that was not there. The repeat index does not change
+    memory, so every repeat of a larger batch is predicted alike.
+    """
+    return [t for t in pending
+            if t.load_key == oom_trial.load_key and t.batch_size > oom_trial.batch_size
+            and (t.input_len, t.output_len, t.layer_profile) == (oom_trial.input_len, oom_trial.output_len,
+                                                                 oom_trial.layer_profile)]
+
+
 @dataclass
 class _GroupRun:
-    group: TrialGroup
-    actor: Any
-    next_index: int = 0
-    load: LoadResult | None = None
+    """One group's progress: its actor (replaced when it dies or hangs) and its queue."""
 
-    def next_trial(self) -> Trial | None:
-        if self.next_index >= len(self.group.trials):
-            return None
-        t = self.group.trials[self.next_index]
-        self.next_index += 1
-        return t
+    group: TrialGroup
+    options: dict[str, Any]  # Ray resources of the group's actor
+    pending: list[Trial]
+    actor: Any = None
+    load: LoadResult | None = None
+    current: Trial | None = None  # submitted, or waiting for a fresh actor to retry it
+    deaths: int = 0  # times the current trial's actor died under it
+    started_s: float = 0.0  # monotonic time the current attempt was submitted
+
+    def timed_out(self, now_s: float) -> bool:
+        limit_s = self.current.measure.timeout_s if self.current is not None else None
+        return limit_s is not None and now_s - self.started_s > limit_s
 
 
 def _summary_text(row: dict) -> str:
@@ -133,15 +161,24 @@ def _summary_text(row: dict) -> str:
 
 
 def run_plan(plan: Plan, store: ResultStore, cluster: ClusterInfo, *, retry_failed: bool = False,
-             quiet: bool = False, console=None) -> RunSummary:
+             quiet: bool = False, console=None, max_retries: int = 2, oom_pruning: bool = True) -> RunSummary:
+    """Run ``plan``'s missing trials, writing each one's shards as it ends.
+
+    Faults end as rows, never as a stopped sweep: an actor that dies has its
+    trial retried on a fresh actor up to ``max_retries`` times (then ``failed``,
+    ``actor_died``); a trial past ``measure.timeout_s`` is ``failed``
+    (``timeout``) and its actor replaced, since a hung generate cannot be
+    interrupted from outside; an ``oom`` trial has the larger batches of its
+    shape recorded ``skipped`` (``predicted_oom``) when ``oom_pruning``.
+    """
     import ray
-    from ray.exceptions import RayError
+    from ray.exceptions import RayActorError, RayError
 
     from actors.actor import TrialRunner
 
     t_begin = time.monotonic()
     recorder = Recorder(store)
-    summary = RunSummary(planned=len(plan.trials))
+    summary = RunSummary(planned=len(plan.trials), slots=cluster.slots)
     for p in plan.skipped:
         recorder.record(p.trial, _skipped_row("unsupported", p.skip_reason))
         summary.skipped += 1
@@ -154,77 +191,136 @@ def run_plan(plan: Plan, store: ResultStore, cluster: ClusterInfo, *, retry_fail
             msg += f", {kept_failed} failed kept (use --retry-failed to re-run them)"
         console.print(msg + f"; {len(todo)} to run")
 
-    groups = plan.groups(todo)
     remote_runner = ray.remote(TrialRunner)
     gpu = cluster.device == "cuda"
-    runs: dict[Any, tuple[_GroupRun, str, Trial | None]] = {}
+    runs: dict[Any, tuple[_GroupRun, str]] = {}  # object ref -> (group, "load" | "run")
     active: list[_GroupRun] = []
 
-    def submit_next(g: _GroupRun, view: ProgressView) -> None:
-        trial = g.next_trial()
-        if trial is None:
-            ray.kill(g.actor)  # frees its GPU for a waiting group
-            return
-        view.trial_started(trial, g.group.label)
-        runs[g.actor.run.remote(trial)] = (g, "run", trial)
+    def start_actor(g: _GroupRun, view: ProgressView) -> None:
+        g.actor = remote_runner.options(**g.options).remote()
+        g.load = None
+        view.group_loading(g.group.label)
+        runs[g.actor.load.remote(g.group.trials[0])] = (g, "load")
+        summary.model_loads += 1
 
-    def fail_rest(g: _GroupRun, reason: str, text: str, view: ProgressView, extra: dict) -> None:
-        while (t := g.next_trial()) is not None:
-            recorder.record(t, _failed_row(reason, text, extra))
+    def replace_actor(g: _GroupRun, view: ProgressView) -> None:
+        ray.kill(g.actor)  # a dead one is already gone; a hung one must not hold its GPU
+        if g.current is not None or g.pending:
+            start_actor(g, view)
+
+    def submit(g: _GroupRun, view: ProgressView) -> None:
+        if g.current is None:
+            if not g.pending:
+                ray.kill(g.actor)  # frees its GPU for a waiting group
+                return
+            g.current, g.deaths = g.pending.pop(0), 0
+        view.trial_started(g.current, g.group.label)
+        g.started_s = time.monotonic()
+        runs[g.actor.run.remote(g.current)] = (g, "run")
+
+    def finish(g: _GroupRun, row: dict, tables: dict[str, Any], view: ProgressView) -> None:
+        """Record the current trial's final row; prune what its OOM predicts."""
+        trial, g.current = g.current, None
+        row.setdefault("load_s", g.load.load_s if g.load else None)
+        recorder.record(trial, row, tables)
+        summary.ran += 1
+        if row["status"] == "ok":
+            summary.ok += 1
+        else:
+            summary.failed += 1
+            summary.failures.append(f"{trial.label()}: {row.get('error')}")
+        view.trial_finished(trial, row["status"], _summary_text(row))
+        if oom_pruning and row.get("reason") == "oom":
+            for t in predicted_oom(trial, g.pending):
+                g.pending.remove(t)
+                text = f"predicted out of memory: batch {trial.batch_size} of the same shape ran out ({trial.trial_id})"
+                recorder.record(t, _skipped_row("predicted_oom", text))
+                summary.skipped += 1
+                view.trial_finished(t, "skipped", text)
+
+    def fail_rest(g: _GroupRun, reason: str, text: str, view: ProgressView) -> None:
+        queue = ([g.current] if g.current is not None else []) + g.pending
+        g.current, g.pending = None, []
+        for t in queue:
+            recorder.record(t, _failed_row(reason, text))
             summary.failed += 1
             summary.failures.append(f"{t.label()}: {text}")
             view.trial_finished(t, "failed", text)
 
+    def on_load(g: _GroupRun, ref: Any, view: ProgressView) -> None:
+        try:
+            g.load = ray.get(ref)
+        except RayError as exc:
+            g.load = LoadResult(ok=False, reason="actor_died", error=_first_line(exc))
+        view.group_loaded(g.group.label)
+        if g.load.ok:
+            submit(g, view)
+            return
+        fail_rest(g, g.load.reason or "load_failed", f"model load failed: {g.load.error}", view)
+        ray.kill(g.actor)
+
+    def on_run(g: _GroupRun, ref: Any, view: ProgressView) -> None:
+        summary.busy_s += time.monotonic() - g.started_s
+        try:
+            outcome: TrialOutcome = ray.get(ref)
+        except RayActorError as exc:
+            on_actor_death(g, _first_line(exc), view)
+            return
+        except RayError as exc:  # the call itself failed (e.g. an argument that did not deserialize)
+            finish(g, _failed_row("exception", _first_line(exc)), {}, view)
+        else:
+            finish(g, outcome.row, outcome.tables, view)
+        submit(g, view)
+
+    def on_actor_death(g: _GroupRun, text: str, view: ProgressView) -> None:
+        g.deaths += 1
+        if g.deaths <= max_retries:
+            summary.retries += 1  # g.current stays: it re-runs once the fresh actor has loaded
+            view.console.print(f"retry {g.deaths}/{max_retries}: actor died running {g.current.label()}: {text}",
+                               highlight=False, markup=False)
+        else:
+            finish(g, _failed_row("actor_died", f"actor died {g.deaths} time(s) running this trial: {text}"),
+                   {}, view)
+        replace_actor(g, view)
+
+    def on_timeout(ref: Any, g: _GroupRun, view: ProgressView) -> None:
+        runs.pop(ref)
+        summary.busy_s += time.monotonic() - g.started_s
+        limit_s = g.current.measure.timeout_s
+        finish(g, _failed_row("timeout", f"trial ran past measure.timeout_s = {limit_s:g} s; actor replaced"),
+               {}, view)
+        replace_actor(g, view)
+
+    groups = plan.groups(todo)
     with ProgressView(len(todo), slots=cluster.slots, console=console, quiet=quiet) as view:
         for group in groups:
             # One GPU per group when there are GPUs; otherwise a whole node's CPUs.
             options = ({"num_gpus": group.num_gpus, "num_cpus": 1} if gpu
                        else {"num_gpus": 0, "num_cpus": cluster.min_node_cpus})
-            g = _GroupRun(group, remote_runner.options(**options).remote())
+            g = _GroupRun(group, options, list(group.trials))
             active.append(g)
-            view.group_loading(group.label)
-            runs[g.actor.load.remote(group.trials[0])] = (g, "load", None)
-            summary.model_loads += 1
+            start_actor(g, view)
         try:
             while runs:
                 ready, _ = ray.wait(list(runs), num_returns=1, timeout=0.25)
                 view.refresh()
                 for ref in ready:
-                    g, what, trial = runs.pop(ref)
-                    if what == "load":
-                        try:
-                            g.load = ray.get(ref)
-                        except RayError as exc:
-                            g.load = LoadResult(ok=False, reason="actor_died", error=str(exc).splitlines()[0])
-                        view.group_loaded(g.group.label)
-                        if g.load.ok:
-                            submit_next(g, view)
-                        else:
-                            fail_rest(g, g.load.reason or "load_failed", f"model load failed: {g.load.error}",
-                                      view, {})
-                            ray.kill(g.actor)
-                        continue
-                    try:
-                        outcome: TrialOutcome = ray.get(ref)
-                        row, tables = outcome.row, outcome.tables
-                    except RayError as exc:
-                        row, tables = _failed_row("actor_died", str(exc).splitlines()[0]), {}
-                    row.setdefault("load_s", g.load.load_s if g.load else None)
-                    recorder.record(trial, row, tables)
-                    summary.ran += 1
-                    if row["status"] == "ok":
-                        summary.ok += 1
-                    else:
-                        summary.failed += 1
-                        summary.failures.append(f"{trial.label()}: {row.get('error')}")
-                    view.trial_finished(trial, row["status"], _summary_text(row))
-                    if row.get("reason") == "actor_died":
-                        fail_rest(g, "actor_died", "the group's actor died in an earlier trial", view, {})
-                        continue
-                    submit_next(g, view)
+                    g, what = runs.pop(ref)
+                    (on_load if what == "load" else on_run)(g, ref, view)
+                now_s = time.monotonic()
+                for ref, (g, what) in list(runs.items()):
+                    if what == "run" and g.timed_out(now_s):
+                        on_timeout(ref, g, view)
         except KeyboardInterrupt:
+            # Running trials are dropped, not recorded: a second run finds them missing.
             for g in active:
-                ray.kill(g.actor)
+                if g.actor is not None:
+                    ray.kill(g.actor)
             raise
     summary.wall_s = time.monotonic() - t_begin
     return summary
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

@@ -73,6 +73,7 @@ class Measure(_Strict):
     sample_interval_s: float = Field(0.1, gt=0, le=10)
     min_window_s: float = Field(10.0, ge=0, description="shorter measured windows are flagged unstable")
     max_iteration_cv: float = Field(0.05, gt=0, description="per-iteration energy CV above this is flagged unstable")
+    timeout_s: float | None = Field(None, gt=0, description="a trial running longer is recorded failed (timeout) and its actor replaced")
 
 
 # Layer-profiling granularities (DESIGN §5): decoder blocks, the attention / MLP /

@@ -80,8 +80,17 @@ class ResultStore:
     # -- reading ---------------------------------------------------------------
     def shard_paths(self, kind: str) -> list[str]:
         selector = pafs.FileSelector(self._shard_dir(kind), allow_not_found=True)
+        for attempt in range(5):
+            try:
+                infos = self.fs.get_file_info(selector)
+                break
+            except FileNotFoundError:
+                # A writer renamed its temporary file between the listing and the
+                # stat of that entry: list again (the directory itself exists).
+                if attempt == 4:
+                    raise
         return sorted(
-            info.path for info in self.fs.get_file_info(selector)
+            info.path for info in infos
             if info.is_file and info.base_name.endswith(".parquet")
             and not info.base_name.startswith(".")
         )

@@ -20,6 +20,8 @@ class MeasureSettings:
     sample_interval_s: float = 0.1
     min_window_s: float = 10.0
     max_iteration_cv: float = 0.05
+    # Wall-clock limit of one trial on its actor (warm-up included), or None: no limit.
+    timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class Trial:
         # one never changes the ids of trials that do not use it (resume).
         if d["layer_profile"] is None:
             del d["layer_profile"]
+        if d["measure"]["timeout_s"] is None:
+            del d["measure"]["timeout_s"]
         return d
 
     @property
@@ -81,6 +85,9 @@ class Trial:
         """The trial's configuration as flat trials-table columns."""
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "measure"}
         d.update(asdict(self.measure))
+        # A limit on the driver's patience, not a measurement setting: it never
+        # shapes an ok row's numbers, so it is no trials-table column.
+        del d["timeout_s"]
         return d
 
     def label(self) -> str:

@@ -1,0 +1,211 @@
+"""Faults in the driver loop, with a real local Ray: dead actors, timeouts, OOM pruning, Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sweeper.outcome import TrialOutcome
+from sweeper.plan import make_plan
+from sweeper.scheduler import predicted_oom, run_plan
+from sweeper.spec import load_sweep
+from sweeper.storage import ResultStore
+from sweeper.trial import MeasureSettings
+from tests.conftest import ROOT
+
+
+def _plan(write_sweep, text: str, device: str = "cpu"):
+    path = write_sweep(text)
+    return make_plan(load_sweep(path), device, sweep_path=str(path))
+
+
+def _rows(store: ResultStore) -> dict[tuple, dict]:
+    table = store.read_shards("trials").to_pylist()
+    return {(r["batch_size"], r["input_len"], r["output_len"]): r for r in table}
+
+
+# -- OOM pruning ---------------------------------------------------------------------------
+
+OOM_SWEEP = """
+name: oom
+models: [tiny-llama, tiny-qwen2]
+precisions: fp32
+batch_sizes: [1, 2, 4, 8]
+workload: {input_len: [8, 16], output_len: 4}
+repeats: 2
+"""
+
+
+def test_an_oom_predicts_only_larger_batches_of_the_same_group_and_shape(write_sweep):
+    plan = _plan(write_sweep, OOM_SWEEP)
+    pending = list(plan.runnable)
+    oom = next(t for t in pending if (t.model, t.batch_size, t.input_len, t.repeat) == ("tiny-llama", 2, 8, 0))
+    # the row an actor sends back when torch raises OutOfMemoryError
+    outcome = TrialOutcome(oom.trial_id, {"status": "failed", "reason": "oom", "error": "OutOfMemoryError: CUDA"})
+    assert outcome.status == "failed" and outcome.row["reason"] == "oom"
+
+    pruned = predicted_oom(oom, pending)
+    assert {(t.model, t.batch_size, t.input_len, t.repeat) for t in pruned} == {
+        ("tiny-llama", b, 8, r) for b in (4, 8) for r in (0, 1)}
+    # smaller or equal batches, other shapes and other groups are not predicted
+    assert predicted_oom(replace(oom, batch_size=8), pending) == []
+
+
+# -- timeout -------------------------------------------------------------------------------
+
+def test_timeout_ids_unchanged_when_unset(write_sweep):
+    base = _plan(write_sweep, OOM_SWEEP).runnable[0]
+    assert "timeout_s" not in base.identity()["measure"]
+    assert "timeout_s" not in base.columns()  # no schema column: it shapes no ok row
+    limited = replace(base, measure=replace(base.measure, timeout_s=30.0))
+    assert limited.trial_id != base.trial_id
+    assert replace(base, measure=MeasureSettings(**{**base.measure.__dict__})).trial_id == base.trial_id
+
+
+def test_a_trial_past_its_timeout_fails_and_its_actor_is_replaced(ray_local, write_sweep, tmp_path):
+    # out=2000 (warm-up call included) takes seconds of one-token steps on a CPU; out=4 a few ms.
+    plan = _plan(write_sweep, """
+name: timeouts
+models: [tiny-llama]
+precisions: fp32
+batch_sizes: [1, 2]
+workload: {input_len: 8, output_len: [4, 2000]}
+measure: {warmup_iters: 1, min_iters: 1, min_duration_s: 0, idle_s: 0, timeout_s: 1.0}
+""")
+    store = ResultStore(str(tmp_path / "out"))
+    t0 = time.monotonic()
+    summary = run_plan(plan, store, ray_local, quiet=True)
+    rows = _rows(store)
+    assert {k: (r["status"], r["reason"]) for k, r in rows.items()} == {
+        (1, 8, 4): ("ok", None), (1, 8, 2000): ("failed", "timeout"),
+        (2, 8, 4): ("ok", None), (2, 8, 2000): ("failed", "timeout")}
+    assert "timeout_s = 1 s" in rows[(1, 8, 2000)]["error"]
+    # one load, then a fresh actor (and load) after the first timeout only: the last
+    # one left nothing to run
+    assert summary.model_loads == 1 + 1
+    assert (summary.ok, summary.failed) == (2, 2)
+    assert time.monotonic() - t0 < 60
+    assert 0 < summary.busy_fraction <= 1
+
+
+# -- actor death ---------------------------------------------------------------------------
+
+def _kill_running_actors(times: int, stop: threading.Event, killed: list[int]) -> None:
+    """SIGKILL the process of a TrialRunner while it runs a trial, ``times`` times.
+
+    Ray titles an actor's worker process ``ray::TrialRunner.run`` while that
+    method executes, so this hits a trial mid-measurement, from outside, as a
+    segfault or the kernel's OOM killer would.
+    """
+    while len(killed) < times and not stop.is_set():
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "TrialRunner.run" in cmd and proc.info["pid"] not in killed:
+                time.sleep(0.3)  # inside the measured window, not at its first instruction
+                try:
+                    os.kill(proc.info["pid"], signal.SIGKILL)
+                    killed.append(proc.info["pid"])
+                except ProcessLookupError:
+                    pass
+                break
+        time.sleep(0.05)
+
+
+DEATH_SWEEP = """
+name: deaths
+models: [tiny-llama]
+precisions: fp32
+batch_sizes: [1, 2]
+workload: {input_len: 8, output_len: 4}
+measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 2.0, idle_s: 0}
+"""
+
+
+@pytest.mark.parametrize(("kills", "max_retries", "first_status"), [(1, 1, "ok"), (2, 1, "failed")])
+def test_a_killed_actor_is_replaced_and_its_trial_retried(ray_local, write_sweep, tmp_path,
+                                                          kills, max_retries, first_status):
+    plan = _plan(write_sweep, DEATH_SWEEP)
+    store = ResultStore(str(tmp_path / "out"))
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_running_actors, args=(kills, stop, killed), daemon=True)
+    killer.start()
+    try:
+        summary = run_plan(plan, store, ray_local, quiet=True, max_retries=max_retries)
+    finally:
+        stop.set()
+        killer.join()
+    assert len(killed) == kills
+    rows = _rows(store)
+    first, second = rows[(1, 8, 4)], rows[(2, 8, 4)]
+    assert first["status"] == first_status
+    if first_status == "failed":
+        assert first["reason"] == "actor_died" and "died 2 time(s)" in first["error"]
+    assert second["status"] == "ok"  # the group goes on with its next trial
+    assert summary.retries == min(kills, max_retries)
+    assert summary.model_loads == 1 + kills  # a fresh actor loads the model after each death
+    assert summary.ran == 2 and len(store.shard_paths("trials")) == 2  # every trial exactly once
+
+
+# -- Ctrl-C and resume ---------------------------------------------------------------------
+
+SIGINT_SWEEP = """
+name: interrupted
+models: [tiny-llama]
+precisions: fp32
+batch_sizes: [1, 2, 3, 4]
+workload: {input_len: 8, output_len: 4}
+measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 1.5, idle_s: 0}
+"""
+
+
+def _shards(out: Path) -> dict[str, int]:
+    d = out / "shards" / "trials"
+    return {p.stem: p.stat().st_mtime_ns for p in d.glob("*.parquet")} if d.exists() else {}
+
+
+def test_ctrl_c_keeps_finished_shards_and_a_second_run_completes_exactly_the_rest(write_sweep, tmp_path):
+    sweep_path, out = write_sweep(SIGINT_SWEEP), tmp_path / "out"
+    all_ids = {t.trial_id for t in make_plan(load_sweep(sweep_path), "cpu").runnable}
+    cmd = [sys.executable, "-m", "sweeper", "run", str(sweep_path), "-o", str(out), "-q"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not _shards(out) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "interrupted" in stderr
+    first = _shards(out)
+    assert 1 <= len(first) < len(all_ids)
+    assert set(first) <= all_ids
+    assert all(r["status"] == "ok" for r in ResultStore(str(out)).read_shards("trials").to_pylist())
+
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{len(first)} trial(s) already ok; {len(all_ids) - len(first)} to run" in again.stderr
+    assert "busy fraction" in again.stderr and "1 model load(s)" in again.stderr
+    second = _shards(out)
+    assert set(second) == all_ids
+    assert {k: second[k] for k in first} == first  # finished shards untouched
+    rows = ResultStore(str(out)).read_shards("trials").to_pylist()
+    assert sorted(r["trial_id"] for r in rows) == sorted(all_ids)  # each trial exactly once
+
+
+def test_run_takes_the_fault_flags():
+    from typer.testing import CliRunner
+
+    from sweeper.cli import app
+
+    result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for flag in ("--max-retries", "--no-oom-pruning", "--quiet"):
+        assert flag in result.output
