@@ -21,7 +21,7 @@ app = typer.Typer(
 )
 # Piped output (CI logs, files) gets wide tables rather than 80-column truncation.
 out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 class DeviceChoice(str, Enum):
