@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,21 +100,25 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
     """
     models = resolve_models(sweep, sweep_path=sweep_path, check_hub=check_hub)
     measure = MeasureSettings(**sweep.measure.model_dump())
-    options = {b: canonical_options(sweep.options_for(b)) for b in sweep.backends}
+    # A backend with several option variants is an axis of its own.
+    backend_variants = [(b, canonical_options(o)) for b in sweep.backends for o in sweep.options_for(b)]
     layer_profile = sweep.profile.layers if sweep.profile is not None else None
+    fidelity = (json.dumps(sweep.fidelity.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+                if sweep.fidelity is not None else None)
     trials: list[Trial] = []
     excluded = 0
     grid = itertools.product(
-        models, sweep.backends, sweep.precisions, sweep.batch_sizes,
+        models, backend_variants, sweep.precisions, sweep.tensor_parallel, sweep.batch_sizes,
         sweep.workload.input_len, sweep.workload.output_len, range(sweep.repeats),
     )
-    for model, backend, precision, batch, in_len, out_len, repeat in grid:
+    for model, (backend, options), precision, tp, batch, in_len, out_len, repeat in grid:
         trial = Trial(
             sweep=sweep.name, model=model.name, model_source=model.source,
             model_location=model.location, backend=backend, precision=precision,
             batch_size=batch, input_len=in_len, output_len=out_len,
             dataset=sweep.workload.dataset, seed=sweep.workload.seed, repeat=repeat,
-            backend_options=options[backend], measure=measure, layer_profile=layer_profile,
+            backend_options=options, measure=measure, layer_profile=layer_profile,
+            tensor_parallel=tp, fidelity=fidelity,
         )
         if any(_matches(rule, trial.axes()) for rule in sweep.exclude):
             excluded += 1
@@ -125,8 +130,9 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
 def compatibility(trial: Trial, device: Device) -> str | None:
     """Why this trial cannot run on ``device``, or None. Decided from the registries alone."""
     backend = BACKENDS[trial.backend]
-    return (backend.unsupported_reason(trial.precision, device)
-            or PRECISIONS[trial.precision].unsupported_reason(device))
+    precision = PRECISIONS[trial.precision]
+    return (backend.unsupported_reason(trial.precision, device, trial.tensor_parallel)
+            or precision.unsupported_reason(device, precision.library_version()))
 
 
 def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", check_hub: bool = True) -> Plan:

@@ -1,28 +1,81 @@
 """The precision registry: one declarative entry per numeric format.
 
-Which backends and devices can run a precision is decided here and only here;
-the planner asks ``Precision.unsupported_reason`` and never branches on names.
+Which devices can run a precision, which library it needs and how its weights
+are stored is decided here and only here; the planner asks
+``Precision.unsupported_reason`` and never branches on names. Which *backends*
+run a precision is the backend registry's business (``sweeper.backends``).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 from dataclasses import dataclass
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    out = []
+    for part in text.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
 class Precision:
     name: str
-    torch_dtype: str  # dtype of activations (and of weights unless quantized)
-    devices: frozenset[str]  # devices where a measurement of it means something
+    # dtype of activations (and of weights unless quantized)
+    torch_dtype: str
+    # devices where a measurement of it means something
+    devices: frozenset[str]
     why_not_elsewhere: str = ""
+    # Quantization scheme, or None for a plain dtype. Backends map it to their
+    # own mechanism (transformers: BitsAndBytesConfig; vLLM: ``quantization=``).
+    quantization: str | None = None
+    # Bits per stored weight of a quantized linear layer, scales included
+    # (roofline bytes); a plain dtype's bits follow from torch_dtype.
+    weight_bits: float | None = None
+    # Whether the output projection (lm_head) is quantized too. bitsandbytes
+    # keeps it in the compute dtype by default, which matters for bytes/token.
+    quantizes_lm_head: bool = False
+    # The Python distribution that implements it and, per device, the oldest
+    # version that runs it there ({} = any version).
+    library: str | None = None
+    min_library_version: tuple[tuple[str, str], ...] = ()
     # Quantized formats need real weight tensors on disk to quantize while
     # loading; dtype precisions can load a synthetic model with no weight file.
     needs_weights: bool = False
 
-    def unsupported_reason(self, device: str) -> str | None:
+    @property
+    def bits_per_weight(self) -> float:
+        if self.weight_bits is not None:
+            return self.weight_bits
+        return {"float32": 32.0, "float16": 16.0, "bfloat16": 16.0}[self.torch_dtype]
+
+    def unsupported_reason(self, device: str, installed_version: str | None = None) -> str | None:
+        """Why this precision cannot run on ``device``, or None.
+
+        ``installed_version`` is the version of ``library`` where the trial
+        will run, when known (None: unknown, so not a reason to skip; a
+        worker without the library fails that trial with a clear error).
+        """
         if device not in self.devices:
             return f"precision {self.name} on {device}: {self.why_not_elsewhere}"
+        needed = dict(self.min_library_version).get(device)
+        if needed and installed_version and _version_tuple(installed_version) < _version_tuple(needed):
+            return (f"precision {self.name} on {device} needs {self.library}>={needed}; "
+                    f"{installed_version} is installed")
         return None
+
+    def library_version(self) -> str | None:
+        """The installed version of ``library`` in this process, or None."""
+        if self.library is None:
+            return None
+        try:
+            return importlib.metadata.version(self.library)
+        except importlib.metadata.PackageNotFoundError:
+            return None
 
 
 PRECISIONS: dict[str, Precision] = {
@@ -35,5 +88,31 @@ PRECISIONS: dict[str, Precision] = {
             "measure the emulation, not the format",
         ),
         Precision("bf16", "bfloat16", frozenset({"cuda", "cpu"})),
+        # LLM.int8 (Dettmers et al. 2022): int8 weights with a per-row fp32 scale
+        # (32/in_features bits/weight, ~0 for LLM shapes; counted as 8.0).
+        Precision(
+            "int8", "float16", frozenset({"cuda", "cpu"}), quantization="bnb_int8",
+            weight_bits=8.0, library="bitsandbytes",
+            # The multi-backend CPU kernels landed in bitsandbytes 0.46.
+            min_library_version=(("cpu", "0.46"),), needs_weights=True,
+        ),
+        # 4-bit NormalFloat / FP4 with a blocksize-64 absmax: 4 bits + 32/64 bits of fp32
+        # scale (double quantization shrinks the scale to ~8.1/64 bits; see roofline).
+        Precision(
+            "nf4", "bfloat16", frozenset({"cuda", "cpu"}), quantization="bnb_nf4",
+            weight_bits=4.5, library="bitsandbytes",
+            min_library_version=(("cpu", "0.46"),), needs_weights=True,
+        ),
+        Precision(
+            "fp4", "bfloat16", frozenset({"cuda", "cpu"}), quantization="bnb_fp4",
+            weight_bits=4.5, library="bitsandbytes",
+            min_library_version=(("cpu", "0.46"),), needs_weights=True,
+        ),
+        # FP8 (E4M3) weights with per-tensor scales, as vLLM's ``quantization="fp8"``
+        # quantizes them dynamically at load: needs Ada/Hopper tensor cores.
+        Precision(
+            "fp8", "bfloat16", frozenset({"cuda"}), quantization="fp8", weight_bits=8.0,
+            why_not_elsewhere="FP8 matmuls need a GPU with FP8 tensor cores (Ada, Hopper or newer)",
+        ),
     ]
 }

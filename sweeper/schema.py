@@ -50,6 +50,8 @@ TRIALS: tuple[Column, ...] = (
     _c("min_window_s", F, "windows shorter than this are flagged unstable"),
     _c("max_iteration_cv", F, "per-iteration energy CV above this is flagged unstable"),
     _c("layer_profile", S, "layer-profiling granularity (block | submodule | leaf); null: no profiling pass"),
+    _c("tensor_parallel", I, "GPUs the trial holds on one node, the model sharded over them"),
+    _c("fidelity", S, "fidelity-pass settings (reference precision, prompts), canonical JSON; null: no fidelity pass"),
     # outcome
     _c("status", S, "ok | failed | skipped"),
     _c("reason", S, "short machine-readable cause for failed/skipped (exception, unsupported, ...)"),
@@ -72,6 +74,8 @@ TRIALS: tuple[Column, ...] = (
     _c("e2e_s", F, "mean end-to-end request latency"),
     _c("e2e_p50_s", F, "median end-to-end request latency"),
     _c("load_s", F, "model load time of the trial's group (shared by its trials, not in duration_s)"),
+    _c("compile_s", F, "one-time compilation (torch.compile, CUDA-graph capture) for the trial's shape, outside duration_s; null: eager"),
+    _c("compile_status", S, "compiled | eager (not requested) | fallback: why the compiled path was not used"),
     # memory
     _c("peak_memory_bytes", I, "peak allocator memory during the trial (CUDA: torch max_memory_allocated; CPU: process max RSS)"),
     _c("weight_memory_bytes", I, "model footprint after loading (parameters and buffers)"),
@@ -96,6 +100,19 @@ TRIALS: tuple[Column, ...] = (
     _c("layer_profile_status", S, "ok, or why the profiling pass wrote no layer rows (not applicable: ..., failed: ...)"),
     _c("layer_profile_overhead", F, "profiling pass time per iteration / measured time per iteration - 1 (the hooks' slowdown)"),
     _c("layer_profile_energy_j", F, "GPU energy measured over the profiling pass; its layers rows' energy_j sum to it"),
+    # roofline (analytic, from the architecture; null where the GPU's peak rates are unknown)
+    _c("flops_per_token", F, "analytic forward FLOPs per generated token at the window's mean context length"),
+    _c("weight_bytes_per_token", F, "weight bytes read per decode step / batch_size (quantized sizes)"),
+    _c("kv_bytes_per_token", F, "KV-cache bytes read per generated token at the mean decode context length"),
+    _c("mfu", F, "model FLOPs utilisation: achieved FLOP/s over the measured window / the GPUs' peak dense rate"),
+    _c("mbu", F, "memory bandwidth utilisation of decode: bytes per decode step / tpot_s / the GPUs' peak bandwidth"),
+    _c("gpu_peak_flop_per_s", F, "peak dense FLOP/s of the held GPUs at the trial's compute format (sum)"),
+    _c("gpu_peak_bandwidth_bytes_per_s", F, "peak memory bandwidth of the held GPUs (sum)"),
+    # fidelity (a separate pass; null for the reference precision itself)
+    _c("fidelity_reference", S, "precision this trial's outputs were compared with"),
+    _c("fidelity_kl", F, "mean KL(reference || this) of next-token distributions, teacher-forced on the reference's greedy continuation"),
+    _c("fidelity_top1", F, "share of positions where this trial's top-1 next token equals the reference's"),
+    _c("fidelity_status", S, "ok | reference (this is the reference precision) | not applicable: ... | failed: ..."),
     # environment
     _c("device", S, "cuda | cpu"),
     _c("device_name", S, "GPU (or CPU) model name"),

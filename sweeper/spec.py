@@ -49,7 +49,8 @@ Axis = Annotated[list[T], BeforeValidator(_listify), Field(min_length=1)]
 PositiveInt = Annotated[int, Field(gt=0, strict=True)]
 
 # The axes a trial is made of, as ``exclude`` entries may name them.
-AXES = ("model", "backend", "precision", "batch_size", "input_len", "output_len", "repeat")
+AXES = ("model", "backend", "precision", "batch_size", "input_len", "output_len",
+        "tensor_parallel", "repeat")
 
 
 class _Strict(BaseModel):
@@ -89,6 +90,30 @@ class Profile(_Strict):
         description="per-layer GPU time and energy at this granularity")
 
 
+class Fidelity(_Strict):
+    """Output fidelity of each precision against a reference precision of the same model.
+
+    Teacher-forced on the reference's own greedy continuation of fixed random
+    prompts: mean KL divergence of next-token distributions and top-1 agreement.
+    """
+
+    reference: str = Field("bf16", description="precision the others are compared with")
+    prompts: int = Field(8, gt=0, le=256, strict=True, description="prompts (sequences) compared")
+    prompt_len: int = Field(32, gt=0, strict=True, description="tokens per prompt")
+    continuation_len: int = Field(32, gt=0, le=4096, strict=True,
+                                  description="greedy reference tokens compared after each prompt")
+
+    @field_validator("reference")
+    @classmethod
+    def _known(cls, reference: str) -> str:
+        if reference not in PRECISIONS:
+            raise ValueError(f"unknown precision {reference!r}; known: {', '.join(PRECISIONS)}")
+        return reference
+
+
+OptionVariants = Annotated[list[dict[str, Any]], BeforeValidator(_listify), Field(min_length=1)]
+
+
 class Sweep(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", max_length=100)
     models: Axis[str]
@@ -99,10 +124,15 @@ class Sweep(_Strict):
     measure: Measure = Measure()
     exclude: list[dict[str, Any]] = []
     repeats: int = Field(1, gt=0, strict=True)
-    backend_options: dict[str, dict[str, Any]] = {}
+    tensor_parallel: Axis[PositiveInt] = [1]
+    # Per backend, one mapping of options or a list of them: a list is an axis
+    # (e.g. eager and compiled transformers side by side in one sweep).
+    backend_options: dict[str, OptionVariants] = {}
     profile: Profile | None = None
+    fidelity: Fidelity | None = None
 
-    _dedupe = field_validator("models", "backends", "precisions", "batch_sizes")(_dedupe)
+    _dedupe = field_validator("models", "backends", "precisions", "batch_sizes",
+                              "tensor_parallel")(_dedupe)
 
     @field_validator("models")
     @classmethod
@@ -145,21 +175,27 @@ class Sweep(_Strict):
 
     @model_validator(mode="after")
     def _backend_options_valid(self) -> Sweep:
-        for backend, options in self.backend_options.items():
+        for backend, variants in self.backend_options.items():
             if backend not in BACKENDS:
                 raise ValueError(
                     f"backend_options names unknown backend {backend!r}; known: {', '.join(sorted(BACKENDS))}"
                 )
-            try:
-                BACKENDS[backend].options.model_validate(options)
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                field = ".".join(str(p) for p in err["loc"])
-                raise ValueError(f"backend_options.{backend}.{field}: {err['msg']}") from None
+            for i, options in enumerate(variants):
+                where = f"backend_options.{backend}" + (f"[{i}]" if len(variants) > 1 else "")
+                if not isinstance(options, dict):
+                    raise ValueError(f"{where}: expected a mapping of option names to values")
+                try:
+                    BACKENDS[backend].options.model_validate(options)
+                except ValidationError as exc:
+                    err = exc.errors()[0]
+                    field = ".".join(str(p) for p in err["loc"])
+                    raise ValueError(f"{where}.{field}: {err['msg'].removeprefix('Value error, ')}") from None
         return self
 
-    def options_for(self, backend: str) -> BaseModel:
-        return BACKENDS[backend].options.model_validate(self.backend_options.get(backend, {}))
+    def options_for(self, backend: str) -> list[BaseModel]:
+        """The backend's option variants, validated (one default variant when none is given)."""
+        variants = self.backend_options.get(backend) or [{}]
+        return [BACKENDS[backend].options.model_validate(v) for v in variants]
 
 
 def _field_path(loc: tuple) -> str:

@@ -8,7 +8,9 @@ from dataclasses import asdict, dataclass, field, fields
 
 # Bumped when the measurement method changes in a way that makes old results
 # incomparable: every trial id changes and a resumed sweep re-runs everything.
-METHOD_VERSION = 1
+# 2: energy windows stamped after the meter's counter reads; backend options
+#    at their defaults left out of the identity.
+METHOD_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,11 @@ class Trial:
     measure: MeasureSettings = MeasureSettings()
     # Layer-profiling granularity (block | submodule | leaf), or None: no profiling pass.
     layer_profile: str | None = None
+    # GPUs one trial holds, on one node; the backend shards the model over them.
+    tensor_parallel: int = 1
+    # Canonical JSON of the sweep's fidelity settings (reference precision, prompts),
+    # or None: no fidelity pass.
+    fidelity: str | None = None
     trial_id: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -59,26 +66,34 @@ class Trial:
         d["method_version"] = METHOD_VERSION
         # Optional settings join the identity only when set, so that adding
         # one never changes the ids of trials that do not use it (resume).
-        if d["layer_profile"] is None:
-            del d["layer_profile"]
+        for name in ("layer_profile", "fidelity"):
+            if d[name] is None:
+                del d[name]
+        if d["tensor_parallel"] == 1:
+            del d["tensor_parallel"]
         if d["measure"]["timeout_s"] is None:
             del d["measure"]["timeout_s"]
+        # Likewise backend options at their defaults: a new option never
+        # changes the ids of trials that leave it alone.
+        d["backend_options"] = _non_default_options(self.backend, self.backend_options)
         return d
 
     @property
     def load_key(self) -> tuple:
         """Trials with the same load key share one loaded model on one actor."""
-        return (self.model, self.model_source, self.backend, self.precision, self.backend_options)
+        return (self.model, self.model_source, self.backend, self.precision, self.backend_options,
+                self.tensor_parallel)
 
     @property
     def num_gpus(self) -> int:
-        return 1
+        return self.tensor_parallel
 
     def axes(self) -> dict:
         return {
             "model": self.model, "backend": self.backend, "precision": self.precision,
             "batch_size": self.batch_size, "input_len": self.input_len,
-            "output_len": self.output_len, "repeat": self.repeat,
+            "output_len": self.output_len, "tensor_parallel": self.tensor_parallel,
+            "repeat": self.repeat,
         }
 
     def columns(self) -> dict:
@@ -91,10 +106,24 @@ class Trial:
         return d
 
     def label(self) -> str:
+        options = _non_default_options(self.backend, self.backend_options)
         return (f"{self.model} {self.backend}/{self.precision} bs={self.batch_size} "
                 f"in={self.input_len} out={self.output_len}"
+                + (f" tp={self.tensor_parallel}" if self.tensor_parallel > 1 else "")
+                + "".join(f" {k}={v}" for k, v in sorted(options.items()))
                 + (f" r{self.repeat}" if self.repeat else "")
                 + (f" layers={self.layer_profile}" if self.layer_profile else ""))
+
+
+def _non_default_options(backend: str, options_json: str) -> dict:
+    from sweeper.backends import BACKENDS
+
+    spec = BACKENDS.get(backend)
+    options = json.loads(options_json)
+    if spec is None:
+        return options
+    defaults = spec.options().model_dump(mode="json")
+    return {k: v for k, v in options.items() if defaults.get(k, object()) != v}
 
 
 def _content_hash(obj: dict) -> str:

@@ -57,7 +57,7 @@ def test_known_trial_id_does_not_drift():
     assert t[0].trial_id == KNOWN_ID
 
 
-KNOWN_ID = "f9d02b88dd725b4f"
+KNOWN_ID = "2d75e3c1929734bf"
 
 
 def test_compatibility_decided_at_plan_time():
