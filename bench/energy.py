@@ -5,7 +5,7 @@ Runs the real actor code (``TrialRunner``, no Ray) on a synthetic model and chec
 1. counter energy vs the integral of the sampled power over the same windows;
 2. repeatability: coefficient of variation of ``energy_per_token_j`` over repeats;
 3. an independent cross-check of each window with Zeus's ``ZeusMonitor``;
-4. sampler overhead: throughput with the sampler on vs off, alternated side by side;
+4. sampler overhead: throughput with the sampler thread on vs off, in ABBA blocks;
 5. prefill + decode energy against the window total and its uncertainty.
 
     python bench/energy.py --model llama-3.1-8b --batches 1,32 --repeats 5 --out $OUT/energy.json
@@ -51,6 +51,54 @@ def power_integral_j(timeline, duration_s: float) -> float:
     return total
 
 
+def sampler_overhead(runner, tel, batch: int, args) -> dict:
+    """Throughput with the sampler thread running vs stopped, ABBA-ordered blocks."""
+    from actors.workload import RandomPrompts
+
+    backend = runner.backend
+    prompts = RandomPrompts(runner.load_info.vocab_size, args.input_len, batch, seed=7)
+    backend.generate(prompts.batch(0), args.output_len)
+
+    def block() -> float:
+        backend.sync()
+        t0, tokens, i = time.monotonic(), 0, 0
+        while time.monotonic() - t0 < args.overhead_block_s:
+            tokens += backend.generate(prompts.batch(i), args.output_len).output_tokens
+            i += 1
+        backend.sync()
+        return tokens / (time.monotonic() - t0)
+
+    before = tel.sampler.stats()
+    pairs = []
+    for i in range(args.overhead_pairs):
+        order = ("on", "off") if i % 2 == 0 else ("off", "on")
+        rate = {}
+        for mode in order:
+            if mode == "off":
+                tel.sampler.stop()
+            try:
+                rate[mode] = block()
+            finally:
+                tel.sampler.start()
+        pairs.append(rate["on"] / rate["off"])
+        print(f"  overhead pair {i}: on {rate['on']:.1f} off {rate['off']:.1f} tok/s -> {pairs[-1]:.4f}", flush=True)
+    after = tel.sampler.stats()
+    n = after.samples - before.samples
+    mean_cost = ((after.mean_sample_cost_s * after.samples - before.mean_sample_cost_s * before.samples) / n
+                 if n else None)
+    ratios = np.array(pairs)
+    half_ci = 1.96 * ratios.std(ddof=1) / np.sqrt(len(ratios)) if len(ratios) > 1 else float("nan")
+    return {
+        "sampler_on_over_off_pairs": pairs,
+        "sampler_on_over_off": float(np.exp(np.mean(np.log(ratios)))),  # geometric mean of paired ratios
+        "sampler_on_over_off_median": float(np.median(ratios)),
+        "sampler_on_over_off_ci95": [float(ratios.mean() - half_ci), float(ratios.mean() + half_ci)],
+        "sampler_interval_s": tel.sampler.interval_s,
+        "sampler_mean_sample_cost_s": mean_cost,
+        "overhead_block_s": args.overhead_block_s,
+    }
+
+
 def cv(values: list[float]) -> float:
     return statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else float("nan")
 
@@ -61,8 +109,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--window-s", type=float, default=15.0)
-    ap.add_argument("--overhead-window-s", type=float, default=8.0)
-    ap.add_argument("--overhead-pairs", type=int, default=4)
+    ap.add_argument("--overhead-block-s", type=float, default=4.0)
+    ap.add_argument("--overhead-pairs", type=int, default=8)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--out", default="energy.json")
@@ -72,8 +120,6 @@ def main() -> None:
     import torch
 
     from actors.actor import TrialRunner
-    from actors.measure import measure_trial
-    from actors.telemetry import NullTelemetry
 
     try:
         from zeus.monitor import ZeusMonitor
@@ -164,21 +210,10 @@ def main() -> None:
             tel.trial_columns = orig_columns
             Path(args.dump).write_text(json.dumps(dumps, default=str))
 
-        # Sampler on vs off, alternated in one process on the same loaded model.
-        ovh_trial = make_trials(args.model, batch, 1, args.overhead_window_s, args.input_len, args.output_len)[0]
-        off = NullTelemetry(reason="overhead benchmark: sampler off")
-        tput = {"on": [], "off": []}
-        for _ in range(args.overhead_pairs):
-            for mode, t in (("on", tel), ("off", off)):
-                # "off" must stop the actor's sampler thread, not just meter nothing.
-                if mode == "off":
-                    tel.sampler.stop()
-                try:
-                    m = measure_trial(runner.backend, ovh_trial, runner.load_info, t)
-                finally:
-                    if mode == "off":
-                        tel.sampler.start()
-                tput[mode].append(m.row["throughput_tok_s"])
+        # Sampler on vs off on the same loaded model, in ABBA blocks (drift in clocks
+        # or temperature cancels to first order), nothing else differing: the same
+        # generate calls, no idle window, no meter reads; only the thread runs or not.
+        overhead = sampler_overhead(runner, tel, batch, args)
         report["batches"][batch] = {
             "trials": rows,
             "energy_per_token_cv": cv([r["energy_per_token_j"] for r in rows]),
@@ -187,8 +222,7 @@ def main() -> None:
             "zeus_max_dev_energy": (max(abs(r["ours_vs_zeus_energy"] - 1) for r in rows if r["zeus_inside"]) if zeus else None),
             "phase_gap_within_uncertainty": all(abs(r["phase_sum_minus_total_j"]) <= r["uncertainty_j"]
                                                 for r in rows if not r["zeus_inside"]),
-            "sampler_on_tok_s": tput["on"], "sampler_off_tok_s": tput["off"],
-            "sampler_on_over_off": statistics.fmean(tput["on"]) / statistics.fmean(tput["off"]),
+            **overhead,
         }
         summary = {k: v for k, v in report["batches"][batch].items() if k != "trials"}
         print(json.dumps({"batch": batch, **summary}), flush=True)

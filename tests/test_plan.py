@@ -96,3 +96,45 @@ def test_local_checkpoint_directory_resolves(tiny_gpt2_dir):
     trials, _ = expand(sweep(models=[str(tiny_gpt2_dir)], precisions="fp32"))
     assert trials[0].model_source == "path"
     assert trials[0].model_location == str(tiny_gpt2_dir.resolve())
+
+
+def test_option_variants_and_tensor_parallel_are_axes():
+    sweep = parse_sweep({**BASE, "models": "tiny-llama", "precisions": "bf16", "batch_sizes": 1,
+                         "repeats": 1, "workload": {"input_len": 8, "output_len": 4},
+                         "tensor_parallel": [1, 2],
+                         "backend_options": {"transformers": [{}, {"compile": True}]}})
+    trials, _ = expand(sweep)
+    assert len(trials) == 4
+    assert len({t.load_key for t in trials}) == 4
+    assert {t.num_gpus for t in trials} == {1, 2}
+    compiled = [t for t in trials if '"compile":true' in t.backend_options]
+    assert len(compiled) == 2 and all("compile=True" in t.label() for t in compiled)
+    plan = make_plan(sweep, "cuda")
+    # transformers shards nothing: tp=2 is skipped at plan time, with the reason
+    for p in plan.trials:
+        if p.trial.tensor_parallel == 2:
+            assert "tensor_parallel <= 1" in p.skip_reason
+        else:
+            assert p.runnable
+
+
+def test_default_options_and_tp1_leave_the_id_alone():
+    base = {**BASE, "models": "tiny-llama", "precisions": "bf16", "batch_sizes": 1}
+    plain = expand(parse_sweep(base))[0][0]
+    spelled_out = expand(parse_sweep({
+        **base, "tensor_parallel": 1,
+        "backend_options": {"transformers": {"compile": False, "attn_implementation": "sdpa"}}}))[0][0]
+    assert plain.trial_id == spelled_out.trial_id
+    changed = expand(parse_sweep({**base, "backend_options": {"transformers": {"compile": True}}}))[0][0]
+    assert changed.trial_id != plain.trial_id
+
+
+def test_library_too_old_for_a_device_is_a_plan_time_skip():
+    from sweeper.precisions import PRECISIONS
+
+    int8 = PRECISIONS["int8"]
+    assert "bitsandbytes>=0.46" in int8.unsupported_reason("cpu", "0.45.5")
+    assert int8.unsupported_reason("cpu", "0.50.2") is None
+    assert int8.unsupported_reason("cuda", "0.45.5") is None  # the floor is CPU-only
+    assert int8.unsupported_reason("cpu", None) is None  # unknown: the worker decides
+    assert "FP8 tensor cores" in PRECISIONS["fp8"].unsupported_reason("cpu")

@@ -43,6 +43,12 @@ def test_duplicates_dropped_in_order():
     ({"measure": {"min_iters": 0}}, "measure.min_iters", "greater than 0"),
     ({"backend_options": {"transformers": {"attn_implementation": "magic"}}}, None, "attn_implementation"),
     ({"backend_options": {"transformers": {"bogus": 1}}}, None, "bogus"),
+    ({"backend_options": {"transformers": [{}, {"compile": "sometimes"}]}}, None,
+     "backend_options.transformers[1].compile"),
+    ({"tensor_parallel": [1, 0]}, "tensor_parallel[1]", "greater than 0"),
+    ({"fidelity": {"reference": "fp7"}}, "fidelity.reference", "unknown precision 'fp7'"),
+    ({"fidelity": {"prompts": 0}}, "fidelity.prompts", "greater than 0"),
+    ({"fidelity": {"tokens": 3}}, "fidelity.tokens", "unknown key"),
 ])
 def test_bad_values_name_the_field(patch, field, words):
     with pytest.raises(SweepFileError) as info:
@@ -87,3 +93,14 @@ def test_bundled_sweeps_are_valid():
 
     for path in (ROOT / "sweeps").glob("*.yaml"):
         load_sweep(path)
+
+
+def test_backend_option_variants_and_fidelity_defaults():
+    s = parse_sweep({**MINIMAL, "backend_options": {"transformers": [{}, {"compile": True}]},
+                     "fidelity": {}})
+    variants = s.options_for("transformers")
+    assert [v.compile for v in variants] == [False, True]
+    assert s.fidelity.reference == "bf16" and s.tensor_parallel == [1]
+    # a single mapping is one variant, as before
+    one = parse_sweep({**MINIMAL, "backend_options": {"transformers": {"attn_implementation": "eager"}}})
+    assert [v.attn_implementation for v in one.options_for("transformers")] == ["eager"]
