@@ -46,16 +46,21 @@ class TrialRunner:
         self.load_s: float | None = None
         self.telemetry: Any = None
         self.env = environment.capture()
+        self._fidelity: dict[str, Any] | None = None  # the group's fidelity columns, once per load
 
     # -- lifecycle -------------------------------------------------------------
     def load(self, trial: Trial) -> LoadResult:
         """Load the group's model once; every later ``run`` reuses it."""
+        self._fidelity = None
         try:
             self.backend = create_backend(trial.backend)
             t0 = time.monotonic()
             self.load_info = self.backend.load(ModelSpec(
                 source=trial.model_source, location=trial.model_location,
                 precision=trial.precision, options_json=trial.backend_options, seed=trial.seed,
+                tensor_parallel=trial.tensor_parallel,
+                # A fidelity pass compares precisions: they must hold the same weights.
+                weights_on_disk=trial.fidelity is not None,
             ))
             self.load_s = time.monotonic() - t0
             self.telemetry = self._open_telemetry(trial)
@@ -88,7 +93,8 @@ class TrialRunner:
 
     def ping(self) -> dict:
         # pid: lets an operator (or a fault test) find the process that holds this actor
-        return {"hostname": self.env["hostname"], "ray_node_id": self.env["ray_node_id"], "pid": os.getpid()}
+        return {"hostname": self.env["hostname"], "ray_node_id": self.env["ray_node_id"],
+                "ray_gpu_ids": self.env.get("ray_gpu_ids"), "pid": os.getpid()}
 
     # -- one trial ---------------------------------------------------------------
     def run(self, trial: Trial) -> TrialOutcome:
@@ -120,8 +126,24 @@ class TrialRunner:
         if trial.layer_profile is not None:
             # After the headline window has closed: hooks never touch the headline numbers.
             row.update(self._profile_layers(trial, measured, tables))
+        if trial.fidelity is not None:
+            row.update(self._fidelity_columns(trial))
         row["finished_at"] = _now()
         return TrialOutcome(trial.trial_id, row, tables)
+
+    def _fidelity_columns(self, trial: Trial) -> dict[str, Any]:
+        """The group's fidelity columns, computed after its first measured trial.
+
+        Outputs do not depend on the batch size, so one pass per loaded model
+        serves every trial of the group. It never fails the trial (see
+        actors.fidelity); its status column says what happened.
+        """
+        if self._fidelity is None:
+            from actors.fidelity import fidelity_columns
+
+            self._fidelity = fidelity_columns(trial, self.backend, self.load_info,
+                                              lambda: create_backend(trial.backend))
+        return self._fidelity
 
     def _profile_layers(self, trial: Trial, measured: Measurement, tables: dict[str, Any]) -> dict[str, Any]:
         """The layer-profiling pass's trials columns; its rows go into ``tables``.

@@ -27,6 +27,7 @@ def capture() -> dict[str, str | None]:
         "hostname": socket.gethostname(),
         "cuda_version": None,
         "ray_node_id": None,
+        "ray_gpu_ids": None,
     }
     try:
         import torch
@@ -39,6 +40,8 @@ def capture() -> dict[str, str | None]:
 
         if ray.is_initialized():
             env["ray_node_id"] = ray.get_runtime_context().get_node_id()
+            # Node-local ids, logical or real: what proves no two trials shared a GPU.
+            env["ray_gpu_ids"] = ",".join(str(i) for i in ray.get_gpu_ids()) or None
     except ImportError:
         pass
     if env["sweeper_version"] is None:

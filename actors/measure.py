@@ -65,6 +65,8 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Any
     m = trial.measure
     prompts = RandomPrompts(load.vocab_size, trial.input_len, trial.batch_size, trial.seed)
 
+    # Compilation and graph capture for the shape, timed apart: never in the window.
+    prepared = backend.prepare(trial.batch_size, trial.input_len, trial.output_len)
     backend.reset_peak_memory()
     for i in range(m.warmup_iters):
         backend.generate(prompts.batch(-1 - i), trial.output_len)
@@ -95,6 +97,7 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Any
         "requests_per_s": n_requests / duration_s,
         **latency_columns(requests),
         "peak_memory_bytes": backend.peak_memory_bytes(),
+        "compile_s": prepared.compile_s, "compile_status": prepared.compile_status,
     }
     marks = [mark for g in generations for mark in g.marks]
     decode_tokens = sum(max(r.output_tokens - 1, 0) for g in generations for r in g.requests)
@@ -105,6 +108,17 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Any
         min_window_s=m.min_window_s, max_iteration_cv=m.max_iteration_cv,
         duration_s=duration_s,
     ))
+    if load.architecture is not None:
+        from sweeper.precisions import PRECISIONS
+        from sweeper.roofline import held_gpu_names, roofline_columns
+
+        row.update(roofline_columns(
+            load.architecture, PRECISIONS[trial.precision], batch_size=trial.batch_size,
+            input_len=trial.input_len, output_len=trial.output_len,
+            gpu_names=held_gpu_names(telemetry.environment()["gpu_names"], load.device_name,
+                                     trial.tensor_parallel),
+            throughput_tok_s=row["throughput_tok_s"], tpot_s=row["tpot_s"],
+        ))
     timeline = None
     if telemetry.active:
         table = telemetry.timeline_table(trial.trial_id, t_idle, t1, marks=marks)

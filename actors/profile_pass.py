@@ -13,9 +13,14 @@ calls is spread in the same proportions. Within a phase, a module gets the
 phase's energy in proportion to its share of the phase's GPU time
 (``gpu_time_share_of_phase_energy``). If the timeline cannot split the phases,
 E is shared by GPU time over the whole pass (``gpu_time_share_of_window_energy``).
-Either way the modules' energies sum to E. Power within a phase is taken as
-uniform over the GPU time that hooks observe: that is the method's assumption,
-and why it is named in every row.
+Either way the modules' energies sum to E. The rows include each container's
+``_rest`` (work outside the profiled children), so a phase's rows cover its
+whole forward. GPU time is each row's ``gpu_time_method``: on CUDA the busy time
+of the kernels the module launched. A phase's energy also holds the power drawn
+while the GPU waits for the host (launch gaps, and the profiler's own host
+work); it is spread over the modules in proportion to their kernel time, that
+is, power within a phase is taken as uniform over the kernel time: that is the
+method's assumption, and why it is named in every row.
 """
 
 from __future__ import annotations
@@ -100,7 +105,7 @@ def attribute_energy(times: list, *, pass_energy_j: float | None,
         "module": t.module, "module_type": t.module_type, "layer_index": t.layer_index,
         "phase": t.phase, "calls": t.calls, "gpu_time_s": t.gpu_time_s, "time_share": share(t),
         "energy_j": phase_j[t.phase] * share(t) if phase_j is not None else None,
-        "method": method,
+        "method": method, "gpu_time_method": getattr(t, "gpu_time_method", None),
     } for t in times]
 
 
@@ -132,12 +137,13 @@ def profile_layers(backend: Backend, trial: Trial, load: LoadInfo, telemetry: An
     prompts = RandomPrompts(load.vocab_size, trial.input_len, trial.batch_size, trial.seed)
     iterations = pass_iterations(trial)
     profiler = LayerProfiler(model, units)
-    # Two events per unit per forward (prefill + output_len - 1 decodes), made now,
-    # outside the window: making them inside the hooks would time their creation.
-    profiler.timer.reserve(2 * len(units) * iterations * trial.output_len)
+    # Event timers: the marks for every forward (prefill + output_len - 1 decodes) are
+    # made now, outside the window: making them inside the hooks would time their creation.
+    profiler.reserve(iterations * trial.output_len)
     generations: list[Generation] = []
-    # Hooks go on before the window opens and come off after it closes: attaching
-    # is host work that must not fall inside the measured energy.
+    # Hooks (and, for kernel time, the profiler session) go on before the window opens
+    # and come off after it closes: starting and stopping them is host work that must
+    # not fall inside the measured energy.
     with profiler, telemetry.measure(f"{trial.trial_id}/layers") as handle:
         backend.sync()
         t0 = clock()
@@ -146,7 +152,7 @@ def profile_layers(backend: Backend, trial: Trial, load: LoadInfo, telemetry: An
             generations.append(backend.generate(prompts.batch(i), trial.output_len))
         backend.sync()
         t1 = clock()
-    times = profiler.results()  # the pass's one synchronize and event readout, outside the window
+    times = profiler.results()  # the readout (events, or the profiler trace's attribution), outside the window
 
     overhead = ((t1 - t0) / iterations) / headline_s_per_iter - 1 if headline_s_per_iter else None
     window = getattr(handle, "window", None)

@@ -11,7 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from sweeper.precisions import PRECISIONS
 
 
 class TransformersOptions(BaseModel):
@@ -29,6 +31,56 @@ class TransformersOptions(BaseModel):
     bnb_double_quant: bool = False
 
 
+class NoopOptions(BaseModel):
+    """Options of the ``noop`` backend (``backend_options.noop``): simulated costs, no model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Seconds per generated token after the first (one decode step of the whole batch).
+    step_s: float = Field(0.01, ge=0)
+    # Seconds until the first token (prefill); None: one step_s.
+    prefill_s: float | None = Field(None, ge=0)
+    # Seconds a model load takes (sleeps), to measure what loads cost a sweep.
+    load_s: float = Field(0.0, ge=0)
+    # Batch sizes at or above this fail as out of memory, to exercise OOM handling.
+    oom_batch_size: int | None = Field(None, gt=0)
+
+
+class VllmOptions(BaseModel):
+    """Options of the ``vllm`` backend (``backend_options.vllm``): engine arguments of ``vllm.LLM``.
+
+    None leaves vLLM's own default, which depends on the GPU and the vLLM version.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Share of each GPU's memory the engine may take (weights, activations, KV cache).
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    # Most sequences in one engine step; a trial's batch above it queues.
+    max_num_seqs: int | None = Field(None, gt=0, le=65536, strict=True)
+    # Most tokens in one engine step (prefill chunks included).
+    max_num_batched_tokens: int | None = Field(None, gt=0, strict=True)
+    # Context limit; None: the model's (the KV cache must hold one such sequence).
+    max_model_len: int | None = Field(None, gt=0, strict=True)
+    # True: no CUDA graphs and no torch.compile (slower decode, faster start).
+    enforce_eager: bool = False
+    # Off for measurement: random prompts share no prefix, but the cache's
+    # bookkeeping is still work the numbers should not carry unless asked.
+    enable_prefix_caching: bool = False
+    enable_chunked_prefill: bool | None = None
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
+    block_size: Literal[8, 16, 32, 64, 128] | None = None
+
+    @field_validator("max_num_batched_tokens")
+    @classmethod
+    def _holds_a_step(cls, value: int | None, info: ValidationInfo) -> int | None:
+        seqs = info.data.get("max_num_seqs")
+        if value is not None and seqs is not None and value < seqs:
+            raise ValueError(f"must be at least max_num_seqs ({seqs}): each running sequence "
+                             "needs a token in every step")
+        return value
+
+
 @dataclass(frozen=True)
 class BackendSpec:
     name: str
@@ -40,13 +92,16 @@ class BackendSpec:
     layer_hooks: bool  # whether per-layer forward hooks can observe its model
     # Largest tensor-parallel degree it runs (1: one GPU per trial).
     max_tensor_parallel: int = 1
+    # Why a precision it lacks is missing, where that helps the reader: (precision, why).
+    precision_notes: tuple[tuple[str, str], ...] = ()
 
     def default_options_json(self) -> str:
         return canonical_options(self.options())
 
     def unsupported_reason(self, precision: str, device: str, tensor_parallel: int = 1) -> str | None:
         if precision not in self.precisions:
-            return f"backend {self.name} does not support precision {precision}"
+            why = dict(self.precision_notes).get(precision)
+            return f"backend {self.name} does not support precision {precision}" + (f": {why}" if why else "")
         if device not in self.devices:
             return f"backend {self.name} does not run on {device}"
         if tensor_parallel > self.max_tensor_parallel:
@@ -55,6 +110,14 @@ class BackendSpec:
         if tensor_parallel > 1 and device != "cuda":
             return f"tensor_parallel {tensor_parallel} needs GPUs"
         return None
+
+
+# vLLM 0.26 quantizes bitsandbytes 4-bit only while reading real weight files
+# (its bitsandbytes loader; load_format="dummy" gives it none) and runs 8-bit only
+# from pre-quantized checkpoints, so neither is the in-flight format sweeper
+# compares across backends.
+_VLLM_NO_BNB = ("vLLM quantizes bitsandbytes formats only while reading real weight files "
+                "(4-bit) or from pre-quantized checkpoints (8-bit), not in flight from a synthetic model")
 
 
 def canonical_options(options: BaseModel) -> str:
@@ -72,6 +135,31 @@ BACKENDS: dict[str, BackendSpec] = {
             requires=("torch", "transformers"),
             options=TransformersOptions,
             layer_hooks=True,
+        ),
+        # No model: generate sleeps. Measures the harness and scheduler themselves.
+        BackendSpec(
+            name="noop",
+            impl="actors.backends.noop:NoopBackend",
+            precisions=frozenset(p.name for p in PRECISIONS.values() if p.quantization is None),
+            devices=frozenset({"cuda", "cpu"}),
+            requires=(),
+            options=NoopOptions,
+            layer_hooks=False,
+            max_tensor_parallel=8,
+        ),
+        # vLLM's offline engine; its model runs in engine processes, out of reach of hooks.
+        BackendSpec(
+            name="vllm",
+            impl="actors.backends.vllm:VllmBackend",
+            precisions=frozenset({"fp16", "bf16", "fp8"}),
+            devices=frozenset({"cuda"}),
+            requires=("vllm",),
+            options=VllmOptions,
+            layer_hooks=False,
+            max_tensor_parallel=8,
+            precision_notes=tuple((p, _VLLM_NO_BNB) for p in ("int8", "nf4", "fp4")) + (
+                ("fp32", "its fast attention kernels (FlashAttention, FlashInfer) have no fp32 path, "
+                         "so an fp32 number would measure a fallback"),),
         ),
     ]
 }

@@ -35,18 +35,23 @@ def _fail(exc: UserInputError) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-def _local_device() -> str:
-    """Whether this machine has an NVIDIA GPU, asked of NVML (no torch import)."""
+def _local_gpus() -> int:
+    """How many NVIDIA GPUs this machine has, asked of NVML (no torch import)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
         try:
-            return "cuda" if pynvml.nvmlDeviceGetCount() > 0 else "cpu"
+            return int(pynvml.nvmlDeviceGetCount())
         finally:
             pynvml.nvmlShutdown()
     except Exception:
-        return "cpu"
+        return 0
+
+
+def _local_device() -> str:
+    """Whether this machine has an NVIDIA GPU."""
+    return "cuda" if _local_gpus() > 0 else "cpu"
 
 
 SweepArg = Annotated[Path, typer.Argument(help="sweep file (YAML)", show_default=False)]
@@ -57,23 +62,36 @@ def plan(
     sweep_file: SweepArg,
     device: Annotated[DeviceChoice, typer.Option(help="plan for this device; auto: this machine's")] = DeviceChoice.auto,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    address: Annotated[str | None, typer.Option(help="Ray cluster (auto, ray://host:10001) whose nodes' installed libraries and GPUs decide what is skipped; default: this machine's environment")] = None,
 ) -> None:
     """Expand a sweep into trials and show which would run and which are skipped (and why)."""
+    from sweeper.capabilities import local_capabilities, probe_cluster
     from sweeper.plan import make_plan
     from sweeper.spec import load_sweep
 
     try:
         sweep = load_sweep(sweep_file)
-        target = _local_device() if device is DeviceChoice.auto else device.value
-        p = make_plan(sweep, target, sweep_path=str(sweep_file))
+        if address:
+            from sweeper.scheduler import connect
+
+            cluster = connect(address)
+            capabilities, found = probe_cluster(), cluster.device
+        else:
+            gpus = _local_gpus()
+            capabilities, found = local_capabilities(gpus), "cuda" if gpus else "cpu"
+        target = found if device is DeviceChoice.auto else device.value
+        p = make_plan(sweep, target, sweep_path=str(sweep_file), capabilities=capabilities)
     except UserInputError as exc:
         raise _fail(exc) from None
+    if not address:
+        p.notes[-1] += " (no --address: this machine stands in for the cluster)"
 
     if as_json:
         payload = {
             "sweep": sweep.name, "device": p.device, "trials": len(p.trials),
             "runnable": len(p.runnable), "skipped": len(p.skipped), "excluded": p.excluded,
             "groups": len(p.groups()),
+            "notes": p.notes,
             "plan": [{"trial_id": pt.trial.trial_id, **pt.trial.axes(),
                       "status": "run" if pt.runnable else "skipped", "reason": pt.skip_reason}
                      for pt in p.trials],
@@ -91,6 +109,8 @@ def plan(
     out.print(table)
     out.print(f"{len(p.runnable)} to run in {len(p.groups())} model load(s), "
               f"{len(p.skipped)} skipped, {p.excluded} excluded by the sweep's exclude rules")
+    for note in p.notes:
+        out.print(f"note: {note}", highlight=False)
 
 
 @app.command()
@@ -104,6 +124,7 @@ def run(
     no_oom_pruning: Annotated[bool, typer.Option("--no-oom-pruning", help="run larger batches of a shape that ran out of memory instead of skipping them as predicted_oom")] = False,
 ) -> None:
     """Run every trial of a sweep (resuming: trials with an ok result are not run again)."""
+    from sweeper.capabilities import local_capabilities, probe_cluster
     from sweeper.plan import expand, make_plan
     from sweeper.scheduler import connect, run_plan
     from sweeper.spec import load_sweep
@@ -118,7 +139,10 @@ def run(
     store = ResultStore(output or str(Path("results") / sweep.name))
     err.print(f"sweeper: starting Ray{' at ' + address if address else ' (local)'} ...", highlight=False)
     cluster = connect(address)
-    p = make_plan(sweep, cluster.device, sweep_path=str(sweep_file), check_hub=False)
+    # The embedded local Ray's workers share this interpreter: no probe needed there.
+    capabilities = probe_cluster() if address else local_capabilities(cluster.gpus)
+    p = make_plan(sweep, cluster.device, sweep_path=str(sweep_file), check_hub=False,
+                  capabilities=capabilities)
     err.print(f"sweeper: {sweep.name}: {len(p.runnable)} trials to run in {len(p.groups())} group(s), "
               f"{len(p.skipped)} skipped, on {cluster.nodes} node(s) with {cluster.gpus} GPU(s), "
               f"{cluster.cpus} CPU(s); results in {store.uri}", highlight=False)
@@ -143,6 +167,14 @@ def run(
         unit = "GPU(s)" if cluster.gpus else "node(s)"
         err.print(f"busy fraction {busy:.2f}: {summary.busy_s:,.1f} s of trials over {summary.slots} {unit} "
                   f"x {summary.wall_s:,.1f} s wall; {summary.model_loads} model load(s)", highlight=False)
+    if len(summary.placements) > 1:
+        where = Table(title="per node and GPU", title_justify="left")
+        for col in ("node", "GPUs", "trials", "busy s", "model loads"):
+            where.add_column(col, justify="left" if col in ("node", "GPUs") else "right")
+        for name, use in sorted(summary.placements.items()):
+            node, _, gpus = name.partition(" ")
+            where.add_row(node, gpus, str(use.trials), f"{use.busy_s:,.1f}", str(use.model_loads))
+        err.print(where)
     for line in summary.failures[:10]:
         err.print(f"  [red]failed[/] {line}", highlight=False)
     err.print(f"results: {store.uri}/trials.parquet (query with DuckDB, e.g. "

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sweeper.backends import BACKENDS, canonical_options
+from sweeper.capabilities import LOCAL, Capabilities
 from sweeper.errors import ModelResolutionError, SweepFileError
 from sweeper.models import ModelRef, resolve_model
 from sweeper.precisions import PRECISIONS
@@ -127,15 +128,43 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
     return trials, excluded
 
 
-def compatibility(trial: Trial, device: Device) -> str | None:
-    """Why this trial cannot run on ``device``, or None. Decided from the registries alone."""
+def compatibility(trial: Trial, device: Device, capabilities: Capabilities | None = None) -> str | None:
+    """Why this trial cannot run on ``device``, or None.
+
+    Decided from the registries and, given ``capabilities``, from what the nodes
+    the trial could be placed on have installed: the backend's modules and the
+    precision's library must be on one of them, at a version the precision
+    accepts there. Without ``capabilities`` only the driver's library version is known.
+    """
     backend = BACKENDS[trial.backend]
     precision = PRECISIONS[trial.precision]
-    return (backend.unsupported_reason(trial.precision, device, trial.tensor_parallel)
-            or precision.unsupported_reason(device, precision.library_version()))
+    reason = backend.unsupported_reason(trial.precision, device, trial.tensor_parallel)
+    if not reason and capabilities is not None and device == "cuda" and capabilities.source == LOCAL:
+        # The embedded cluster never grows: a trial wider than this machine would
+        # wait forever. (A real cluster may autoscale, so there it waits for a node.)
+        gpus = max((n.gpus for n in capabilities.nodes), default=0)
+        if trial.num_gpus > gpus:
+            reason = f"needs {trial.num_gpus} GPUs on one node; this machine has {gpus}"
+    if reason or capabilities is None:
+        return reason or precision.unsupported_reason(device, precision.library_version())
+    needs = [(m, f"backend {backend.name}") for m in backend.requires]
+    if precision.library:
+        needs.append((precision.library, f"precision {precision.name}"))
+    for library, who in needs:
+        where = capabilities.where_missing(library, device, trial.num_gpus)
+        if where:
+            return f"{who} needs {library}, {where}"
+    versions = capabilities.versions(precision.library, device, trial.num_gpus) if precision.library else []
+    reasons = [precision.unsupported_reason(device, v) for v in versions or [None]]
+    # Runnable if any node's version accepts it: the trial can be placed there.
+    return None if any(r is None for r in reasons) else reasons[0]
 
 
-def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", check_hub: bool = True) -> Plan:
+def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", check_hub: bool = True,
+              capabilities: Capabilities | None = None) -> Plan:
     trials, excluded = expand(sweep, sweep_path=sweep_path, check_hub=check_hub)
-    planned = [PlannedTrial(t, compatibility(t, device)) for t in trials]
-    return Plan(sweep=sweep, device=device, trials=planned, excluded=excluded)
+    planned = [PlannedTrial(t, compatibility(t, device, capabilities)) for t in trials]
+    plan = Plan(sweep=sweep, device=device, trials=planned, excluded=excluded)
+    if capabilities is not None:
+        plan.notes.append(f"installed libraries checked in: {capabilities.source}")
+    return plan

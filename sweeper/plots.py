@@ -292,8 +292,8 @@ def plot_weight_memory(trials: pd.DataFrame) -> Figure:
 def plot_fidelity(trials: pd.DataFrame) -> Figure:
     """Fidelity (KL divergence to the reference precision) against J/token."""
     df = _plottable(trials)
-    if "fidelity_kl" not in df.columns:
-        raise PlotUnavailable("no fidelity_kl column in trials.parquet (no fidelity measured)")
+    if "fidelity_kl" not in df.columns or df["fidelity_kl"].isna().all():
+        raise PlotUnavailable("no fidelity_kl values in trials.parquet (no fidelity measured)")
     require(df, ("fidelity_kl", "energy_per_token_j"), "both are needed")
     df = df[df["fidelity_kl"].notna() & df["energy_per_token_j"].notna()]
     fig = new_figure(6.4, 4.6)

@@ -46,12 +46,34 @@ class Precision:
     # Quantized formats need real weight tensors on disk to quantize while
     # loading; dtype precisions can load a synthetic model with no weight file.
     needs_weights: bool = False
+    # Bits per stored weight with double quantization (the scales quantized
+    # too), for schemes that offer it; None: the option changes nothing.
+    weight_bits_double_quant: float | None = None
+    # Number format the matmuls run in, which picks the GPU's peak rate for MFU
+    # (sweeper.roofline.GPUS keys); None: the compute dtype's own format.
+    compute_format: str | None = None
 
     @property
     def bits_per_weight(self) -> float:
         if self.weight_bits is not None:
             return self.weight_bits
         return {"float32": 32.0, "float16": 16.0, "bfloat16": 16.0}[self.torch_dtype]
+
+    def storage_bits(self, double_quant: bool = False) -> float:
+        """Bits per stored weight of a quantized linear layer, scales included."""
+        if double_quant and self.weight_bits_double_quant is not None:
+            return self.weight_bits_double_quant
+        return self.bits_per_weight
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes per element of the compute dtype (activations, KV cache, unquantized weights)."""
+        return {"float32": 4, "float16": 2, "bfloat16": 2}[self.torch_dtype]
+
+    @property
+    def peak_format(self) -> str:
+        """The format whose peak rate bounds this precision's matmuls."""
+        return self.compute_format or {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[self.torch_dtype]
 
     def unsupported_reason(self, device: str, installed_version: str | None = None) -> str | None:
         """Why this precision cannot run on ``device``, or None.
@@ -95,23 +117,28 @@ PRECISIONS: dict[str, Precision] = {
             weight_bits=8.0, library="bitsandbytes",
             # The multi-backend CPU kernels landed in bitsandbytes 0.46.
             min_library_version=(("cpu", "0.46"),), needs_weights=True,
+            # int8 x int8 tensor-core matmuls (outlier columns in fp16 aside).
+            compute_format="int8",
         ),
         # 4-bit NormalFloat / FP4 with a blocksize-64 absmax: 4 bits + 32/64 bits of fp32
-        # scale (double quantization shrinks the scale to ~8.1/64 bits; see roofline).
+        # scale. Double quantization (QLoRA, Dettmers et al. 2023, §3) stores the absmax
+        # in 8 bits with one fp32 constant per 256 blocks: 4 + 8/64 + 32/(64*256) bits.
+        # The matmuls dequantize to the bf16 compute dtype: its peak rate applies.
         Precision(
             "nf4", "bfloat16", frozenset({"cuda", "cpu"}), quantization="bnb_nf4",
-            weight_bits=4.5, library="bitsandbytes",
+            weight_bits=4.5, weight_bits_double_quant=4 + 8 / 64 + 32 / (64 * 256), library="bitsandbytes",
             min_library_version=(("cpu", "0.46"),), needs_weights=True,
         ),
         Precision(
             "fp4", "bfloat16", frozenset({"cuda", "cpu"}), quantization="bnb_fp4",
-            weight_bits=4.5, library="bitsandbytes",
+            weight_bits=4.5, weight_bits_double_quant=4 + 8 / 64 + 32 / (64 * 256), library="bitsandbytes",
             min_library_version=(("cpu", "0.46"),), needs_weights=True,
         ),
         # FP8 (E4M3) weights with per-tensor scales, as vLLM's ``quantization="fp8"``
         # quantizes them dynamically at load: needs Ada/Hopper tensor cores.
         Precision(
             "fp8", "bfloat16", frozenset({"cuda"}), quantization="fp8", weight_bits=8.0,
+            compute_format="fp8",
             why_not_elsewhere="FP8 matmuls need a GPU with FP8 tensor cores (Ada, Hopper or newer)",
         ),
     ]

@@ -145,12 +145,12 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None,
             "batch_size": best["batch_size"], "input_len": best["input_len"],
             "output_len": best["output_len"], "throughput_tok_s": best["throughput_tok_s"],
             "ttft_ms": best["ttft_s"] * 1e3, "tpot_ms": best["tpot_s"] * 1e3,
-            "energy_per_token_j": best["energy_per_token_j"], "criterion": criterion,
-            "unstable": bool(best["unstable"]), "trial_id": best["trial_id"],
+            "energy_per_token_j": best["energy_per_token_j"], "mbu": best.get("mbu"),
+            "criterion": criterion, "unstable": bool(best["unstable"]), "trial_id": best["trial_id"],
         })
     return pd.DataFrame(rows, columns=[
         "model", "backend", "precision", "batch_size", "input_len", "output_len", "throughput_tok_s",
-        "ttft_ms", "tpot_ms", "energy_per_token_j", "criterion", "unstable", "trial_id"])
+        "ttft_ms", "tpot_ms", "energy_per_token_j", "mbu", "criterion", "unstable", "trial_id"])
 
 
 def unstable_trials(trials: pd.DataFrame) -> pd.DataFrame:
@@ -308,10 +308,11 @@ def _tables(results: Results, max_tpot_ms: float | None, max_ttft_ms: float | No
     tables = [Table(
         "Best configuration per model",
         ["model", "backend", "precision", "batch", "in/out", "tok/s", "TTFT ms", "TPOT ms", "J/token",
-         "criterion", "trial"],
+         "MBU", "criterion", "trial"],
         [[_fmt(r.model), _fmt(r.backend), _fmt(r.precision), _fmt(r.batch_size),
           _shape(r.input_len, r.output_len),
           _fmt(r.throughput_tok_s), _fmt(r.ttft_ms), _fmt(r.tpot_ms), _fmt(r.energy_per_token_j),
+          _fmt(r.mbu),
           _fmt(r.criterion) + (" ⚠ unstable" if r.unstable is True else ""), _fmt(r.trial_id)]
          for r in best.itertuples()],
         "under " + " and ".join(bounds) if bounds else "no latency bound (--max-tpot-ms / --max-ttft-ms)",

@@ -17,7 +17,7 @@ from typing import Any
 
 from sweeper.outcome import LoadResult, TrialOutcome
 from sweeper.plan import Plan, TrialGroup
-from sweeper.progress import ProgressView
+from sweeper.progress import Placement, ProgressView
 from sweeper.storage import ResultStore
 from sweeper.trial import Trial
 
@@ -61,6 +61,13 @@ def connect(address: str | None) -> ClusterInfo:
 
 
 @dataclass
+class PlacementUse:
+    trials: int = 0
+    busy_s: float = 0.0
+    model_loads: int = 0
+
+
+@dataclass
 class RunSummary:
     planned: int
     ran: int = 0
@@ -74,6 +81,8 @@ class RunSummary:
     busy_s: float = 0.0  # sum over trials of the time an actor spent running them
     slots: int = 1  # GPUs (or, CPU-only, nodes) the sweep could use at once
     failures: list[str] = field(default_factory=list)
+    # Per node and GPU set (as placed): trials run there and their busy seconds.
+    placements: dict[str, PlacementUse] = field(default_factory=dict)
 
     @property
     def busy_fraction(self) -> float | None:
@@ -133,7 +142,7 @@ def predicted_oom(oom_trial: Trial, pending: list[Trial]) -> list[Trial]:
                                                                  oom_trial.layer_profile)]
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a group's state is a key of the progress view
 class _GroupRun:
     """One group's progress: its actor (replaced when it dies or hangs) and its queue."""
 
@@ -143,8 +152,12 @@ class _GroupRun:
     actor: Any = None
     load: LoadResult | None = None
     current: Trial | None = None  # submitted, or waiting for a fresh actor to retry it
-    deaths: int = 0  # times the current trial's actor died under it
+    # Times the current trial's actor died under it (loading or running it); before
+    # the first trial, deaths while loading the group's model.
+    deaths: int = 0
     started_s: float = 0.0  # monotonic time the current attempt was submitted
+    attempt: int = 0  # actors started for this group; tells a stale actor's replies apart
+    placement: Placement | None = None
 
     def timed_out(self, now_s: float) -> bool:
         limit_s = self.current.measure.timeout_s if self.current is not None else None
@@ -193,30 +206,41 @@ def run_plan(plan: Plan, store: ResultStore, cluster: ClusterInfo, *, retry_fail
 
     remote_runner = ray.remote(TrialRunner)
     gpu = cluster.device == "cuda"
-    runs: dict[Any, tuple[_GroupRun, str]] = {}  # object ref -> (group, "load" | "run")
+    # object ref -> (group, "ping" | "load" | "run", the group's actor attempt)
+    runs: dict[Any, tuple[_GroupRun, str, int]] = {}
     active: list[_GroupRun] = []
 
     def start_actor(g: _GroupRun, view: ProgressView) -> None:
         g.actor = remote_runner.options(**g.options).remote()
-        g.load = None
-        view.group_loading(g.group.label)
-        runs[g.actor.load.remote(g.group.trials[0])] = (g, "load")
+        g.load, g.placement = None, None
+        g.attempt += 1
+        view.group_waiting(g, g.group.label, g.options["num_gpus"])
+        # Actor calls run in order: the ping answers as soon as Ray has placed the
+        # actor, before its load, so the display shows where it is loading.
+        runs[g.actor.ping.remote()] = (g, "ping", g.attempt)
+        runs[g.actor.load.remote(g.group.trials[0])] = (g, "load", g.attempt)
         summary.model_loads += 1
 
     def replace_actor(g: _GroupRun, view: ProgressView) -> None:
         ray.kill(g.actor)  # a dead one is already gone; a hung one must not hold its GPU
         if g.current is not None or g.pending:
             start_actor(g, view)
+        else:
+            view.group_done(g)
 
     def submit(g: _GroupRun, view: ProgressView) -> None:
         if g.current is None:
             if not g.pending:
+                # close() first: a backend whose engine runs in child processes (vLLM)
+                # must end them, or they keep the GPU after the actor is killed.
+                ray.wait([g.actor.close.remote()], timeout=CLOSE_TIMEOUT_S)
                 ray.kill(g.actor)  # frees its GPU for a waiting group
+                view.group_done(g)
                 return
             g.current, g.deaths = g.pending.pop(0), 0
-        view.trial_started(g.current, g.group.label)
+        view.trial_started(g.current, g)
         g.started_s = time.monotonic()
-        runs[g.actor.run.remote(g.current)] = (g, "run")
+        runs[g.actor.run.remote(g.current)] = (g, "run", g.attempt)
 
     def finish(g: _GroupRun, row: dict, tables: dict[str, Any], view: ProgressView) -> None:
         """Record the current trial's final row; prune what its OOM predicts."""
@@ -247,20 +271,44 @@ def run_plan(plan: Plan, store: ResultStore, cluster: ClusterInfo, *, retry_fail
             summary.failures.append(f"{t.label()}: {text}")
             view.trial_finished(t, "failed", text)
 
+    def on_ping(g: _GroupRun, ref: Any, attempt: int, view: ProgressView) -> None:
+        try:
+            info = ray.get(ref)
+        except RayError:
+            return  # the actor died before it answered: its load reports that
+        if attempt != g.attempt:
+            return
+        g.placement = Placement(info["hostname"], info["ray_node_id"] or "", info.get("ray_gpu_ids"))
+        use = summary.placements.setdefault(str(g.placement), PlacementUse())
+        use.model_loads += 1
+        view.group_placed(g, g.placement)
+
     def on_load(g: _GroupRun, ref: Any, view: ProgressView) -> None:
         try:
             g.load = ray.get(ref)
+        except RayActorError as exc:
+            # Like a death mid-trial (a node lost, the OOM killer): retry on a fresh actor.
+            g.deaths += 1
+            if g.deaths <= max_retries:
+                summary.retries += 1
+                view.console.print(f"retry {g.deaths}/{max_retries}: actor died loading {g.group.label}: "
+                                   f"{_first_line(exc)}", highlight=False, markup=False)
+                replace_actor(g, view)
+                return
+            g.load = LoadResult(ok=False, reason="actor_died",
+                                error=f"actor died {g.deaths} time(s) loading it: {_first_line(exc)}")
         except RayError as exc:
-            g.load = LoadResult(ok=False, reason="actor_died", error=_first_line(exc))
-        view.group_loaded(g.group.label)
+            g.load = LoadResult(ok=False, reason="load_failed", error=_first_line(exc))
+        view.group_loaded(g)
         if g.load.ok:
             submit(g, view)
             return
         fail_rest(g, g.load.reason or "load_failed", f"model load failed: {g.load.error}", view)
         ray.kill(g.actor)
+        view.group_done(g)
 
     def on_run(g: _GroupRun, ref: Any, view: ProgressView) -> None:
-        summary.busy_s += time.monotonic() - g.started_s
+        add_busy(g, time.monotonic() - g.started_s)
         try:
             outcome: TrialOutcome = ray.get(ref)
         except RayActorError as exc:
@@ -283,9 +331,16 @@ def run_plan(plan: Plan, store: ResultStore, cluster: ClusterInfo, *, retry_fail
                    {}, view)
         replace_actor(g, view)
 
+    def add_busy(g: _GroupRun, busy_s: float) -> None:
+        summary.busy_s += busy_s
+        if g.placement is not None:
+            use = summary.placements.setdefault(str(g.placement), PlacementUse())
+            use.trials += 1
+            use.busy_s += busy_s
+
     def on_timeout(ref: Any, g: _GroupRun, view: ProgressView) -> None:
         runs.pop(ref)
-        summary.busy_s += time.monotonic() - g.started_s
+        add_busy(g, time.monotonic() - g.started_s)
         limit_s = g.current.measure.timeout_s
         finish(g, _failed_row("timeout", f"trial ran past measure.timeout_s = {limit_s:g} s; actor replaced"),
                {}, view)
@@ -305,10 +360,13 @@ def run_plan(plan: Plan, store: ResultStore, cluster: ClusterInfo, *, retry_fail
                 ready, _ = ray.wait(list(runs), num_returns=1, timeout=0.25)
                 view.refresh()
                 for ref in ready:
-                    g, what = runs.pop(ref)
-                    (on_load if what == "load" else on_run)(g, ref, view)
+                    g, what, attempt = runs.pop(ref)
+                    if what == "ping":
+                        on_ping(g, ref, attempt, view)
+                    else:
+                        (on_load if what == "load" else on_run)(g, ref, view)
                 now_s = time.monotonic()
-                for ref, (g, what) in list(runs.items()):
+                for ref, (g, what, _) in list(runs.items()):
                     if what == "run" and g.timed_out(now_s):
                         on_timeout(ref, g, view)
         except KeyboardInterrupt:
@@ -319,6 +377,10 @@ def run_plan(plan: Plan, store: ResultStore, cluster: ClusterInfo, *, retry_fail
             raise
     summary.wall_s = time.monotonic() - t_begin
     return summary
+
+
+# How long a finished group's actor may take to release its backend before it is killed.
+CLOSE_TIMEOUT_S = 60.0
 
 
 def _first_line(exc: BaseException) -> str:

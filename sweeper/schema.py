@@ -74,11 +74,11 @@ TRIALS: tuple[Column, ...] = (
     _c("e2e_s", F, "mean end-to-end request latency"),
     _c("e2e_p50_s", F, "median end-to-end request latency"),
     _c("load_s", F, "model load time of the trial's group (shared by its trials, not in duration_s)"),
-    _c("compile_s", F, "one-time compilation (torch.compile, CUDA-graph capture) for the trial's shape, outside duration_s; null: eager"),
-    _c("compile_status", S, "compiled | eager (not requested) | fallback: why the compiled path was not used"),
+    _c("compile_s", F, "one-time compilation for the trial's shape (torch.compile of the decode step, CUDA-graph capture): what the first generate calls took beyond as many steady-state calls, outside duration_s; a shape an earlier trial on the same actor compiled repeats that value; null: nothing compiled for the trial"),
+    _c("compile_status", S, "compiled (with notes: graph breaks, skipped CUDA graphs) | eager (not requested) | fallback: why the trial ran eager instead; null: the backend has no compiled path"),
     # memory
-    _c("peak_memory_bytes", I, "peak allocator memory during the trial (CUDA: torch max_memory_allocated; CPU: process max RSS)"),
-    _c("weight_memory_bytes", I, "model footprint after loading (parameters and buffers)"),
+    _c("peak_memory_bytes", I, "peak memory during the trial (transformers on CUDA: torch max_memory_allocated; vllm: NVML memory used on the trial's GPUs, i.e. what the engine reserves; CPU: process max RSS)"),
+    _c("weight_memory_bytes", I, "model footprint after loading and quantizing: parameters, buffers and quantization state (int8 row scales, 4-bit absmax)"),
     # energy (null on CPU-only runs)
     _c("energy_j", F, "GPU energy over the measured window, all GPUs the trial holds"),
     _c("energy_per_token_j", F, "energy_j / output_tokens"),
@@ -100,19 +100,29 @@ TRIALS: tuple[Column, ...] = (
     _c("layer_profile_status", S, "ok, or why the profiling pass wrote no layer rows (not applicable: ..., failed: ...)"),
     _c("layer_profile_overhead", F, "profiling pass time per iteration / measured time per iteration - 1 (the hooks' slowdown)"),
     _c("layer_profile_energy_j", F, "GPU energy measured over the profiling pass; its layers rows' energy_j sum to it"),
-    # roofline (analytic, from the architecture; null where the GPU's peak rates are unknown)
-    _c("flops_per_token", F, "analytic forward FLOPs per generated token at the window's mean context length"),
-    _c("weight_bytes_per_token", F, "weight bytes read per decode step / batch_size (quantized sizes)"),
-    _c("kv_bytes_per_token", F, "KV-cache bytes read per generated token at the mean decode context length"),
-    _c("mfu", F, "model FLOPs utilisation: achieved FLOP/s over the measured window / the GPUs' peak dense rate"),
-    _c("mbu", F, "memory bandwidth utilisation of decode: bytes per decode step / tpot_s / the GPUs' peak bandwidth"),
-    _c("gpu_peak_flop_per_s", F, "peak dense FLOP/s of the held GPUs at the trial's compute format (sum)"),
-    _c("gpu_peak_bandwidth_bytes_per_s", F, "peak memory bandwidth of the held GPUs (sum)"),
-    # fidelity (a separate pass; null for the reference precision itself)
-    _c("fidelity_reference", S, "precision this trial's outputs were compared with"),
-    _c("fidelity_kl", F, "mean KL(reference || this) of next-token distributions, teacher-forced on the reference's greedy continuation"),
-    _c("fidelity_top1", F, "share of positions where this trial's top-1 next token equals the reference's"),
-    _c("fidelity_status", S, "ok | reference (this is the reference precision) | not applicable: ... | failed: ..."),
+    # roofline (analytic, from the architecture: sweeper/roofline.py, docs/METHOD.md "Roofline: MFU and MBU";
+    # all null for an architecture without formulas; mfu, mbu and the peaks null where a held GPU is unknown or on CPU)
+    _c("flops_per_token", F, "analytic forward FLOPs of one request (prefill of the prompt + every decode step, "
+                             "causal attention; multiply-add = 2) / output_len: the window's FLOPs per generated token"),
+    _c("weight_bytes_per_token", F, "weight bytes one decode step reads (matmul weights at their stored size, lm_head, "
+                                    "biases, norms, the batch's embedding rows) / batch_size"),
+    _c("kv_bytes_per_token", F, "K and V bytes one sequence reads per decode step, mean over its output_len - 1 "
+                                "decode steps (context input_len + j at step j)"),
+    _c("mfu", F, "model FLOPs utilisation: flops_per_token x throughput_tok_s / gpu_peak_flop_per_s "
+                 "(= the window's FLOPs / duration_s / peak)"),
+    _c("mbu", F, "memory bandwidth utilisation of decode: (weight_bytes_per_token + kv_bytes_per_token) x batch_size "
+                 "/ tpot_s / gpu_peak_bandwidth_bytes_per_s"),
+    _c("gpu_peak_flop_per_s", F, "datasheet peak dense FLOP/s (no sparsity) of the held GPUs at the precision's "
+                                 "compute format (fp32: non-tensor), summed"),
+    _c("gpu_peak_bandwidth_bytes_per_s", F, "datasheet peak memory bandwidth of the held GPUs, summed"),
+    # fidelity (a separate pass once per loaded model, after the group's first measured trial)
+    _c("fidelity_reference", S, "precision this trial's outputs were compared with (the same model, options and seed)"),
+    _c("fidelity_kl", F, "mean over prompts and positions of KL(reference || this) of next-token distributions "
+                         "(nats, float64), teacher-forced on the reference's greedy continuation; on synthetic "
+                         "models numerical deviation, not quality; null unless fidelity_status is ok"),
+    _c("fidelity_top1", F, "share of those positions where this trial's top-1 next token equals the reference's"),
+    _c("fidelity_status", S, "ok | reference (this is the reference precision) | not applicable: ... (the backend "
+                             "cannot score) | failed: ... (the trial's status stays ok: its headline numbers stand)"),
     # environment
     _c("device", S, "cuda | cpu"),
     _c("device_name", S, "GPU (or CPU) model name"),
@@ -131,6 +141,7 @@ TRIALS: tuple[Column, ...] = (
     _c("sweeper_version", S, "sweeper version on the worker"),
     _c("hostname", S, "worker host name"),
     _c("ray_node_id", S, "Ray node id of the worker"),
+    _c("ray_gpu_ids", S, "GPU ids Ray assigned the trial's actor on its node (ray.get_gpu_ids()), comma-separated; null: none"),
 )
 
 REQUESTS: tuple[Column, ...] = (
@@ -161,15 +172,22 @@ TIMELINE: tuple[Column, ...] = (
 
 LAYERS: tuple[Column, ...] = (
     _c("trial_id", S, "trial the profiling pass belongs to"),
-    _c("module", S, "qualified module name in the model (e.g. model.layers.3.self_attn)"),
+    _c("module", S, "qualified module name in the model (e.g. model.layers.3.self_attn; the root model: '')"),
     _c("module_type", S, "role: decoder_block | attention | mlp | norm | embedding | rotary_embedding | "
-                         "final_norm | lm_head | other (leaf modules: the role of the unit they sit in)"),
+                         "final_norm | lm_head | other (leaf modules: the role of the unit they sit in); "
+                         "<role>_rest (decoder_block_rest, model_rest, ...): what a module holding profiled "
+                         "modules runs outside them (residual adds, mask set-up), so a phase's rows cover "
+                         "the whole forward"),
     _c("layer_index", I, "decoder block index, null for modules outside the blocks"),
     _c("phase", S, "prefill (forwards over the prompt) | decode (one-token forwards)"),
     _c("calls", I, "forward calls of the module in this phase over the whole pass"),
-    _c("gpu_time_s", F, "summed time between CUDA events recorded at the module's forward entry and exit "
-                        "(CPU runs: host clock, synchronous there), over the whole pass"),
-    _c("time_share", F, "gpu_time_s / the phase's summed gpu_time_s over all profiled modules"),
+    _c("gpu_time_s", F, "the module's time over the whole pass, as gpu_time_method says; on CUDA the summed "
+                        "duration of the GPU kernels (and memcpy/memset) launched inside its forward, "
+                        "idle gaps between them excluded"),
+    _c("gpu_time_method", S, "cuda_kernel_time (torch.profiler/CUPTI kernel durations, the CUDA default) | "
+                             "cuda_event_interval (GPU timeline between CUDA events at entry and exit, launch "
+                             "gaps included) | host_clock (CPU runs: synchronous there) | cpu_op_time"),
+    _c("time_share", F, "gpu_time_s / the phase's summed gpu_time_s over all its rows (rests included)"),
     _c("energy_j", F, "energy attributed to the module in this phase (null on CPU-only runs)"),
     _c("method", S, "energy attribution method: gpu_time_share_of_phase_energy | gpu_time_share_of_window_energy"),
 )

@@ -90,6 +90,7 @@ print(json.dumps({"gpus": info.gpus, "nodes": info.nodes, "ok": summary.ok, "loa
 def test_groups_spread_over_nodes_and_never_share_a_gpu(tmp_path):
     """Four groups on two 1-GPU nodes (logical GPUs) behind a GPU-less head, in its own process."""
     import json
+    import os
     import subprocess
     import sys
 
@@ -102,8 +103,10 @@ def test_groups_spread_over_nodes_and_never_share_a_gpu(tmp_path):
         "measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 0.5, idle_s: 0}\n")
     script = tmp_path / "placement.py"
     script.write_text(PLACEMENT_SCRIPT)
+    # A script outside the checkout finds the packages through PYTHONPATH, installed or not.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     r = subprocess.run([sys.executable, str(script), str(sweep), str(tmp_path / "out")], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     info = json.loads(r.stdout.strip().splitlines()[-1])
     assert (info["gpus"], info["nodes"], info["ok"], info["loads"]) == (2, 3, 8, 4)

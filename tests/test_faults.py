@@ -99,21 +99,26 @@ measure: {warmup_iters: 1, min_iters: 1, min_duration_s: 0, idle_s: 0, timeout_s
 
 # -- actor death ---------------------------------------------------------------------------
 
-def _kill_running_actors(times: int, stop: threading.Event, killed: list[int]) -> None:
-    """SIGKILL the process of a TrialRunner while it runs a trial, ``times`` times.
+def _kill_running_actors(times: int, stop: threading.Event, killed: list[int], method: str = "run") -> None:
+    """SIGKILL the process of a TrialRunner while it runs a trial (or loads), ``times`` times.
 
     Ray titles an actor's worker process ``ray::TrialRunner.run`` while that
     method executes, so this hits a trial mid-measurement, from outside, as a
-    segfault or the kernel's OOM killer would.
+    segfault or the kernel's OOM killer would. Only this process's descendants
+    (the local Ray it started) are candidates: other Rays on the machine are not ours.
     """
+    me = psutil.Process()
     while len(killed) < times and not stop.is_set():
-        for proc in psutil.process_iter(["pid", "cmdline"]):
-            cmd = " ".join(proc.info["cmdline"] or [])
-            if "TrialRunner.run" in cmd and proc.info["pid"] not in killed:
+        for proc in me.children(recursive=True):
+            try:
+                cmd = " ".join(proc.cmdline())
+            except psutil.Error:
+                continue
+            if f"TrialRunner.{method}" in cmd and proc.pid not in killed:
                 time.sleep(0.3)  # inside the measured window, not at its first instruction
                 try:
-                    os.kill(proc.info["pid"], signal.SIGKILL)
-                    killed.append(proc.info["pid"])
+                    os.kill(proc.pid, signal.SIGKILL)
+                    killed.append(proc.pid)
                 except ProcessLookupError:
                     pass
                 break
@@ -153,6 +158,41 @@ def test_a_killed_actor_is_replaced_and_its_trial_retried(ray_local, write_sweep
     assert summary.retries == min(kills, max_retries)
     assert summary.model_loads == 1 + kills  # a fresh actor loads the model after each death
     assert summary.ran == 2 and len(store.shard_paths("trials")) == 2  # every trial exactly once
+
+
+LOAD_DEATH_SWEEP = """
+name: load-deaths
+models: [tiny-llama]
+backends: noop
+precisions: fp32
+batch_sizes: [1, 2]
+workload: {input_len: 8, output_len: 4}
+backend_options: {noop: {load_s: 1.0, step_s: 0.001}}
+measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 0, idle_s: 0}
+"""
+
+
+@pytest.mark.parametrize(("kills", "max_retries", "status"), [(1, 1, "ok"), (2, 1, "failed")])
+def test_an_actor_killed_while_loading_is_retried_like_one_killed_mid_trial(ray_local, write_sweep, tmp_path,
+                                                                            kills, max_retries, status):
+    plan = _plan(write_sweep, LOAD_DEATH_SWEEP)
+    store = ResultStore(str(tmp_path / "out"))
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_running_actors, args=(kills, stop, killed, "load"), daemon=True)
+    killer.start()
+    try:
+        summary = run_plan(plan, store, ray_local, quiet=True, max_retries=max_retries)
+    finally:
+        stop.set()
+        killer.join()
+    assert len(killed) == kills
+    rows = list(_rows(store).values())
+    assert len(rows) == 2 and {r["status"] for r in rows} == {status}  # each trial exactly once
+    if status == "failed":
+        assert {r["reason"] for r in rows} == {"actor_died"}
+        assert all("died 2 time(s) loading" in r["error"] for r in rows)
+    assert summary.retries == min(kills, max_retries)
+    assert summary.model_loads == 1 + min(kills, max_retries)
 
 
 # -- Ctrl-C and resume ---------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Layer profiling (issue 4): selection, timing, attribution, the pass, the table, end to end.
 
-Real tiny transformers models of every preset family on the CPU (host timing);
-the CUDA-event timer is exercised on a GPU by ``bench/layers.py``.
+Real tiny transformers models of every preset family on the CPU (host timing, and
+the kernel-time timer's attribution over CPU ops under the real torch.profiler);
+the CUDA kernel and event timers are exercised on a GPU by ``bench/layers.py``.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ from actors.layers import (
     DECODE,
     PREFILL,
     HostTimer,
+    KernelTimer,
     LayerProfileError,
     LayerProfiler,
     ModuleTime,
     Unit,
     assert_disjoint,
     find_decoder_layers,
+    range_name,
+    rest_units,
     select_units,
     timer_for,
 )
@@ -45,7 +49,7 @@ from tests.conftest import ROOT
 
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-mistral"]
 LAYER_COLUMNS = ["trial_id", "module", "module_type", "layer_index", "phase", "calls", "gpu_time_s",
-                 "time_share", "energy_j", "method"]
+                 "gpu_time_method", "time_share", "energy_j", "method"]
 OPTIONS = '{"attn_implementation":"sdpa"}'
 
 
@@ -173,11 +177,12 @@ def test_call_counts_split_prefill_and_decode(backends, granularity):
         generate(backend, info, profiler, n_calls, input_len=6, output_len=output_len)
     assert profiler.forwards == {PREFILL: n_calls, DECODE: n_calls * (output_len - 1)}
     times = profiler.results()
-    assert {(t.module, t.phase) for t in times} == {(u.name, p) for u in units for p in (PREFILL, DECODE)}
+    ranged = units + profiler.rests  # every unit, and a rest row per container
+    assert {(t.module, t.phase) for t in times} == {(u.name, p) for u in ranged for p in (PREFILL, DECODE)}
     for t in times:
-        # every unit runs once per forward in these models: 1 prefill + (output_len - 1) decodes per generate
+        # every range runs once per forward in these models: 1 prefill + (output_len - 1) decodes per generate
         assert t.calls == (n_calls if t.phase == PREFILL else n_calls * (output_len - 1)), t
-        assert t.gpu_time_s > 0
+        assert t.gpu_time_s > 0 and t.gpu_time_method == "host_clock"
     # hooks are gone after the block: another generate adds nothing
     generate(backend, info, profiler, 1, input_len=6, output_len=2)
     assert profiler.results() == times
@@ -216,7 +221,9 @@ def test_hooks_only_mark_and_one_flush_synchronizes_once(backends):
         assert timer.finishes == 0  # nothing synchronized inside the pass
     profiler.results()
     assert timer.finishes == 1
-    assert timer.marks == 2 * len(units) * 2 * 3  # two marks per unit per forward
+    n_ranges = len(units) + len(profiler.rests)  # root, model, 2 blocks
+    assert len(profiler.rests) == 4
+    assert timer.marks == 2 * n_ranges * 2 * 3  # two marks per range per forward
 
 
 def test_a_full_buffer_flushes_early_and_loses_nothing(backends):
@@ -227,7 +234,7 @@ def test_a_full_buffer_flushes_early_and_loses_nothing(backends):
         generate(backend, info, profiler, 1, input_len=4, output_len=4)
     times = profiler.results()
     assert timer.finishes > 1
-    assert sum(t.calls for t in times) == len(units) * 4
+    assert sum(t.calls for t in times) == (len(units) + len(profiler.rests)) * 4
 
 
 def test_time_shares_sum_to_one_per_phase(backends):
@@ -238,6 +245,131 @@ def test_time_shares_sum_to_one_per_phase(backends):
     for phase in (PREFILL, DECODE):
         assert sum(r["time_share"] for r in rows if r["phase"] == phase) == pytest.approx(1.0)
     assert all(r["energy_j"] is None and r["method"] is None for r in rows)  # no energy measured: null
+
+
+@pytest.mark.parametrize("granularity,expected", [
+    ("block", {"": "model_rest", "model": "model_rest"}),
+    ("submodule", {"": "model_rest", "model": "model_rest", "model.layers.0": "decoder_block_rest",
+                   "model.layers.1": "decoder_block_rest"}),
+])
+def test_rests_are_the_called_containers_of_the_units(backends, granularity, expected):
+    model = backends["tiny-llama"][0].model
+    rests = rest_units(model, select_units(model, granularity))
+    assert {r.name: r.module_type for r in rests} == expected
+    assert {r.name: r.layer_index for r in rests if r.layer_index is not None} == {
+        n: int(n.rsplit(".", 1)[1]) for n in expected if n.startswith("model.layers.")}
+    leaf = {r.name: r.module_type for r in rest_units(model, select_units(model, "leaf"))}
+    # at leaf granularity the attention kernel itself runs between leaves: attention's rest holds it
+    assert leaf["model.layers.1.self_attn"] == "attention_rest" and leaf["model.layers.0.mlp"] == "mlp_rest"
+    assert "model.layers" not in leaf  # a ModuleList is never called
+
+
+def test_timer_choice(backends):
+    model = backends["tiny-llama"][0].model
+    assert isinstance(timer_for(model), HostTimer)  # CPU default
+    kernel = timer_for(model, "kernel_time")
+    assert isinstance(kernel, KernelTimer) and kernel.kind == "cpu_op_time"
+    with pytest.raises(LayerProfileError, match="needs a CUDA model"):
+        timer_for(model, "event_interval")
+    with pytest.raises(LayerProfileError, match="unknown timing method"):
+        timer_for(model, "wallclock")
+
+
+@dataclasses.dataclass
+class Ev:
+    """A Kineto event as ``_KinetoEvent`` exposes it (the fields the attribution reads)."""
+
+    activity: str
+    name_: str = ""
+    start: int = 0
+    end: int = 0
+    corr: int = 0
+    linked: int = 0
+    thread: int = 1
+
+    def activity_type(self): return self.activity  # noqa: E704
+    def name(self): return self.name_  # noqa: E704
+    def start_ns(self): return self.start  # noqa: E704
+    def end_ns(self): return self.end  # noqa: E704
+    def duration_ns(self): return self.end - self.start  # noqa: E704
+    def correlation_id(self): return self.corr  # noqa: E704
+    def linked_correlation_id(self): return self.linked  # noqa: E704
+    def start_thread_id(self): return self.thread  # noqa: E704
+
+
+def kernel(linked, corr, duration_ns, activity="kernel"):
+    return Ev(activity, "k", 10**6, 10**6 + duration_ns, corr, linked)
+
+
+def test_kernels_go_to_every_range_open_at_their_launch():
+    # ranges (host ns): key 0 = [0, 100) holds key 2 = [10, 50); key 1 = [200, 300) (another phase)
+    events = [
+        Ev("cpu_op", range_name(0), 0, 100, corr=100), Ev("cpu_op", range_name(2), 10, 50, corr=101),
+        Ev("user_annotation", range_name(1), 200, 300, corr=102),
+        Ev("cpu_op", "aten::mm", 20, 30, corr=1), Ev("cpu_op", "aten::add", 60, 70, corr=2),
+        Ev("cpu_op", "aten::argmax", 150, 160, corr=3), Ev("cpu_op", "aten::mul", 250, 260, corr=4),
+        Ev("cuda_runtime", "cudaLaunchKernel", 30, 31, corr=9),  # a kernel with no linked op: its launch
+        Ev("cpu_op", "aten::mm", 50, 55, corr=5, thread=2),  # other thread: no range open there
+        kernel(1, 11, 5_000), kernel(2, 12, 7_000), kernel(3, 13, 11_000), kernel(4, 14, 3_000),
+        kernel(0, 9, 13_000), kernel(0, 99, 17_000),  # the last: no op, no launch -> unlinked
+        kernel(1, 15, 2_000, "gpu_memset"), kernel(5, 16, 19_000),
+        kernel(101, 0, 10**6, "gpu_user_annotation"),  # the range's own GPU span: not work
+    ]
+    timer = KernelTimer("cuda")
+    out = timer.attribute(events)
+    us = 1e-6
+    assert out == pytest.approx({0: (5 + 7 + 13 + 2) * us, 2: (5 + 13 + 2) * us, 1: 3 * us})
+    assert timer.stats["outside_ranges_s"] == pytest.approx((11 + 19) * us)  # sampling etc., other threads
+    assert timer.stats["unlinked_s"] == pytest.approx(17 * us)
+    assert (timer.stats["linked_via_op"], timer.stats["linked_via_launch"], timer.stats["unlinked"]) == (6, 1, 1)
+
+
+def test_kernel_timer_on_cpu_ops_matches_torchs_own_tree(backends):
+    """Real torch.profiler on the CPU: our per-range op time against torch's FunctionEvent tree."""
+    backend, info = backends["tiny-llama"]
+    units = select_units(backend.model, "submodule")
+    timer = KernelTimer("cpu")
+    with LayerProfiler(backend.model, units, timer) as profiler:
+        generate(backend, info, profiler, 2, input_len=5, output_len=3)
+        with pytest.raises(LayerProfileError, match="detach first"):
+            profiler.results()
+    prof = timer.profiles[0]
+    ours = timer.attribute(prof.profiler.kineto_results.events())
+
+    def outer_op_us(event):  # the outermost ops below a range, through nested ranges
+        total = 0.0
+        for child in event.cpu_children:
+            if child.name.startswith("sweeper.layers#"):
+                total += outer_op_us(child)
+            elif not child.name.startswith("profiler::"):
+                total += child.cpu_time_total
+        return total
+
+    theirs: dict[int, float] = {}
+    for e in prof.events():
+        if e.name.startswith("sweeper.layers#"):
+            key = int(e.name.rsplit("#", 1)[1])
+            theirs[key] = theirs.get(key, 0.0) + outer_op_us(e) * 1e-6
+    assert set(ours) == set(theirs) and len(ours) == 2 * (len(units) + len(profiler.rests))
+    assert ours == pytest.approx(theirs, rel=1e-6, abs=1e-8)
+
+    times = profiler.results()
+    forward = profiler.forward_time_s()
+    assert {p: c for p, (c, _) in forward.items()} == {PREFILL: 2, DECODE: 4}
+    for phase in (PREFILL, DECODE):
+        rows = [t for t in times if t.phase == phase]
+        assert {t.gpu_time_method for t in rows} == {"cpu_op_time"}
+        # rests complete the units: the rows add up to the forward, nothing counted twice
+        assert sum(t.gpu_time_s for t in rows) == pytest.approx(forward[phase][1])
+        assert all(t.gpu_time_s >= 0 for t in rows)
+        assert all(t.gpu_time_s > 0 for t in rows if t.module_type in ("attention", "mlp", "lm_head"))
+        blocks = {t.layer_index: 0.0 for t in rows if t.layer_index is not None}
+        for t in rows:
+            if t.layer_index is not None:
+                blocks[t.layer_index] += t.gpu_time_s
+        assert sorted(blocks) == [0, 1]
+    assert timer.profiles == []  # read once: a second results() adds nothing
+    assert profiler.results() == times
 
 
 # -- attribution --------------------------------------------------------------------------
@@ -309,12 +441,14 @@ def test_the_pass_runs_after_the_headline_and_reports_itself(runner):
     assert (row["layer_profile"], row["layer_profile_status"]) == ("submodule", "ok")
     assert row["layer_profile_overhead"] > -1 and row["layer_profile_energy_j"] is None  # CPU: no energy
     rows = outcome.tables["layers"]
-    n_units = len(select_units(runner.backend.model, "submodule"))
-    assert len(rows) == 2 * n_units and {r["trial_id"] for r in rows} == {trial.trial_id}
+    units = select_units(runner.backend.model, "submodule")
+    n_ranges = len(units) + len(rest_units(runner.backend.model, units))
+    assert len(rows) == 2 * n_ranges and {r["trial_id"] for r in rows} == {trial.trial_id}
     iterations = pass_iterations(trial)
     for r in rows:
         assert r["calls"] == (iterations if r["phase"] == PREFILL else iterations * 3)
         assert r["gpu_time_s"] > 0 and r["energy_j"] is None and r["method"] is None
+        assert r["gpu_time_method"] == "host_clock"  # CPU: the default timer
     assert set(rows[0]) == set(LAYER_COLUMNS)
     table = to_table("layers", rows)  # the shard's schema takes the rows as they are
     assert table.schema == arrow_schema("layers") and table.column_names == LAYER_COLUMNS
@@ -431,8 +565,8 @@ profile: {layers: submodule}
     counts = store.aggregate()
     out = tmp_path / "out"
     assert len(list((out / "shards" / "layers").glob("*.parquet"))) == 4
-    # 2 layers x 4 submodules + 4 top-level units, in 2 phases, per trial
-    assert counts["layers"] == 4 * 12 * 2
+    # 2 layers x 4 submodules + 4 top-level units + 4 rests (root, model, 2 blocks), in 2 phases, per trial
+    assert counts["layers"] == 4 * 16 * 2
     table = pq.read_table(out / "layers.parquet")
     assert table.schema == arrow_schema("layers")
     con = duckdb.connect()
@@ -446,7 +580,7 @@ profile: {layers: submodule}
         FROM '{out}/layers.parquet' GROUP BY 1, 2""").fetchall()
     assert len(per_phase) == 8
     for _tid, phase, share, lo, hi, n, n_energy, n_modules in per_phase:
-        assert share == pytest.approx(1.0) and n == n_modules == 12 and n_energy == 0  # CPU: null energy
+        assert share == pytest.approx(1.0) and n == n_modules == 16 and n_energy == 0  # CPU: null energy
         assert (lo, hi) == ((2, 2) if phase == PREFILL else (6, 6))  # 2 passes x (1 | output_len - 1)
     assert {r[0] for r in trials} == {r[0] for r in per_phase}
     # the README's queries run as written
@@ -457,7 +591,7 @@ profile: {layers: submodule}
     top, by_role = (con.execute(s).fetchall() for s in statements)
     assert len(top) == 10 and len({m for m, *_ in top}) == 10
     assert {r[2] for r in by_role} == {"attention", "mlp", "norm", "embedding", "rotary_embedding",
-                                      "final_norm", "lm_head"}
+                                      "final_norm", "lm_head", "decoder_block_rest", "model_rest"}
 
 
 # -- the GPU bench's CPU path -------------------------------------------------------------------------
@@ -476,6 +610,7 @@ def test_gpu_bench_runs_on_cpu(tmp_path):
     for run in report["runs"]:
         assert run["reference"]["timer"] == "host_clock" and run["reference"]["prefill_forwards"] == 2
         assert run["prefill_time_share_sum"] == pytest.approx(1.0)
-        assert run["decode_block_share_min_over_max"] is not None and run["module_over_forward"] > 0
+        assert run["decode_block_share_max_over_min"] >= 1 and run["coverage"] > 0
+        assert run["decode_time_share_sum"] == pytest.approx(1.0) and run["gpu_time_method"] == ["host_clock"]
         assert run["energy_within_2pct"] is None  # no energy on the CPU
     assert set(report["checks"]) >= {"coverage_within_10pct", "energy_within_2pct", "overhead"}

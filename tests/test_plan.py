@@ -138,3 +138,15 @@ def test_library_too_old_for_a_device_is_a_plan_time_skip():
     assert int8.unsupported_reason("cuda", "0.45.5") is None  # the floor is CPU-only
     assert int8.unsupported_reason("cpu", None) is None  # unknown: the worker decides
     assert "FP8 tensor cores" in PRECISIONS["fp8"].unsupported_reason("cpu")
+
+
+def test_embedded_cluster_skips_trials_wider_than_the_machine():
+    from sweeper.capabilities import local_capabilities
+
+    sweep = parse_sweep({**BASE, "models": "tiny-llama", "backends": "noop", "precisions": "bf16",
+                         "batch_sizes": 1, "repeats": 1, "tensor_parallel": [1, 2],
+                         "workload": {"input_len": 8, "output_len": 4}})
+    plan = make_plan(sweep, "cuda", capabilities=local_capabilities(gpus=1))
+    reasons = {p.trial.tensor_parallel: p.skip_reason for p in plan.trials}
+    assert reasons[1] is None
+    assert reasons[2] == "needs 2 GPUs on one node; this machine has 1"

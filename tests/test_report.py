@@ -246,7 +246,7 @@ def test_report_on_gpu_results_has_every_plot(gpu_results):
     assert names == ["throughput.png", "energy_per_token.png", "pareto.png", "weight_memory.png",
                      "power_timeline.png", "layer_shares.png"]
     # No fidelity was measured in that run: its plot is the only one left out.
-    assert report.notes == ["Fidelity vs J/token left out: no fidelity_kl column in trials.parquet "
+    assert report.notes == ["Fidelity vs J/token left out: no fidelity_kl values in trials.parquet "
                             "(no fidelity measured)"]
     page = report.path.read_text()
     assert len(_embedded_pngs(page)) == 6

@@ -41,6 +41,22 @@ class LoadInfo:
     weight_memory_bytes: int | None
     vocab_size: int
     extra: dict[str, Any] = field(default_factory=dict)
+    # The model's HF config as a dict (``config.to_dict()``): the roofline's
+    # FLOPs and bytes follow from it (sweeper.roofline). None: no roofline columns.
+    architecture: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class PrepareInfo:
+    """What preparing a trial's shape cost, outside the measured window.
+
+    ``compile_s``: one-time compilation (graph capture included) for the shape;
+    None where nothing was compiled. ``compile_status``: compiled | eager |
+    fallback: <why>; None for a backend that has no compiled path.
+    """
+
+    compile_s: float | None = None
+    compile_status: str | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,14 @@ class ModelSpec:
     precision: str
     options_json: str
     seed: int = 0
+    # GPUs to shard the model over (the trial's tensor_parallel); a backend that
+    # cannot shard rejects more than 1.
+    tensor_parallel: int = 1
+    # Synthetic models only: load seeded random weights written to disk
+    # (actors.models.materialize_weights) instead of initializing them in
+    # memory, so that two precisions hold the same weights (fidelity pass).
+    # Quantized precisions always do.
+    weights_on_disk: bool = False
 
 
 class Backend(ABC):
@@ -68,6 +92,10 @@ class Backend(ABC):
     def sync(self) -> None:
         """Wait until all device work issued so far has finished."""
 
+    def prepare(self, batch_size: int, input_len: int, output_len: int) -> PrepareInfo:
+        """Get ready for generate calls of this shape (compile, capture graphs); before warm-up."""
+        return PrepareInfo()
+
     def reset_peak_memory(self) -> None:  # noqa: B027 - optional hook
         pass
 
@@ -79,6 +107,17 @@ class Backend(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
+
+    # -- scoring, for the fidelity pass (actors.fidelity); optional ------------------
+    def greedy_continuation(self, prompt_ids: np.ndarray, n: int) -> np.ndarray:
+        """The (batch, n) token ids that greedy decoding appends to (batch, len) ``prompt_ids``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot return greedy continuations")
+
+    def next_token_logprobs(self, token_ids: np.ndarray, last: int | None = None) -> np.ndarray:
+        """float32 (batch, positions, vocab) log-softmax of one teacher-forced forward over
+        (batch, len) ``token_ids``; position i predicts token i + 1. ``last``: only the last
+        ``last`` positions."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score tokens")
 
     @staticmethod
     def is_out_of_memory(exc: BaseException) -> bool:

@@ -1,10 +1,11 @@
 """Hugging Face transformers backend: ``model.generate`` with exact output lengths.
 
-Per-token times come from a logits processor that synchronizes the device and
-reads the clock when each step's logits exist: the first call marks the end of
-prefill (time to first token), later calls mark decode steps. Greedy generation
-already synchronizes every step (its stopping check reads a device value), so
-the extra synchronize costs next to nothing.
+Per-token times come from a logits processor that counts the steps and, at the
+first, synchronizes the device and reads the clock: the end of prefill (time to
+first token). Decode ends at generate's final synchronize. One synchronize per
+call costs next to nothing; one per step would add a host stall to every step
+(bench/overhead.py measures both). ``compile: true`` runs the decode step compiled
+(actors/backends/hf_compile.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from actors.backends.base import Backend, Generation, LoadInfo, ModelSpec, RequestTiming
+from actors.backends import bnb
+from actors.backends.base import (
+    Backend,
+    Generation,
+    LoadInfo,
+    ModelSpec,
+    PrepareInfo,
+    RequestTiming,
+)
+from actors.errors import PrecisionUnavailable
 from sweeper.backends import TransformersOptions
 from sweeper.precisions import PRECISIONS
 
@@ -41,11 +51,19 @@ def _dtype_kwarg() -> str:
 
 
 class TransformersBackend(Backend):
-    def __init__(self) -> None:
+    def __init__(self, compile_devices: tuple[str, ...] | None = None) -> None:
         self.model: Any = None
         self.device = "cpu"
         self.clock = time.monotonic
-        self._setup: dict[int, tuple[Any, Any]] = {}
+        self._setup: dict[tuple[int, bool], tuple[Any, Any]] = {}
+        # Devices the compiled path may run on (None: hf_compile.COMPILE_DEVICES, GPUs);
+        # tests add "cpu" to check its outputs.
+        self.compile_devices = compile_devices
+        self._compiled: Any = None  # hf_compile.CompiledDecode of the loaded model
+        # "first": synchronize once, when prefill's logits exist (time to first token).
+        # "every": also at every decode step (the old method; bench/overhead.py compares).
+        self.step_sync = "first"
+        self.last_output_ids: Any = None  # the last call's prompt + new tokens (equality checks)
 
     def load(self, spec: ModelSpec) -> LoadInfo:
         import torch
@@ -55,28 +73,42 @@ class TransformersBackend(Backend):
         transformers.logging.set_verbosity_error()
         options = TransformersOptions.model_validate_json(spec.options_json)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = getattr(torch, PRECISIONS[spec.precision].torch_dtype)
+        precision = PRECISIONS[spec.precision]
+        PrecisionUnavailable.check(precision)  # before any weights are written
+        dtype = bnb.compute_dtype(precision, self.device)
+        quantization = bnb.quantization_config(precision, self.device, double_quant=options.bnb_double_quant)
         path = spec.location
         if spec.source == "synthetic":
-            from actors.models import materialize_synthetic
+            from actors.models import materialize_synthetic, materialize_weights
 
-            path = str(materialize_synthetic(spec.location))
+            # Quantizing needs weights in a file; a dtype precision initializes them in memory.
+            path = str(materialize_weights(spec.location, spec.seed)
+                       if precision.needs_weights or spec.weights_on_disk
+                       else materialize_synthetic(spec.location))
         # Random (missing) weights are drawn from the global RNG: seed it so a
         # synthetic model is the same model in every trial and on every worker.
         torch.manual_seed(spec.seed)
         self.model = AutoModelForCausalLM.from_pretrained(
             path, device_map=self.device, attn_implementation=options.attn_implementation,
             **{_dtype_kwarg(): dtype},
+            **({"quantization_config": quantization} if quantization is not None else {}),
         )
         self.model.eval()
+        if quantization is not None:
+            bnb.probe(self.model, precision, self.device)
         self._setup.clear()
         self.model.generation_config.pad_token_id = self.model.generation_config.pad_token_id or 0
+        from actors.backends.hf_compile import CompiledDecode
+
+        self._compiled = CompiledDecode(self.model, self.device, options.compile, options.compile_mode,
+                                        self.compile_devices)
         self.sync()
         name = torch.cuda.get_device_name() if self.device == "cuda" else _cpu_name()
         return LoadInfo(
             device=self.device, device_name=name,
-            weight_memory_bytes=int(self.model.get_memory_footprint()),
+            weight_memory_bytes=bnb.weight_memory_bytes(self.model),
             vocab_size=int(self.model.config.vocab_size),
+            architecture=self.model.config.to_dict(),
         )
 
     def sync(self) -> None:
@@ -85,13 +117,13 @@ class TransformersBackend(Backend):
 
             torch.cuda.synchronize()
 
-    def _generation_setup(self, output_len: int) -> tuple[Any, Any]:
-        """The config and step clock for one output length, built once.
+    def _generation_setup(self, output_len: int, compiled: bool = False) -> tuple[Any, Any]:
+        """The config and step clock for one output length (and path), built once.
 
         Building a GenerationConfig costs milliseconds of host time; inside the
         loop that time would sit between generate calls, outside both phases.
         """
-        cached = self._setup.get(output_len)
+        cached = self._setup.get((output_len, compiled))
         if cached is not None:
             return cached
         from transformers import GenerationConfig, LogitsProcessor
@@ -99,12 +131,25 @@ class TransformersBackend(Backend):
         backend = self
 
         class StepClock(LogitsProcessor):
+            """Counts steps and stamps the first, when prefill's logits exist.
+
+            Only that stamp is used (time to first token); the decode phase ends at
+            generate's own final synchronize. A synchronize at every step would make
+            the host wait once more per step, before it launches argmax and the
+            stopping check, instead of queueing them behind the forward.
+            """
+
             def __init__(self) -> None:
-                self.times: list[float] = []
+                self.steps = 0
+                self.t_first = 0.0
 
             def __call__(self, input_ids, scores):
-                backend.sync()
-                self.times.append(backend.clock())
+                if self.steps == 0 or backend.step_sync == "every":
+                    backend.sync()
+                    t = backend.clock()
+                    if self.steps == 0:
+                        self.t_first = t
+                self.steps += 1
                 return scores
 
         config = GenerationConfig(
@@ -112,18 +157,33 @@ class TransformersBackend(Backend):
             num_beams=1, use_cache=True,
             pad_token_id=self.model.generation_config.pad_token_id,
             eos_token_id=self.model.generation_config.eos_token_id,
+            **(self._compiled.config_kwargs() if compiled else {}),
         )
-        self._setup[output_len] = (config, StepClock())
-        return self._setup[output_len]
+        self._setup[(output_len, compiled)] = (config, StepClock())
+        return self._setup[(output_len, compiled)]
+
+    def prepare(self, batch_size: int, input_len: int, output_len: int) -> PrepareInfo:
+        """Compile the decode step for this shape and capture its graphs (compiled path only)."""
+        if self._compiled is None:
+            raise RuntimeError("prepare() before load()")
+        return self._compiled.prepare(
+            self.generate, self.sync, self.is_out_of_memory, int(self.model.config.vocab_size),
+            batch_size, input_len, output_len, clock=self.clock)
 
     def generate(self, prompt_ids: np.ndarray, output_len: int) -> Generation:
         import torch
         from transformers import LogitsProcessorList
 
-        config, steps = self._generation_setup(output_len)
+        compiled = self._compiled is not None and self._compiled.applies()
+        config, steps = self._generation_setup(output_len, compiled)
         # The eos id is read per call: a caller may change the model's generation config.
         config.eos_token_id = self.model.generation_config.eos_token_id
-        steps.times = []
+        steps.steps = 0
+        batch_size, cache_len = prompt_ids.shape[0], prompt_ids.shape[1] + output_len
+        if compiled:
+            from actors.backends.hf_compile import compiled_graphs
+
+            graphs_before = compiled_graphs()
         self.sync()
         # The request starts before its inputs are built: moving them to the device
         # is part of serving it, and it keeps the gaps between calls near zero.
@@ -131,14 +191,20 @@ class TransformersBackend(Backend):
         ids = torch.from_numpy(prompt_ids).to(self.device)
         mask = torch.ones_like(ids)
         with torch.inference_mode():
+            # The compiled path's static cache is reset in place inside the request (as
+            # generate would allocate a fresh one there), in inference mode like its tensors.
+            cache = {"past_key_values": self._compiled.cache(batch_size, cache_len)} if compiled else {}
             out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                                      logits_processor=LogitsProcessorList([steps]))
+                                      logits_processor=LogitsProcessorList([steps]), **cache)
         self.sync()
         t_end = self.clock()
+        self.last_output_ids = out
+        if compiled:
+            self._compiled.check_no_recompile(batch_size, cache_len, graphs_before)
         new_tokens = out.shape[1] - ids.shape[1]
-        if new_tokens != output_len or len(steps.times) != output_len:
-            raise RuntimeError(f"generate produced {new_tokens} tokens ({len(steps.times)} steps), expected {output_len}")
-        t_first = steps.times[0]
+        if new_tokens != output_len or steps.steps != output_len:
+            raise RuntimeError(f"generate produced {new_tokens} tokens ({steps.steps} steps), expected {output_len}")
+        t_first = steps.t_first
         req = RequestTiming(t_start, t_first, t_end, output_len)
         return Generation(
             t_start_s=t_start, t_end_s=t_end, requests=(req,) * ids.shape[0],
@@ -168,7 +234,35 @@ class TransformersBackend(Backend):
 
     def close(self) -> None:
         self.model = None
+        self._compiled = None  # holds the model, its static cache and module list
+        self.last_output_ids = None
         self.recover()
+
+    # -- scoring (fidelity pass) ---------------------------------------------------
+    def greedy_continuation(self, prompt_ids: np.ndarray, n: int) -> np.ndarray:
+        import torch
+        from transformers import GenerationConfig
+
+        # min_new_tokens keeps every continuation n long (eos is never picked).
+        config = GenerationConfig(
+            max_new_tokens=n, min_new_tokens=n, do_sample=False, num_beams=1, use_cache=True,
+            pad_token_id=self.model.generation_config.pad_token_id,
+            eos_token_id=self.model.generation_config.eos_token_id,
+        )
+        ids = torch.from_numpy(np.ascontiguousarray(prompt_ids)).to(self.device)
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        return out[:, ids.shape[1]:].cpu().numpy()
+
+    def next_token_logprobs(self, token_ids: np.ndarray, last: int | None = None) -> np.ndarray:
+        import torch
+
+        ids = torch.from_numpy(np.ascontiguousarray(token_ids)).to(self.device)
+        with torch.inference_mode():
+            logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+            if last is not None:
+                logits = logits[:, -last:]
+            return torch.log_softmax(logits.float(), dim=-1).cpu().numpy()
 
     @staticmethod
     def is_out_of_memory(exc: BaseException) -> bool:

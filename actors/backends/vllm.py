@@ -1,0 +1,349 @@
+"""vLLM backend: one offline ``vllm.LLM`` engine per trial group.
+
+What is measured how
+--------------------
+- A generate call submits the whole batch at once (``LLM.generate`` with prompt
+  token ids, greedy, ``ignore_eos``, exactly ``output_len`` tokens) and returns
+  when every request has finished: outputs exist only after the engine's GPU
+  work for them is done, so the call itself is the synchronization. The engine
+  runs in other processes; ``torch.cuda.synchronize`` here would wait for
+  nothing, and ``sync`` is a no-op.
+- Per-request times come from ``RequestOutput.metrics`` (vLLM's
+  ``RequestStateStats``, present with ``disable_log_stats=False``):
+  ``first_token_ts`` / ``last_token_ts`` are stamped by the engine core with
+  ``time.monotonic()`` when the step that produced the token returned. On Linux
+  CLOCK_MONOTONIC is one clock for every process of a host, so those stamps are
+  on this actor's clock; ``request_timing`` checks that each lies inside the
+  generate call and, if not, derives the times from what needs no shared clock
+  (``first_token_latency`` from the request's wall-clock arrival, and
+  ``last_token_ts - first_token_ts``). A request starts when the call starts,
+  as in the transformers backend: queueing inside the engine is part of TTFT.
+- Phase marks for energy: prefill runs from the call's start until the last
+  request of the batch has its first token; decode is the rest. A batched engine
+  may mix a late prefill chunk with early decode steps; such mixed steps count
+  as prefill.
+- Memory: vLLM reserves its memory when the engine starts (weights, the
+  profiled activation peak, CUDA graphs, then KV cache up to
+  ``gpu_memory_utilization``) and holds it. ``peak_memory_bytes`` is NVML's
+  memory used on the trial's GPUs, i.e. that reservation, summed over them.
+  ``weight_memory_bytes`` is the workers' own count of what loading the model
+  took, where this vLLM lets it be asked (else None).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from actors.backends.base import (
+    Backend,
+    Generation,
+    LoadInfo,
+    ModelSpec,
+    PrepareInfo,
+    RequestTiming,
+)
+from sweeper.backends import VllmOptions
+from sweeper.precisions import PRECISIONS
+
+log = logging.getLogger(__name__)
+
+# vLLM's ``quantization=`` method for each registry quantization scheme it runs.
+VLLM_QUANTIZATION = {"fp8": "fp8"}
+# Below this compute capability vLLM still "runs" the method, on a different kernel
+# (fp8: Marlin weight-only, bf16 matmuls), which is not the format being measured.
+MIN_COMPUTE_CAPABILITY = {"fp8": (8, 9)}
+# Engine stamps this far outside the generate call mean they are on another clock.
+CLOCK_TOLERANCE_S = 1e-3
+# Option fields passed through to ``vllm.LLM`` only when set (None: vLLM's default).
+_OPTIONAL_ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                         "enable_chunked_prefill", "block_size")
+
+
+class VllmMetricsError(RuntimeError):
+    """A ``RequestOutput`` lacks the per-request timing sweeper needs."""
+
+
+class VllmCapabilityError(RuntimeError):
+    """The worker's GPUs cannot run the trial's precision as that format."""
+
+
+# -- engine arguments (pure) ------------------------------------------------------------------
+
+
+def engine_kwargs(*, model_path: str, precision: str, options: VllmOptions, tensor_parallel: int,
+                  seed: int, dummy_weights: bool, hf_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``vllm.LLM`` keyword arguments of one trial group."""
+    p = PRECISIONS[precision]
+    kwargs: dict[str, Any] = {
+        "model": model_path, "dtype": p.torch_dtype, "seed": seed,
+        "tensor_parallel_size": tensor_parallel,
+        "gpu_memory_utilization": options.gpu_memory_utilization,
+        "enforce_eager": options.enforce_eager,
+        "enable_prefix_caching": options.enable_prefix_caching,
+        "kv_cache_dtype": options.kv_cache_dtype,
+        # Prompts are token ids and outputs are never detokenized: no tokenizer needed.
+        "skip_tokenizer_init": True,
+        # Per-request stats (RequestOutput.metrics) exist only with stats on.
+        "disable_log_stats": False,
+    }
+    if p.quantization is not None:
+        if p.quantization not in VLLM_QUANTIZATION:
+            raise ValueError(f"vLLM has no in-flight method for precision {precision} ({p.quantization})")
+        kwargs["quantization"] = VLLM_QUANTIZATION[p.quantization]
+    if dummy_weights:
+        kwargs["load_format"] = "dummy"
+    if tensor_parallel > 1:
+        # Inside a Ray actor vLLM would otherwise pick its Ray executor and ask
+        # Ray for GPUs this actor already holds; the mp executor uses them.
+        kwargs["distributed_executor_backend"] = "mp"
+    for name in _OPTIONAL_ENGINE_ARGS:
+        value = getattr(options, name)
+        if value is not None:
+            kwargs[name] = value
+    if hf_overrides:
+        kwargs["hf_overrides"] = hf_overrides
+    return kwargs
+
+
+def architecture_overrides(config: dict[str, Any]) -> dict[str, Any] | None:
+    """``hf_overrides`` naming the model class when ``config.json`` names none.
+
+    Synthetic presets are saved from ``AutoConfig.for_model``, which leaves
+    ``architectures`` unset; vLLM picks its model class from that field.
+    """
+    if config.get("architectures"):
+        return None
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type", ""))
+    if arch is None:
+        raise ValueError(f"config.json names no architectures and model_type {config.get('model_type')!r} "
+                         "has no causal-LM class")
+    return {"architectures": [arch]}
+
+
+def capability_problem(precision: str, capabilities: Sequence[tuple[str, tuple[int, int]]]) -> str | None:
+    """Why GPUs of these (name, compute capability) cannot run ``precision`` as itself, or None."""
+    method = PRECISIONS[precision].quantization
+    needed = MIN_COMPUTE_CAPABILITY.get(method) if method else None
+    if needed is None:
+        return None
+    for name, cc in capabilities:
+        if tuple(cc) < needed:
+            return (f"precision {precision} needs compute capability >= {needed[0]}.{needed[1]} for "
+                    f"{method} matmuls; {name} has {cc[0]}.{cc[1]} (vLLM would fall back to a "
+                    "weight-only kernel, a different format)")
+    return None
+
+
+# -- result conversion (pure) ------------------------------------------------------------------
+
+
+def request_timing(output: Any, *, t_start_s: float, t_end_s: float, output_len: int,
+                   wall_minus_monotonic_s: float) -> tuple[RequestTiming, str]:
+    """One ``RequestOutput`` as a ``RequestTiming`` on this process's monotonic clock.
+
+    Returns the timing and how it was placed on the clock: ``engine_clock``
+    (the engine's monotonic stamps, checked to lie inside the call) or
+    ``latency`` (wall-clock arrival + first-token latency, plus the engine's
+    first-to-last interval). ``wall_minus_monotonic_s`` converts the former.
+    """
+    tokens = len(output.outputs[0].token_ids)
+    if tokens != output_len:
+        raise RuntimeError(f"vLLM request {output.request_id} produced {tokens} tokens, expected {output_len}")
+    m = output.metrics
+    if m is None:
+        raise VllmMetricsError("RequestOutput.metrics is None: the engine must run with "
+                               "disable_log_stats=False (vllm>=0.11 V1 engine)")
+    first = float(getattr(m, "first_token_ts", 0.0) or 0.0)
+    last = float(getattr(m, "last_token_ts", 0.0) or 0.0)
+    lo, hi = t_start_s - CLOCK_TOLERANCE_S, t_end_s + CLOCK_TOLERANCE_S
+    if 0.0 < first <= last and lo <= first and last <= hi:
+        return RequestTiming(t_start_s, min(max(first, t_start_s), t_end_s),
+                             min(max(last, t_start_s), t_end_s), tokens), "engine_clock"
+    latency = float(getattr(m, "first_token_latency", 0.0) or 0.0)
+    arrival = float(getattr(m, "arrival_time", 0.0) or 0.0)
+    if latency <= 0.0 or arrival <= 0.0:
+        raise VllmMetricsError(f"vLLM request {output.request_id} has no first-token time "
+                               f"(first_token_ts={first}, first_token_latency={latency})")
+    t_first = min(max(arrival - wall_minus_monotonic_s + latency, t_start_s), t_end_s)
+    t_last = t_first + (last - first) if 0.0 < first <= last else t_end_s
+    return RequestTiming(t_start_s, t_first, min(max(t_last, t_first), t_end_s), tokens), "latency"
+
+
+def generation_from_outputs(outputs: Sequence[Any], *, t_start_s: float, t_end_s: float, output_len: int,
+                            wall_minus_monotonic_s: float) -> tuple[Generation, set[str]]:
+    """The ``Generation`` of one ``LLM.generate`` call, and the clock placements used."""
+    if not outputs:
+        raise RuntimeError("vLLM returned no outputs")
+    timed = [request_timing(o, t_start_s=t_start_s, t_end_s=t_end_s, output_len=output_len,
+                            wall_minus_monotonic_s=wall_minus_monotonic_s) for o in outputs]
+    requests = tuple(t for t, _ in timed)
+    prefill_end = max(r.t_first_token_s for r in requests)
+    return Generation(
+        t_start_s=t_start_s, t_end_s=t_end_s, requests=requests,
+        marks=(("prefill", t_start_s, prefill_end), ("decode", prefill_end, t_end_s)),
+    ), {how for _, how in timed}
+
+
+# -- the backend ----------------------------------------------------------------------------
+
+
+def _worker_weight_bytes(worker: Any) -> int:
+    """Run inside each vLLM worker: what loading the model took there."""
+    return int(worker.model_runner.model_memory_usage)
+
+
+class VllmBackend(Backend):
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.llm: Any = None
+        self.clock = clock
+        self.options = VllmOptions()
+        self.max_model_len: int | None = None
+        self._params: dict[int, Any] = {}
+        self._readers: list[Any] = []
+        self._warned_clock = False
+
+    def load(self, spec: ModelSpec) -> LoadInfo:
+        import vllm
+
+        self.options = VllmOptions.model_validate_json(spec.options_json)
+        gpus = self._open_gpus()
+        if spec.tensor_parallel > len(gpus):
+            raise RuntimeError(f"tensor_parallel {spec.tensor_parallel} needs {spec.tensor_parallel} GPUs; "
+                               f"this worker sees {len(gpus)}")
+        problem = capability_problem(spec.precision, [(g.name, _compute_capability(g.uuid)) for g in gpus])
+        if problem:
+            raise VllmCapabilityError(problem)
+        path, overrides = self._model_path(spec)
+        kwargs = engine_kwargs(
+            model_path=path, precision=spec.precision, options=self.options,
+            tensor_parallel=spec.tensor_parallel, seed=spec.seed,
+            dummy_weights=spec.source == "synthetic", hf_overrides=overrides,
+        )
+        log.info("vllm.LLM(%s)", kwargs)
+        self.llm = vllm.LLM(**kwargs)
+        engine = self.llm.llm_engine
+        model_config = getattr(engine, "model_config", None) or engine.vllm_config.model_config
+        self.max_model_len = int(model_config.max_model_len)
+        self._params.clear()
+        return LoadInfo(
+            device="cuda", device_name=gpus[0].name, weight_memory_bytes=self._weight_memory_bytes(),
+            vocab_size=int(model_config.get_vocab_size()),
+            extra={"vllm_version": vllm.__version__, "engine_kwargs": kwargs},
+        )
+
+    def _open_gpus(self) -> list[Any]:
+        from actors.telemetry.nvml import DeviceReader, resolve_gpus
+
+        gpus = resolve_gpus()
+        if not gpus:
+            raise RuntimeError("the vllm backend needs a GPU and this worker sees none")
+        self._readers = [DeviceReader(g) for g in gpus]
+        return gpus
+
+    @staticmethod
+    def _model_path(spec: ModelSpec) -> tuple[str, dict[str, Any] | None]:
+        if spec.source == "hub":
+            return spec.location, None
+        if spec.source == "synthetic":
+            from actors.models import materialize_synthetic
+
+            path = Path(materialize_synthetic(spec.location))
+        else:
+            path = Path(spec.location)
+        config = json.loads((path / "config.json").read_text())
+        return str(path), architecture_overrides(config)
+
+    def _weight_memory_bytes(self) -> int | None:
+        try:
+            per_rank = self.llm.collective_rpc(_worker_weight_bytes, timeout=60)
+            return int(sum(per_rank))
+        except Exception as exc:  # this vLLM does not let a callable through: not a load failure
+            log.info("vLLM did not report its weight memory (%s: %s)", type(exc).__name__, exc)
+            return None
+
+    def prepare(self, batch_size: int, input_len: int, output_len: int) -> PrepareInfo:
+        # The engine compiles and captures CUDA graphs once, while loading (in load_s).
+        return PrepareInfo(compile_status="eager (enforce_eager)" if self.options.enforce_eager
+                           else "compiled (at engine start, in load_s)")
+
+    def _sampling_params(self, output_len: int) -> Any:
+        params = self._params.get(output_len)
+        if params is None:
+            from vllm import SamplingParams
+
+            params = SamplingParams(max_tokens=output_len, min_tokens=output_len, ignore_eos=True,
+                                    temperature=0.0, detokenize=False)
+            self._params[output_len] = params
+        return params
+
+    def generate(self, prompt_ids: np.ndarray, output_len: int) -> Generation:
+        input_len = prompt_ids.shape[1]
+        if self.max_model_len is not None and input_len + output_len > self.max_model_len:
+            raise ValueError(f"input_len {input_len} + output_len {output_len} exceeds the engine's "
+                             f"max_model_len {self.max_model_len} (backend_options.vllm.max_model_len)")
+        params = self._sampling_params(output_len)
+        offset = time.time() - time.monotonic()
+        # As in the transformers backend, the requests start before their inputs are built.
+        t_start = self.clock()
+        # TokensPrompt is a TypedDict: a plain dict is the same object at runtime.
+        prompts = [{"prompt_token_ids": row} for row in prompt_ids.tolist()]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        t_end = self.clock()
+        generation, placements = generation_from_outputs(
+            outputs, t_start_s=t_start, t_end_s=t_end, output_len=output_len, wall_minus_monotonic_s=offset)
+        if "latency" in placements and not self._warned_clock:
+            self._warned_clock = True
+            log.warning("vLLM engine timestamps fell outside the generate call; request times are "
+                        "derived from first-token latencies instead")
+        return generation
+
+    def sync(self) -> None:
+        """Nothing to wait for: ``generate`` returns only once every output exists."""
+
+    def peak_memory_bytes(self) -> int | None:
+        used = [r.memory_used_bytes() for r in self._readers]
+        return int(sum(used)) if used and all(u is not None for u in used) else None
+
+    def close(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        engine = getattr(llm, "llm_engine", None)
+        # The engine core (and its workers) are processes: ending them frees the GPUs.
+        for owner in (llm, engine, getattr(engine, "engine_core", None)):
+            shutdown = getattr(owner, "shutdown", None)
+            if callable(shutdown):
+                try:
+                    shutdown()
+                except Exception as exc:
+                    log.warning("vLLM shutdown: %s: %s", type(exc).__name__, exc)
+                break
+        del llm, engine
+        gc.collect()
+
+    @staticmethod
+    def is_out_of_memory(exc: BaseException) -> bool:
+        if type(exc).__name__ == "OutOfMemoryError":
+            return True
+        text = str(exc)
+        return any(marker in text for marker in (
+            "out of memory", "No available memory for the cache blocks",
+            "larger than the maximum number of tokens that can be stored in KV cache"))
+
+
+def _compute_capability(uuid: str) -> tuple[int, int]:
+    from actors.telemetry.nvml import ensure_initialized
+
+    nv = ensure_initialized()
+    major, minor = nv.nvmlDeviceGetCudaComputeCapability(nv.nvmlDeviceGetHandleByUUID(uuid))
+    return int(major), int(minor)

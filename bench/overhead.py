@@ -1,0 +1,193 @@
+"""What sweeper's harness costs: a bare ``model.generate`` loop against the actor path.
+
+One process, one GPU, one loaded model per (model, mode). For each batch size,
+interleaved blocks (A B C, then C B A, ...) of:
+
+  bare     a hand-written loop of ``model.generate(ids, max_new_tokens=N,
+           min_new_tokens=N, do_sample=False)`` on the very same model object
+           (compiled mode: plus ``cache_implementation="static"`` and the same
+           ``CompileConfig``, transformers' documented way), timed with
+           synchronize at both ends, the NVML sampler thread stopped;
+  sweeper  ``TrialRunner.run`` of a trial of the same shape (no Ray): the full
+           measurement path with NVML telemetry on; its row's throughput_tok_s;
+  every    the same with the old per-token method (a synchronize at every
+           decode step, ``step_sync = "every"``), to show what it cost;
+  bare+nvml  the bare loop with the NVML sampler thread running, to tell the
+           sampler's share of any gap from the rest of the harness.
+
+ratio = median sweeper / median bare throughput (goal >= 0.98).
+
+    PYTHONPATH=$PWD:/tmp/site python bench/overhead.py --models llama-3.2-1b --out $OUT/overhead_1b.json
+    PYTHONPATH=$PWD:/tmp/site python bench/overhead.py --models llama-3.1-8b --out $OUT/overhead_8b.json
+
+Each model takes about 4-8 minutes on an H200 (two loads; per batch size the
+compiled mode compiles twice: sweeper's cache holds input_len + output_len
+positions, generate's own static cache one fewer, so the two paths never share
+a CUDA graph). If one run would pass 8 minutes, split it with --modes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+from benchkit import environment, make_trial, median, write_json
+
+VARIANTS = ("bare", "bare+nvml", "sweeper", "every")
+
+
+def _counters():
+    from torch._dynamo.utils import counters
+
+    return counters
+
+
+def bare_block(model, ids, mask, output_len: int, extra: dict, block_s: float, sync) -> float:
+    """Tokens/s of back-to-back generate calls for at least ``block_s`` (one unrecorded call first)."""
+    import torch
+
+    with torch.inference_mode():
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=output_len,
+                       min_new_tokens=output_len, do_sample=False, **extra)
+        sync()
+        t0, calls = time.monotonic(), 0
+        while calls < 3 or time.monotonic() - t0 < block_s:
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=output_len,
+                           min_new_tokens=output_len, do_sample=False, **extra)
+            calls += 1
+        sync()
+        elapsed = time.monotonic() - t0
+    return ids.shape[0] * output_len * calls / elapsed
+
+
+def run_mode(model_name: str, compiled: bool, args) -> dict:
+    import torch
+
+    from actors.actor import TrialRunner
+    from actors.backends.hf_compile import compiled_graphs
+    from actors.workload import RandomPrompts
+
+    batches = [int(b) for b in args.batches.split(",")]
+    trials = {b: make_trial(model_name, batch=b, input_len=args.input_len, output_len=args.output_len,
+                            compile=compiled, compile_mode=args.mode, precision=args.precision,
+                            window_s=args.block_s, min_iters=3)
+              for b in batches}
+    runner = TrialRunner()
+    load = runner.load(trials[batches[0]])
+    if not load.ok:
+        raise SystemExit(f"load failed: {load.error}")
+    backend, tel = runner.backend, runner.telemetry
+    model = backend.model
+    extra: dict = {}
+    if compiled:
+        from transformers import CompileConfig
+
+        # Equal to the backend's CompileConfig, so both paths share transformers' compiled call.
+        extra = {"cache_implementation": "static",
+                 "compile_config": CompileConfig(fullgraph=False, dynamic=False, mode=args.mode)}
+    out: dict = {"load_s": load.load_s, "batches": {}}
+    for batch in batches:
+        trial = trials[batch]
+        first = runner.run(trial).row  # compiles the shape (prepare) and checks the row
+        if first["status"] != "ok":
+            raise SystemExit(f"trial failed: {first.get('error')}")
+        prompts = RandomPrompts(runner.load_info.vocab_size, args.input_len, batch, seed=99)
+        ids = torch.from_numpy(prompts.batch(0)).to(backend.device)
+        mask = torch.ones_like(ids)
+        t = time.monotonic()
+        bare_block(model, ids, mask, args.output_len, extra, 0.0, backend.sync)  # bare path's own warm-up
+        bare_warm_s = time.monotonic() - t
+        graphs = compiled_graphs()
+        inductor_before = dict(_counters()["inductor"])
+        rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        statuses = set()
+        for i in range(args.rounds):
+            order = VARIANTS if i % 2 == 0 else tuple(reversed(VARIANTS))
+            for variant in order:
+                if variant.startswith("bare"):
+                    sampler_off = tel.active and variant == "bare"
+                    if sampler_off:
+                        tel.sampler.stop()
+                    try:
+                        rates[variant].append(bare_block(model, ids, mask, args.output_len, extra,
+                                                         args.block_s, backend.sync))
+                    finally:
+                        if sampler_off:
+                            tel.sampler.start()
+                else:
+                    backend.step_sync = "every" if variant == "every" else "first"
+                    try:
+                        row = runner.run(trial).row
+                    finally:
+                        backend.step_sync = "first"
+                    if row["status"] != "ok":
+                        raise SystemExit(f"trial failed: {row.get('error')}")
+                    statuses.add(row["compile_status"])
+                    rates[variant].append(row["throughput_tok_s"])
+            print(f"  {model_name} {'compiled' if compiled else 'eager'} bs{batch} round {i}: "
+                  + "  ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()) + " tok/s", flush=True)
+        med = {k: median(v) for k, v in rates.items()}
+        inductor = {k: v - inductor_before.get(k, 0) for k, v in _counters()["inductor"].items()
+                    if v != inductor_before.get(k, 0)}
+        out["batches"][str(batch)] = {
+            "tok_s": rates, "median_tok_s": med,
+            "ratio_sweeper_over_bare": med["sweeper"] / med["bare"],
+            "ratio_every_sync_over_bare": med["every"] / med["bare"],
+            "ratio_bare_nvml_over_bare": med["bare+nvml"] / med["bare"],
+            "compile_s": first["compile_s"], "compile_status": sorted(s for s in statuses if s),
+            "graphs_compiled_during_blocks": compiled_graphs() - graphs,
+            # cudagraph re-recordings, skips, ... counted by inductor during the blocks
+            "inductor_counters_during_blocks": inductor,
+            "bare_first_calls_s": bare_warm_s, "mbu_first_trial": first.get("mbu"),
+        }
+    runner.close()
+    del runner, backend, model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="llama-3.2-1b,llama-3.1-8b")
+    ap.add_argument("--modes", default="eager,compiled")
+    ap.add_argument("--batches", default="1,32")
+    ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--mode", default="reduce-overhead", help="compile mode of the compiled runs")
+    ap.add_argument("--block-s", type=float, default=2.5, help="seconds per timed block")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the four variants")
+    ap.add_argument("--out", default="overhead.json")
+    args = ap.parse_args()
+
+    t_begin = time.monotonic()
+    report: dict = {"args": vars(args), "environment": environment(), "results": {}}
+    print(f"device: {report['environment']['device']}", flush=True)
+    for model_name in args.models.split(","):
+        for mode in args.modes.split(","):
+            res = run_mode(model_name, mode == "compiled", args)
+            report["results"][f"{model_name}/{mode}"] = res
+    report["elapsed_s"] = time.monotonic() - t_begin
+
+    print(f"\n{'model/mode':28s} {'bs':>3s} {'bare':>9s} {'sweeper':>9s} {'ratio':>6s} {'every-sync':>10s} "
+          f"{'ratio':>6s} {'bare+nvml':>9s} {'ratio':>6s}")
+    for key, res in report["results"].items():
+        for batch, b in res["batches"].items():
+            m = b["median_tok_s"]
+            print(f"{key:28s} {batch:>3s} {m['bare']:9.1f} {m['sweeper']:9.1f} "
+                  f"{b['ratio_sweeper_over_bare']:6.3f} {m['every']:10.1f} {b['ratio_every_sync_over_bare']:6.3f} "
+                  f"{m['bare+nvml']:9.1f} {b['ratio_bare_nvml_over_bare']:6.3f}"
+                  + (f"   compile_s {b['compile_s']:.1f} {b['compile_status']}" if b["compile_s"] else ""))
+    print("goal: sweeper/bare >= 0.98 everywhere")
+    print(f"elapsed {report['elapsed_s']:.0f} s")
+    write_json(args.out, report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""What each node of the cluster can run: installed libraries and GPUs, asked at plan time.
+
+The registries name what a trial needs (``BackendSpec.requires``,
+``Precision.library``); this module finds out where that is installed. On a
+cluster a tiny Ray task pinned to every alive node reports its own Python
+environment, because the driver's environment says nothing about the workers'
+(a CPU-only head node may lack vllm while its GPU workers have it). Without a
+cluster the local environment stands in, and says so.
+
+A library present nowhere that a trial could be placed makes the trial
+``skipped`` at plan time; a node that does not answer the probe is left out,
+never a reason to skip. A worker that lacks a library all the same fails the
+trial with ``BackendUnavailable``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import socket
+from dataclasses import dataclass, field
+
+from sweeper.backends import BACKENDS
+from sweeper.precisions import PRECISIONS
+
+PROBE_TIMEOUT_S = 60.0
+
+
+def probed_libraries() -> tuple[str, ...]:
+    """Every module or distribution the registries say a trial may need."""
+    names = {m for b in BACKENDS.values() for m in b.requires}
+    names |= {p.library for p in PRECISIONS.values() if p.library}
+    return tuple(sorted(names))
+
+
+def library_versions(names: tuple[str, ...]) -> dict[str, str | None]:
+    """Installed version of each name in this interpreter ("unknown" if importable but
+    unversioned), None where it is missing. Nothing is imported."""
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "unknown" if importlib.util.find_spec(name) is not None else None
+    return out
+
+
+@dataclass(frozen=True)
+class NodeCapabilities:
+    node_id: str
+    hostname: str
+    gpus: int
+    libraries: dict[str, str | None] = field(default_factory=dict)
+
+    def has(self, library: str) -> bool:
+        return self.libraries.get(library) is not None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the nodes a sweep can use have installed; ``source`` says where that was learnt."""
+
+    nodes: tuple[NodeCapabilities, ...]
+    source: str  # "cluster (N nodes probed)" | "local environment"
+    unanswered: tuple[str, ...] = ()  # node ids that did not answer the probe
+
+    def candidates(self, device: str, num_gpus: int) -> tuple[tuple[NodeCapabilities, ...], str]:
+        """Nodes a trial could be placed on, and how to name them in a reason."""
+        if device == "cuda":
+            fit = tuple(n for n in self.nodes if n.gpus >= num_gpus)
+            if fit:
+                return fit, f"node with {num_gpus} GPU{'s' if num_gpus > 1 else ''}"
+        # No node fits (Ray will say so when it queues the trial): judge libraries on all.
+        return self.nodes, "node"
+
+    def where_missing(self, library: str, device: str, num_gpus: int) -> str | None:
+        """Why no node a trial could use has ``library`` (a clause for a skip reason), or None."""
+        if not self.nodes:
+            return None  # nothing answered: unknown is not a reason to skip
+        nodes, what = self.candidates(device, num_gpus)
+        if any(n.has(library) for n in nodes):
+            return None
+        if self.source == LOCAL:
+            return "which is not installed in the local environment"
+        return f"which no {what} of the cluster has installed ({self.source})"
+
+    def versions(self, library: str, device: str, num_gpus: int) -> list[str]:
+        nodes, _ = self.candidates(device, num_gpus)
+        return sorted({n.libraries[library] for n in nodes if n.has(library)})
+
+
+LOCAL = "local environment"
+
+
+def local_capabilities(gpus: int) -> Capabilities:
+    """This interpreter's libraries, standing in for a cluster's (no --address)."""
+    node = NodeCapabilities("local", socket.gethostname(), gpus, library_versions(probed_libraries()))
+    return Capabilities((node,), LOCAL)
+
+
+def _probe(names: tuple[str, ...]) -> tuple[str, dict[str, str | None]]:
+    return socket.gethostname(), library_versions(names)
+
+
+def probe_cluster(timeout_s: float = PROBE_TIMEOUT_S) -> Capabilities:
+    """Ask every alive node of the connected Ray cluster what it has installed.
+
+    One task per node, pinned there (hard node affinity) and asking for no
+    CPU, so a node busy with trials still answers. GPU counts are Ray's.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    names = probed_libraries()
+    probe = ray.remote(num_cpus=0, max_retries=0)(_probe)
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    refs = {
+        probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(names):
+        n for n in alive
+    }
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    nodes, unanswered = [], []
+    for ref, n in refs.items():
+        if ref not in ready:
+            unanswered.append(n["NodeID"])
+            continue
+        try:
+            hostname, libraries = ray.get(ref)
+        except Exception:
+            unanswered.append(n["NodeID"])
+            continue
+        nodes.append(NodeCapabilities(n["NodeID"], hostname, int(n["Resources"].get("GPU", 0)), libraries))
+    for ref in refs:
+        if ref not in ready:
+            ray.cancel(ref, force=True)
+    source = f"cluster, {len(nodes)} node{'s' if len(nodes) != 1 else ''} probed"
+    if unanswered:
+        source += f", {len(unanswered)} did not answer"
+    return Capabilities(tuple(nodes), source, tuple(unanswered))

@@ -1,0 +1,187 @@
+"""The fidelity metric: hand-built distributions, real tiny models, the actor's pass, and a real sweep."""
+
+from __future__ import annotations
+
+import math
+
+import duckdb
+import numpy as np
+import pytest
+import torch
+
+from actors.backends import create_backend
+from actors.backends.base import ModelSpec
+from actors.fidelity import (
+    FidelitySettings,
+    compare,
+    fidelity_prompts,
+    kl_per_position,
+    load_reference,
+    reference_outputs,
+    top1_agreement,
+)
+from sweeper.backends import BACKENDS
+from sweeper.plan import expand
+from sweeper.spec import parse_sweep
+from tests.conftest import run_cli
+
+OPTIONS = BACKENDS["transformers"].default_options_json()
+SETTINGS = FidelitySettings(reference="fp32", prompts=3, prompt_len=6, continuation_len=5)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SWEEPER_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _load(precision: str = "fp32", seed: int = 0):
+    b = create_backend("transformers")
+    info = b.load(ModelSpec("synthetic", "tiny-llama", precision, OPTIONS, seed=seed, weights_on_disk=True))
+    return b, info
+
+
+def _trials(**sweep):
+    trials, _ = expand(parse_sweep({
+        "name": "fid", "models": "tiny-llama", "batch_sizes": [1, 2],
+        "workload": {"input_len": 4, "output_len": 2},
+        "measure": {"warmup_iters": 0, "min_iters": 1, "min_duration_s": 0, "idle_s": 0}, **sweep}))
+    return trials
+
+
+# -- the arithmetic ------------------------------------------------------------------
+
+def test_kl_and_top1_on_a_hand_built_three_token_case():
+    p = np.log(np.array([[0.5, 0.25, 0.25], [0.7, 0.2, 0.1]], dtype=np.float32))
+    q = np.log(np.array([[0.25, 0.5, 0.25], [0.6, 0.3, 0.1]], dtype=np.float32))
+    kl = kl_per_position(p, q)
+    # 0.5 ln(0.5/0.25) + 0.25 ln(0.25/0.5) + 0 = 0.25 ln 2
+    assert kl[0] == pytest.approx(0.25 * math.log(2), rel=1e-6)
+    assert kl[1] == pytest.approx(0.7 * math.log(7 / 6) + 0.2 * math.log(2 / 3), rel=1e-6)
+    assert kl_per_position(p, p).tolist() == [0.0, 0.0]
+    assert top1_agreement(p, q).tolist() == [False, True]
+
+
+def test_kl_where_either_side_has_zero_probability():
+    with np.errstate(divide="ignore"):
+        p = np.log(np.array([0.5, 0.5, 0.0]))
+    q = np.log(np.array([0.25, 0.25, 0.5]))
+    assert kl_per_position(p, q) == pytest.approx(math.log(2))  # p's empty token adds nothing
+    assert kl_per_position(q, p) == math.inf  # the trial rules out a token the reference allows
+    # log-probs a little off normalization (float32 log-softmax) never give a negative KL
+    assert kl_per_position(p[:2] + 1e-6, p[:2]) == pytest.approx(0.0, abs=1e-12)
+
+
+# -- real tiny models ----------------------------------------------------------------
+
+def test_identical_models_agree_exactly_and_a_perturbed_one_does_not():
+    ref_backend, info = _load()
+    ref = reference_outputs(ref_backend, SETTINGS, info.vocab_size, seed=0)
+    assert ref.tokens.shape == (3, 6 + 5) and ref.logprobs.shape == (3, 5, info.vocab_size)
+    assert (ref.tokens[:, :6] == fidelity_prompts(SETTINGS, info.vocab_size, 0)).all()
+    # the continuation is the reference's own greedy choice at each position
+    assert (ref.logprobs.argmax(-1) == ref.tokens[:, 6:]).all()
+
+    twin, _ = _load()  # a second, independent load of the same weights
+    same = compare(twin, ref, SETTINGS)
+    assert (same.kl, same.top1, same.positions) == (0.0, 1.0, 15)
+
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(1)
+        for p in twin.model.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+    perturbed = compare(twin, ref, SETTINGS)
+    assert perturbed.kl > 1e-4 and perturbed.top1 < 1.0
+    ref_backend.close()
+    twin.close()
+
+
+def test_reference_is_cached_on_disk_and_reused(cache):
+    trial = _trials(precisions="bf16", fidelity={"reference": "fp32", "prompts": 2, "prompt_len": 4,
+                                                   "continuation_len": 3})[0]
+    settings = FidelitySettings.from_json(trial.fidelity)
+    backend, info = _load("bf16")
+    opened = []
+
+    def open_backend():
+        opened.append(create_backend("transformers"))
+        return opened[-1]
+
+    first = load_reference(trial, settings, info, open_backend)
+    again = load_reference(trial, settings, info, open_backend)
+    assert len(opened) == 1 and opened[0].model is None  # loaded once, then closed
+    assert len(list((cache / "fidelity").glob("*.npz"))) == 1
+    assert np.array_equal(first.tokens, again.tokens) and np.array_equal(first.logprobs, again.logprobs)
+    backend.close()
+
+
+# -- the actor's pass ----------------------------------------------------------------
+
+def test_actor_computes_once_per_group_and_marks_reference_rows(cache):
+    from actors.actor import TrialRunner
+
+    fidelity = {"reference": "fp32", "prompts": 2, "prompt_len": 4, "continuation_len": 3}
+    for precision, expect in (("fp32", "reference"), ("bf16", "ok")):
+        trials = _trials(precisions=precision, fidelity=fidelity)
+        runner = TrialRunner()
+        assert runner.load(trials[0]).ok
+        rows = [runner.run(t).row for t in trials]
+        runner.close()
+        for row in rows:
+            assert row["status"] == "ok" and row["fidelity_status"] == expect
+            assert row["fidelity_reference"] == "fp32"
+        if expect == "reference":
+            assert rows[0]["fidelity_kl"] is None and rows[0]["fidelity_top1"] is None
+        else:
+            assert rows[0]["fidelity_kl"] > 0 and 0 < rows[0]["fidelity_top1"] <= 1
+            assert rows[0]["fidelity_kl"] == rows[1]["fidelity_kl"]  # one pass per load
+    assert len(list((cache / "fidelity").glob("*.npz"))) == 1
+
+
+def test_a_reference_that_cannot_run_leaves_the_trial_ok():
+    from actors.actor import TrialRunner
+
+    trial = _trials(precisions="bf16", fidelity={"reference": "fp16"})[0]
+    runner = TrialRunner()
+    assert runner.load(trial).ok
+    row = runner.run(trial).row
+    runner.close()
+    assert row["status"] == "ok" and row["throughput_tok_s"] > 0
+    assert row["fidelity_status"].startswith("failed: reference precision fp16 on cpu:")
+    assert row["fidelity_kl"] is None
+
+
+def test_a_backend_that_cannot_score_is_not_applicable():
+    if "noop" not in BACKENDS:
+        pytest.skip("no noop backend in this tree")
+    from actors.actor import TrialRunner
+
+    trial = _trials(backends="noop", precisions="fp32", fidelity={"reference": "bf16"})[0]
+    runner = TrialRunner()
+    assert runner.load(trial).ok
+    row = runner.run(trial).row
+    assert row["status"] == "ok"
+    assert row["fidelity_status"] == "not applicable: NoopBackend cannot score tokens"
+
+
+# -- a real sweep on a local Ray ----------------------------------------------------
+
+def test_sweep_writes_fidelity_columns(write_sweep, tmp_path):
+    out = tmp_path / "out"
+    r = run_cli("run", str(write_sweep("""
+name: fidelity
+models: [tiny-llama]
+precisions: [fp32, bf16]
+batch_sizes: [1, 2]
+workload: {input_len: 8, output_len: 4}
+measure: {warmup_iters: 1, min_iters: 2, min_duration_s: 0.1, idle_s: 0}
+fidelity: {reference: fp32, prompts: 2, prompt_len: 8, continuation_len: 4}
+""")), "-o", str(out), "-q")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = duckdb.sql(f"SELECT precision, status, fidelity_reference, fidelity_kl, fidelity_top1, fidelity_status "
+                      f"FROM '{out}/trials.parquet' ORDER BY precision, batch_size").fetchall()
+    assert [r[:3] for r in rows] == [("bf16", "ok", "fp32")] * 2 + [("fp32", "ok", "fp32")] * 2
+    (_, _, _, kl, top1, status), second = rows[0], rows[1]
+    assert status == "ok" and kl > 0 and 0 < top1 <= 1 and second[3:] == rows[0][3:]
+    assert all(r[3] is None and r[4] is None and r[5] == "reference" for r in rows[2:])

@@ -1,0 +1,369 @@
+"""The vllm backend on a machine without vLLM: options, plan-time skips, result conversion,
+and what happens when a vllm trial reaches a worker that lacks it.
+
+The conversion tests feed ``RequestOutput``-shaped records (the field names of
+vLLM's V1 ``RequestOutput`` / ``CompletionOutput`` / ``RequestStateStats``):
+data fixtures, not stand-ins for sweeper code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+from actors.backends import BackendUnavailable, create_backend
+from actors.backends.base import Generation
+from actors.backends.vllm import (
+    VllmBackend,
+    VllmMetricsError,
+    architecture_overrides,
+    capability_problem,
+    engine_kwargs,
+    generation_from_outputs,
+)
+from actors.measure import request_rows
+from sweeper.backends import BACKENDS, VllmOptions
+from sweeper.capabilities import (
+    LOCAL,
+    Capabilities,
+    NodeCapabilities,
+    local_capabilities,
+    probe_cluster,
+    probed_libraries,
+)
+from sweeper.errors import SweepFileError
+from sweeper.plan import expand, make_plan
+from sweeper.spec import parse_sweep
+from tests.conftest import ROOT, run_cli
+
+BASE = {
+    "name": "v", "models": ["tiny-llama"], "backends": ["transformers", "vllm"],
+    "precisions": ["bf16"], "batch_sizes": [1, 4], "workload": {"input_len": 8, "output_len": 4},
+}
+
+
+def sweep(**patch):
+    return parse_sweep({**BASE, **patch})
+
+
+# -- options -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("options", "field", "says"), [
+    ({"gpu_memory_utilization": 1.5}, "backend_options.vllm.gpu_memory_utilization", "less than or equal to 1"),
+    ({"gpu_memory_utilization": 0}, "backend_options.vllm.gpu_memory_utilization", "greater than 0"),
+    ({"max_num_seqs": 0}, "backend_options.vllm.max_num_seqs", "greater than 0"),
+    ({"max_num_seqs": 2.5}, "backend_options.vllm.max_num_seqs", "integer"),
+    ({"max_model_len": -1}, "backend_options.vllm.max_model_len", "greater than 0"),
+    ({"kv_cache_dtype": "int4"}, "backend_options.vllm.kv_cache_dtype", "'auto'"),
+    ({"enforce_eager": "sometimes"}, "backend_options.vllm.enforce_eager", "boolean"),
+    ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "backend_options.vllm.max_num_batched_tokens",
+     "at least max_num_seqs (64)"),
+    ({"tensor_parallel_size": 2}, "backend_options.vllm.tensor_parallel_size", "Extra inputs"),
+])
+def test_bad_options_name_the_field(options, field, says):
+    with pytest.raises(SweepFileError) as info:
+        parse_sweep({**BASE, "backend_options": {"vllm": options}}, "s.yaml")
+    text = str(info.value)
+    assert f"s.yaml: {field}: " in text and says in text
+    assert "\n" not in text
+
+
+def test_option_variants_name_their_index():
+    with pytest.raises(SweepFileError, match=r"backend_options\.vllm\[1\]\.max_num_seqs: "):
+        parse_sweep({**BASE, "backend_options": {"vllm": [{"enforce_eager": True}, {"max_num_seqs": 0}]}})
+
+
+def test_bad_options_exit_2_through_the_cli(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: v\nmodels: tiny-llama\nbackends: vllm\nprecisions: bf16\nbatch_sizes: 1\n"
+                   "workload: {input_len: 8, output_len: 4}\n"
+                   "backend_options: {vllm: {gpu_memory_utilization: 2}}\n")
+    r = run_cli("plan", str(bad))
+    assert r.returncode == 2, r.stdout + r.stderr
+    # One message (the console may wrap it at its width), no traceback.
+    text = r.stderr.replace("\n", "")
+    assert text.startswith("error: ") and "Traceback" not in text, r.stderr
+    assert "backend_options.vllm.gpu_memory_utilization: Input should be less than or equal to 1" in text
+
+
+def test_options_are_identity_only_when_not_default():
+    plain, _ = expand(sweep(backends="vllm"))
+    defaults, _ = expand(sweep(backends="vllm", backend_options={"vllm": {"enable_prefix_caching": False}}))
+    cached, _ = expand(sweep(backends="vllm", backend_options={"vllm": {"enable_prefix_caching": True}}))
+    assert [t.trial_id for t in plain] == [t.trial_id for t in defaults]
+    assert not {t.trial_id for t in plain} & {t.trial_id for t in cached}
+    assert plain[0].load_key != cached[0].load_key  # another engine, another group
+    assert "enable_prefix_caching=True" in cached[0].label()
+
+
+# -- plan time -------------------------------------------------------------------------------
+
+
+def _node(name: str, gpus: int, **libs: str | None) -> NodeCapabilities:
+    versions = dict.fromkeys(probed_libraries(), "1.0")
+    versions.update(libs)
+    return NodeCapabilities(name, name, gpus, versions)
+
+
+def _reasons(plan) -> dict[tuple[str, str, int], str | None]:
+    return {(p.trial.backend, p.trial.precision, p.trial.tensor_parallel): p.skip_reason for p in plan.trials}
+
+
+def test_local_environment_without_vllm_skips_vllm_trials():
+    caps = local_capabilities(gpus=1)
+    assert caps.source == LOCAL and caps.nodes[0].libraries["vllm"] is None  # CI never installs vllm
+    plan = make_plan(sweep(), "cuda", capabilities=caps)
+    reasons = _reasons(plan)
+    assert reasons[("transformers", "bf16", 1)] is None
+    assert reasons[("vllm", "bf16", 1)] == "backend vllm needs vllm, which is not installed in the local environment"
+    assert len(plan.skipped) == 2 and all(p.trial.backend == "vllm" for p in plan.skipped)
+    assert "local environment" in plan.notes[-1]
+
+
+def test_a_gpu_worker_with_vllm_behind_a_head_without_it_runs_vllm():
+    caps = Capabilities((_node("head", 0, vllm=None), _node("gpu", 1, vllm="0.26.0")), "cluster, 2 nodes probed")
+    assert make_plan(sweep(), "cuda", capabilities=caps).skipped == []
+
+
+def test_vllm_only_on_a_gpu_less_node_is_a_skip_naming_the_gpu_need():
+    caps = Capabilities((_node("head", 0, vllm="0.26.0"), _node("gpu", 1, vllm=None)), "cluster, 2 nodes probed")
+    reason = _reasons(make_plan(sweep(), "cuda", capabilities=caps))[("vllm", "bf16", 1)]
+    assert reason == ("backend vllm needs vllm, which no node with 1 GPU of the cluster has installed "
+                      "(cluster, 2 nodes probed)")
+
+
+def test_precision_library_version_is_judged_on_the_nodes_not_the_driver():
+    s = sweep(backends="transformers", precisions="nf4")
+    old = Capabilities((_node("a", 0, bitsandbytes="0.45.0"),), "cluster, 1 node probed")
+    assert "needs bitsandbytes>=0.46; 0.45.0 is installed" in _reasons(make_plan(s, "cpu", capabilities=old))[
+        ("transformers", "nf4", 1)]
+    mixed = Capabilities(old.nodes + (_node("b", 0, bitsandbytes="0.50.2"),), "cluster, 2 nodes probed")
+    assert make_plan(s, "cpu", capabilities=mixed).skipped == []
+    missing = Capabilities((_node("a", 0, bitsandbytes=None),), "cluster, 1 node probed")
+    assert _reasons(make_plan(s, "cpu", capabilities=missing))[("transformers", "nf4", 1)].startswith(
+        "precision nf4 needs bitsandbytes, which no node of the cluster has installed")
+
+
+def test_no_answer_is_not_a_reason_to_skip():
+    assert make_plan(sweep(), "cuda", capabilities=Capabilities((), "cluster, 0 nodes probed")).skipped == []
+
+
+def test_tensor_parallel_and_precisions_vllm_lacks_are_skipped_with_their_reason():
+    caps = Capabilities((_node("gpu", 8, vllm="0.26.0"),), "cluster, 1 node probed")
+    plan = make_plan(sweep(backends="vllm", precisions=["bf16", "nf4", "int8", "fp8"], tensor_parallel=[1, 2, 16]),
+                     "cuda", capabilities=caps)
+    reasons = _reasons(plan)
+    assert reasons[("vllm", "bf16", 2)] is None and reasons[("vllm", "fp8", 1)] is None
+    assert reasons[("vllm", "bf16", 16)] == "backend vllm runs tensor_parallel <= 8, not 16"
+    assert "bitsandbytes" in reasons[("vllm", "nf4", 1)] and "synthetic" in reasons[("vllm", "int8", 1)]
+    cpu = _reasons(make_plan(sweep(backends="vllm", tensor_parallel=[1, 2]), "cpu", capabilities=caps))
+    assert cpu[("vllm", "bf16", 2)] == "backend vllm does not run on cpu"
+
+
+def test_the_ray_probe_reports_each_nodes_libraries(ray_local):
+    import importlib.metadata
+
+    caps = probe_cluster()
+    assert caps.source == "cluster, 1 node probed" and not caps.unanswered
+    (node,) = caps.nodes
+    assert node.libraries["transformers"] == importlib.metadata.version("transformers")
+    assert node.libraries["vllm"] is None
+    reason = _reasons(make_plan(sweep(), "cuda", capabilities=caps))[("vllm", "bf16", 1)]
+    assert reason == "backend vllm needs vllm, which no node of the cluster has installed (cluster, 1 node probed)"
+
+
+# -- engine arguments ---------------------------------------------------------------------------
+
+
+def test_engine_kwargs_for_a_synthetic_bf16_model():
+    kw = engine_kwargs(model_path="/m", precision="bf16", options=VllmOptions(), tensor_parallel=1, seed=3,
+                       dummy_weights=True, hf_overrides={"architectures": ["LlamaForCausalLM"]})
+    assert kw == {
+        "model": "/m", "dtype": "bfloat16", "seed": 3, "tensor_parallel_size": 1,
+        "gpu_memory_utilization": 0.9, "enforce_eager": False, "enable_prefix_caching": False,
+        "kv_cache_dtype": "auto", "skip_tokenizer_init": True, "disable_log_stats": False,
+        "load_format": "dummy", "hf_overrides": {"architectures": ["LlamaForCausalLM"]},
+    }
+
+
+def test_engine_kwargs_fp8_tensor_parallel_and_set_options():
+    options = VllmOptions(max_num_seqs=64, max_model_len=1024, enforce_eager=True, enable_prefix_caching=True)
+    kw = engine_kwargs(model_path="org/model", precision="fp8", options=options, tensor_parallel=2, seed=0,
+                       dummy_weights=False)
+    assert kw["quantization"] == "fp8" and kw["dtype"] == "bfloat16"
+    assert kw["distributed_executor_backend"] == "mp" and kw["tensor_parallel_size"] == 2
+    assert (kw["max_num_seqs"], kw["max_model_len"], kw["enforce_eager"], kw["enable_prefix_caching"]) == (
+        64, 1024, True, True)
+    assert "load_format" not in kw and "max_num_batched_tokens" not in kw and "hf_overrides" not in kw
+
+
+def test_synthetic_configs_get_their_architecture(tmp_path):
+    from actors.models import materialize_synthetic
+
+    for preset, arch in [("tiny-llama", "LlamaForCausalLM"), ("tiny-qwen2", "Qwen2ForCausalLM")]:
+        config = json.loads((materialize_synthetic(preset, root=tmp_path) / "config.json").read_text())
+        assert architecture_overrides(config) == {"architectures": [arch]}
+    assert architecture_overrides({"architectures": ["X"], "model_type": "llama"}) is None
+
+
+def test_fp8_needs_ada_or_newer():
+    assert capability_problem("fp8", [("NVIDIA H200", (9, 0)), ("NVIDIA L40S", (8, 9))]) is None
+    why = capability_problem("fp8", [("NVIDIA H200", (9, 0)), ("NVIDIA A100-SXM4-80GB", (8, 0))])
+    assert "compute capability >= 8.9" in why and "A100" in why and "8.0" in why
+    assert capability_problem("bf16", [("NVIDIA A100-SXM4-80GB", (8, 0))]) is None
+
+
+# -- result conversion ------------------------------------------------------------------------
+
+
+@dataclass
+class Completion:  # vllm.outputs.CompletionOutput's fields that sweeper reads
+    token_ids: list[int]
+    index: int = 0
+    finish_reason: str = "length"
+
+
+@dataclass
+class Stats:  # vllm.v1.metrics.stats.RequestStateStats
+    arrival_time: float = 0.0  # wall clock, frontend
+    queued_ts: float = 0.0  # engine core monotonic clock from here on
+    scheduled_ts: float = 0.0
+    first_token_ts: float = 0.0
+    last_token_ts: float = 0.0
+    first_token_latency: float = 0.0
+    num_generation_tokens: int = 0
+
+
+@dataclass
+class Output:  # vllm.outputs.RequestOutput
+    request_id: str
+    outputs: list[Completion]
+    metrics: Stats | None
+    prompt_token_ids: list[int] = field(default_factory=list)
+    finished: bool = True
+
+
+def _out(i: int, first: float, last: float, n: int = 4, **stats) -> Output:
+    return Output(str(i), [Completion(list(range(n)))], Stats(first_token_ts=first, last_token_ts=last,
+                                                              num_generation_tokens=n, **stats))
+
+
+def test_engine_clock_stamps_become_request_timings_and_phase_marks():
+    outputs = [_out(0, 100.20, 100.80), _out(1, 100.25, 100.90)]
+    gen, how = generation_from_outputs(outputs, t_start_s=100.0, t_end_s=101.0, output_len=4,
+                                       wall_minus_monotonic_s=9e8)
+    assert how == {"engine_clock"}
+    assert isinstance(gen, Generation) and (gen.t_start_s, gen.t_end_s) == (100.0, 101.0)
+    assert [(r.t_start_s, r.t_first_token_s, r.t_end_s, r.output_tokens) for r in gen.requests] == [
+        (100.0, 100.20, 100.80, 4), (100.0, 100.25, 100.90, 4)]
+    # Prefill lasts until the whole batch has its first token; decode is the rest.
+    assert gen.marks == (("prefill", 100.0, 100.25), ("decode", 100.25, 101.0))
+    rows = request_rows([gen], t0=100.0, input_len=8)
+    assert rows[0]["ttft_s"] == pytest.approx(0.20) and rows[0]["e2e_s"] == pytest.approx(0.80)
+    assert rows[1]["tpot_s"] == pytest.approx((0.90 - 0.25) / 3)  # vLLM's TPOT: (e2e - ttft) / (n - 1)
+
+
+def test_stamps_on_another_clock_fall_back_to_latencies():
+    # Engine stamps far from the call (another clock); arrival is wall clock.
+    outputs = [_out(0, 5.00, 5.60, arrival_time=1000.05, first_token_latency=0.15)]
+    gen, how = generation_from_outputs(outputs, t_start_s=100.0, t_end_s=101.0, output_len=4,
+                                       wall_minus_monotonic_s=900.0)
+    assert how == {"latency"}
+    (r,) = gen.requests
+    assert r.t_first_token_s == pytest.approx(100.20)  # arrival 100.05 on this clock + 0.15
+    assert r.t_end_s == pytest.approx(100.80)  # + the engine's first-to-last interval
+
+
+def test_missing_metrics_and_short_outputs_are_errors():
+    no_stats = Output("0", [Completion([1, 2, 3, 4])], None)
+    with pytest.raises(VllmMetricsError, match="disable_log_stats=False"):
+        generation_from_outputs([no_stats], t_start_s=0, t_end_s=1, output_len=4, wall_minus_monotonic_s=0)
+    with pytest.raises(RuntimeError, match="produced 3 tokens, expected 4"):
+        generation_from_outputs([_out(0, 0.2, 0.8, n=3)], t_start_s=0, t_end_s=1, output_len=4,
+                                wall_minus_monotonic_s=0)
+    unstamped = Output("0", [Completion([1, 2, 3, 4])], Stats())
+    with pytest.raises(VllmMetricsError, match="no first-token time"):
+        generation_from_outputs([unstamped], t_start_s=0, t_end_s=1, output_len=4, wall_minus_monotonic_s=0)
+
+
+def test_out_of_memory_is_recognised():
+    assert VllmBackend.is_out_of_memory(ValueError("No available memory for the cache blocks. Try increasing "
+                                                   "`gpu_memory_utilization`"))
+    assert not VllmBackend.is_out_of_memory(ValueError("bad prompt"))
+
+
+# -- without vllm ------------------------------------------------------------------------------
+
+
+def test_layer_hooks_do_not_apply_to_vllm_trials():
+    from actors.profile_pass import profile_layers
+
+    (trial, *_), _ = expand(sweep(backends="vllm", profile={"layers": "block"}))
+    assert BACKENDS["vllm"].layer_hooks is False
+    columns = profile_layers(VllmBackend(), trial, None, None, headline_s_per_iter=None).columns
+    assert columns["layer_profile_status"] == "not applicable: backend vllm has no layer hooks"
+
+
+def test_a_worker_without_vllm_refuses_the_backend_clearly():
+    with pytest.raises(BackendUnavailable, match="needs the Python module 'vllm', which is not installed"):
+        create_backend("vllm")
+    from actors.actor import TrialRunner
+
+    (trial, *_), _ = expand(sweep(backends="vllm"))
+    result = TrialRunner().load(trial)
+    assert not result.ok and result.reason == "load_failed"
+    assert "BackendUnavailable: backend vllm needs the Python module 'vllm'" in result.error
+
+
+WORKER_SCRIPT = r'''
+import json, sys
+from ray.cluster_utils import Cluster
+from sweeper.plan import make_plan
+from sweeper.scheduler import connect, run_plan
+from sweeper.spec import load_sweep
+from sweeper.storage import ResultStore
+
+sweep_path, out = sys.argv[1], sys.argv[2]
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1})
+info = connect(cluster.address)
+# No capabilities: the plan believes every library is everywhere, as a stale probe
+# would, so the vllm trial reaches a worker that lacks vllm.
+plan = make_plan(load_sweep(sweep_path), info.device, sweep_path=sweep_path)
+try:
+    summary = run_plan(plan, ResultStore(out), info, quiet=True)
+finally:
+    import ray
+    ray.shutdown()
+    cluster.shutdown()
+print(json.dumps({"runnable": len(plan.runnable), "ok": summary.ok, "failed": summary.failed}))
+'''
+
+
+def test_a_vllm_trial_on_a_worker_without_vllm_fails_and_the_sweep_goes_on(tmp_path):
+    """On a (logical) GPU node without vllm: the vllm trial fails with the clear error, the rest finish."""
+    from sweeper.storage import ResultStore
+
+    s = tmp_path / "mixed.yaml"
+    s.write_text("name: mixed\nmodels: tiny-llama\nbackends: [vllm, transformers]\nprecisions: bf16\n"
+                 "batch_sizes: [1, 2]\nworkload: {input_len: 8, output_len: 4}\n"
+                 "measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 0.2, idle_s: 0}\n")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, str(script), str(s), str(tmp_path / "out")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"runnable": 4, "ok": 2, "failed": 2}
+    rows = ResultStore(str(tmp_path / "out")).read_shards("trials").to_pylist()
+    by_backend = {(row["backend"], row["batch_size"]): row for row in rows}
+    assert {by_backend[("transformers", b)]["status"] for b in (1, 2)} == {"ok"}
+    for b in (1, 2):
+        row = by_backend[("vllm", b)]
+        assert row["status"] == "failed" and row["reason"] == "load_failed"
+        assert "needs the Python module 'vllm', which is not installed on this worker" in row["error"]
