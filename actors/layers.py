@@ -384,6 +384,21 @@ _DEVICE_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})  # Kineto activ
 _LAUNCHES = frozenset({"cuda_runtime", "cuda_driver"})
 
 
+def _activity(e: Any) -> str:
+    """Kineto's activity type; torch < 2.12 lacks ``activity_type()``, so infer it there."""
+    get = getattr(e, "activity_type", None)
+    if get is not None:
+        return get()
+    if str(e.device_type()).endswith("CUDA"):
+        return "kernel"  # any GPU-side activity (kernel, memcpy, memset) occupies the GPU
+    if e.is_user_annotation():
+        return "user_annotation"
+    name = e.name()
+    if name.startswith(("cuda", "cu")) and not name.startswith("cudnn"):
+        return "cuda_runtime"
+    return "cpu_op"
+
+
 def range_name(key: int) -> str:
     return f"{_RANGE_PREFIX}{key}"
 
@@ -496,7 +511,7 @@ class KernelTimer:
         device_work: list[tuple[int, int, int]] = []  # (linked op id, correlation id, duration ns)
         on_cuda = self.device == "cuda"
         for e in events:
-            activity = e.activity_type()
+            activity = _activity(e)
             if activity in _DEVICE_WORK:
                 if on_cuda:
                     device_work.append((e.linked_correlation_id(), e.correlation_id(), e.duration_ns()))

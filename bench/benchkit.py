@@ -1,6 +1,7 @@
 """Helpers the compiled-path benches share: trials of one shape, the run's environment.
 
-Imported by bench/compile_check.py, bench/overhead.py and bench/backends.py
+Imported by the GPU benches (bench/compile_check.py, overhead.py, backends.py, layers.py,
+quant_check.py)
 (``python bench/x.py`` puts this folder on sys.path).
 """
 
@@ -28,6 +29,28 @@ def make_trial(model: str, *, batch: int, input_len: int, output_len: int, compi
     })
     (trial,) = expand(sweep, check_hub=False)[0]
     return trial
+
+
+def version(package: str) -> str | None:
+    """The installed version of ``package``, or None."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as _version
+
+    try:
+        return _version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version, or None where NVML is unavailable."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlSystemGetDriverVersion()
+    except Exception:
+        return None
 
 
 def environment() -> dict[str, Any]:

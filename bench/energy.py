@@ -5,7 +5,7 @@ Runs the real actor code (``TrialRunner``, no Ray) on a synthetic model and chec
 1. counter energy vs the integral of the sampled power over the same windows;
 2. repeatability: coefficient of variation of ``energy_per_token_j`` over repeats;
 3. an independent cross-check of each window with Zeus's ``ZeusMonitor``;
-4. sampler overhead: throughput with the sampler thread on vs off, in ABBA blocks;
+4. sampler overhead: throughput with the sampler thread off / on / lean, in rotating blocks;
 5. prefill + decode energy against the window total and its uncertainty.
 
     python bench/energy.py --model llama-3.1-8b --batches 1,32 --repeats 5 --out $OUT/energy.json
@@ -51,8 +51,23 @@ def power_integral_j(timeline, duration_s: float) -> float:
     return total
 
 
+def nvml_call_costs_s(tel, calls: int = 200) -> dict[str, float]:
+    """Mean wall time of each NVML read the sampler makes, on the first held GPU."""
+    reader = tel.sampler._readers[0]
+    out = {}
+    for field in ("energy_mj", "power_w", "util_gpu_pct", "memory_used_bytes", "sm_clock_mhz", "temperature_c"):
+        read = getattr(reader, field)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            read()
+        out[field] = (time.perf_counter() - t0) / calls
+    return out
+
+
 def sampler_overhead(runner, tel, batch: int, args) -> dict:
-    """Throughput with the sampler thread running vs stopped, ABBA-ordered blocks."""
+    """Throughput with the sampler thread off, on (every field every tick) and lean
+    (energy and power every tick, the slow fields every 10th), in rotating order so
+    that drift in clocks or temperature cancels to first order."""
     from actors.workload import RandomPrompts
 
     backend = runner.backend
@@ -68,35 +83,45 @@ def sampler_overhead(runner, tel, batch: int, args) -> dict:
         backend.sync()
         return tokens / (time.monotonic() - t0)
 
-    before = tel.sampler.stats()
-    pairs = []
+    modes = ("off", "full", "lean")
+    slow_every = {"full": 1, "lean": 10}
+    costs = {m: [0, 0.0] for m in slow_every}  # samples, summed cost
+    ratios: dict[str, list[float]] = {"full": [], "lean": []}
     for i in range(args.overhead_pairs):
-        order = ("on", "off") if i % 2 == 0 else ("off", "on")
+        order = modes[i % 3:] + modes[:i % 3]
         rate = {}
         for mode in order:
-            if mode == "off":
-                tel.sampler.stop()
-            try:
-                rate[mode] = block()
-            finally:
+            tel.sampler.stop()
+            if mode != "off":
+                tel.sampler.slow_every = slow_every[mode]
+                before = tel.sampler.stats()
                 tel.sampler.start()
-        pairs.append(rate["on"] / rate["off"])
-        print(f"  overhead pair {i}: on {rate['on']:.1f} off {rate['off']:.1f} tok/s -> {pairs[-1]:.4f}", flush=True)
-    after = tel.sampler.stats()
-    n = after.samples - before.samples
-    mean_cost = ((after.mean_sample_cost_s * after.samples - before.mean_sample_cost_s * before.samples) / n
-                 if n else None)
-    ratios = np.array(pairs)
-    half_ci = 1.96 * ratios.std(ddof=1) / np.sqrt(len(ratios)) if len(ratios) > 1 else float("nan")
-    return {
-        "sampler_on_over_off_pairs": pairs,
-        "sampler_on_over_off": float(np.exp(np.mean(np.log(ratios)))),  # geometric mean of paired ratios
-        "sampler_on_over_off_median": float(np.median(ratios)),
-        "sampler_on_over_off_ci95": [float(ratios.mean() - half_ci), float(ratios.mean() + half_ci)],
-        "sampler_interval_s": tel.sampler.interval_s,
-        "sampler_mean_sample_cost_s": mean_cost,
-        "overhead_block_s": args.overhead_block_s,
-    }
+            rate[mode] = block()
+            if mode != "off":
+                tel.sampler.stop()
+                after = tel.sampler.stats()
+                n = after.samples - before.samples
+                costs[mode][0] += n
+                costs[mode][1] += after.mean_sample_cost_s * after.samples - before.mean_sample_cost_s * before.samples
+        tel.sampler.slow_every = 1
+        tel.sampler.start()
+        for m in ratios:
+            ratios[m].append(rate[m] / rate["off"])
+        print(f"  overhead round {i}: off {rate['off']:.1f} full {rate['full']:.1f} lean {rate['lean']:.1f} tok/s",
+              flush=True)
+    out = {"sampler_interval_s": tel.sampler.interval_s, "overhead_block_s": args.overhead_block_s,
+           "nvml_call_cost_s": nvml_call_costs_s(tel)}
+    for m, values in ratios.items():
+        r = np.array(values)
+        half_ci = 1.96 * r.std(ddof=1) / np.sqrt(len(r)) if len(r) > 1 else float("nan")
+        key = "sampler_on_over_off" if m == "full" else "sampler_lean_over_off"
+        out[f"{key}_rounds"] = values
+        out[key] = float(np.exp(np.mean(np.log(r))))  # geometric mean of paired ratios
+        out[f"{key}_median"] = float(np.median(r))
+        out[f"{key}_ci95"] = [float(r.mean() - half_ci), float(r.mean() + half_ci)]
+        n, total = costs[m]
+        out[f"sampler_{m}_mean_sample_cost_s"] = total / n if n else None
+    return out
 
 
 def cv(values: list[float]) -> float:

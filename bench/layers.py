@@ -39,6 +39,8 @@ import time
 import traceback
 from pathlib import Path
 
+from benchkit import driver_version, version
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
 
 PHASES = ("prefill", "decode")
@@ -152,23 +154,6 @@ def event_pair_coverage(runner, trial, granularity: str) -> dict:
             "reference": ref, "pass": hooked}
 
 
-def _version(package: str) -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version(package)
-    except Exception:
-        return None
-
-
-def _driver() -> str | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml.nvmlSystemGetDriverVersion()
-    except Exception:
-        return None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -282,7 +267,7 @@ def main() -> int:
         "model": args.model, "precision": args.precision, "input_len": args.input_len,
         "output_len": args.output_len, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "transformers": _version("transformers"), "driver": _driver(),
+        "transformers": version("transformers"), "driver": driver_version(),
         "argv": sys.argv[1:], "runs": [], "errors": [],
     }
     on_cuda = torch.cuda.is_available()

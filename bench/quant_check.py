@@ -27,25 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
-
-
-def _driver() -> str | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml.nvmlSystemGetDriverVersion()
-    except Exception:
-        return None
+from benchkit import driver_version, version
 
 
 def _dir_bytes(path: Path) -> int:
@@ -137,9 +119,9 @@ def main() -> int:
     root = Path(args.cache) if args.cache else Path(tempfile.mkdtemp(prefix="quant_check-"))
     os.environ["SWEEPER_CACHE"] = str(root)  # the backend materializes through the same cache
     result: dict = {
-        "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "driver": _driver(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "transformers": _version("transformers"),
-        "bitsandbytes": _version("bitsandbytes"), "date": time.strftime("%Y-%m-%d"),
+        "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "driver": driver_version(), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "transformers": version("transformers"),
+        "bitsandbytes": version("bitsandbytes"), "date": time.strftime("%Y-%m-%d"),
         "preset": args.preset, "seed": args.seed, "cache": str(root),
         "workload": {"batch": args.batch, "input_len": args.input_len, "output_len": args.output_len},
     }

@@ -142,8 +142,9 @@ def compatibility(trial: Trial, device: Device, capabilities: Capabilities | Non
     if not reason and capabilities is not None and device == "cuda" and capabilities.source == LOCAL:
         # The embedded cluster never grows: a trial wider than this machine would
         # wait forever. (A real cluster may autoscale, so there it waits for a node.)
+        # (A machine with no GPU at all is planning for some other machine: no verdict.)
         gpus = max((n.gpus for n in capabilities.nodes), default=0)
-        if trial.num_gpus > gpus:
+        if 0 < gpus < trial.num_gpus:
             reason = f"needs {trial.num_gpus} GPUs on one node; this machine has {gpus}"
     if reason or capabilities is None:
         return reason or precision.unsupported_reason(device, precision.library_version())

@@ -188,6 +188,22 @@ def test_sampler_stops_asking_for_unsupported_fields(monkeypatch, clock):
     assert sampler.rows_between(0, 1e9)[0]["energy_mj"] is None
 
 
+def test_slow_fields_every_nth_sample_keep_energy_and_power_at_full_rate(monkeypatch, clock):
+    fake = install(monkeypatch, [FakeGpu(uuid(0))], clock)
+    sampler = Sampler(resolve_gpus("0"), interval_s=0.1, clock=clock, slow_every=5)
+    before = {k: fake.calls.get(k, 0) for k in ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetTotalEnergyConsumption")}
+    for _ in range(10):
+        clock.sleep(0.1)
+        sampler.sample_once()
+    rows = sampler.rows_between(0, 1e9)
+    assert all(r["energy_mj"] is not None and r["power_w"] is not None for r in rows)
+    assert [r["memory_used_bytes"] is not None for r in rows] == [True, False, False, False, False] * 2
+    assert fake.calls["nvmlDeviceGetMemoryInfo"] - before["nvmlDeviceGetMemoryInfo"] == 2
+    assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] - before["nvmlDeviceGetTotalEnergyConsumption"] == 10
+    with pytest.raises(ValueError, match="slow_every"):
+        Sampler(resolve_gpus("0"), slow_every=0)
+
+
 def test_sampler_thread_real_time(monkeypatch, caplog):
     crashing = FakeGpu(uuid(1), crash={"nvmlDeviceGetMemoryInfo": RuntimeError("bug in a reader")})
     install(monkeypatch, [FakeGpu(uuid(0), update_period_s=0.02), crashing], time.monotonic)

@@ -57,11 +57,16 @@ class SamplerStats:
 
 class Sampler:
     def __init__(self, gpus: list[GpuInfo], interval_s: float = 0.1, clock: Clock = time.monotonic,
-                 retention_s: float | None = 3600.0) -> None:
+                 retention_s: float | None = 3600.0, slow_every: int = 1) -> None:
         """``retention_s`` bounds memory in long-lived actors (about 250 bytes a
         row): older rows are dropped as new ones arrive. A window longer than
         that loses its start's bracketing and falls back to raw counter deltas;
-        ``clear_before`` frees rows sooner."""
+        ``clear_before`` frees rows sooner.
+
+        ``slow_every`` reads utilisation, memory, SM clock and temperature on
+        every n-th sample only (null in the others): each NVML call is a driver
+        round trip that can delay the trial's own CUDA calls, and the meter
+        needs only energy and power at the full rate."""
         if interval_s <= 0:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
         self.gpus = unique_by_uuid(gpus)
@@ -78,6 +83,9 @@ class Sampler:
         self._cost_total_s = 0.0
         self._cost_max_s = 0.0
         self._loop_errors = 0
+        if slow_every < 1:
+            raise ValueError(f"slow_every must be >= 1, got {slow_every}")
+        self.slow_every = int(slow_every)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -132,11 +140,17 @@ class Sampler:
             before = clock()
             energy = reader.energy_mj()
             stamped.append(((before + clock()) * 0.5, energy))
-        rows = [
-            (t, r.gpu.index, r.gpu.uuid, r.power_w(), energy, r.util_gpu_pct(),
-             r.memory_used_bytes(), r.sm_clock_mhz(), r.temperature_c())
-            for r, (t, energy) in zip(self._readers, stamped, strict=True)
-        ]
+        if self._samples % self.slow_every == 0:
+            rows = [
+                (t, r.gpu.index, r.gpu.uuid, r.power_w(), energy, r.util_gpu_pct(),
+                 r.memory_used_bytes(), r.sm_clock_mhz(), r.temperature_c())
+                for r, (t, energy) in zip(self._readers, stamped, strict=True)
+            ]
+        else:
+            rows = [
+                (t, r.gpu.index, r.gpu.uuid, r.power_w(), energy, None, None, None, None)
+                for r, (t, energy) in zip(self._readers, stamped, strict=True)
+            ]
         with self._lock:
             self._times.extend(row[T_S] for row in rows)
             self._rows.extend(rows)
