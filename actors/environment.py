@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import platform
+import re
 import socket
+import sys
+from pathlib import Path
 
 
 def _version(dist: str) -> str | None:
@@ -12,6 +16,31 @@ def _version(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+_CUDA_LINE = re.compile(r"""^cuda\s*(?::[^=]*)?=\s*['"]([^'"]+)['"]""", re.M)
+
+
+def parse_torch_cuda_version(version_py: str) -> str | None:
+    """``torch.version.cuda`` from the text of torch/version.py (None: a CPU build)."""
+    match = _CUDA_LINE.search(version_py)
+    return match.group(1) if match else None
+
+
+def torch_cuda_version() -> str | None:
+    """The CUDA version torch was built with, without importing torch when it is not
+    imported yet: that import costs a second or more of every actor's start, and
+    backends that need no torch (noop) should not pay it."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"].version.cuda
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+    except OSError:
+        return None
+    return parse_torch_cuda_version(text)
 
 
 def capture() -> dict[str, str | None]:
@@ -25,16 +54,10 @@ def capture() -> dict[str, str | None]:
         "python_version": platform.python_version(),
         "sweeper_version": _version("sweeper"),
         "hostname": socket.gethostname(),
-        "cuda_version": None,
+        "cuda_version": torch_cuda_version(),
         "ray_node_id": None,
         "ray_gpu_ids": None,
     }
-    try:
-        import torch
-
-        env["cuda_version"] = torch.version.cuda
-    except ImportError:
-        pass
     try:
         import ray
 

@@ -367,3 +367,17 @@ def test_a_vllm_trial_on_a_worker_without_vllm_fails_and_the_sweep_goes_on(tmp_p
         row = by_backend[("vllm", b)]
         assert row["status"] == "failed" and row["reason"] == "load_failed"
         assert "needs the Python module 'vllm', which is not installed on this worker" in row["error"]
+
+
+def test_engine_architecture_feeds_the_roofline():
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from actors.backends.vllm import _architecture
+    from sweeper.presets import PRESETS
+
+    config = AutoConfig.for_model(**PRESETS["llama-3.2-1b"].config_dict())
+    arch = _architecture(SimpleNamespace(hf_config=config))
+    assert arch["num_hidden_layers"] == 16 and arch["hidden_size"] == 2048
+    assert _architecture(SimpleNamespace()) is None  # no hf_config: null roofline, no failure

@@ -197,6 +197,14 @@ def generation_from_outputs(outputs: Sequence[Any], *, t_start_s: float, t_end_s
 # -- the backend ----------------------------------------------------------------------------
 
 
+def _architecture(model_config: Any) -> dict[str, Any] | None:
+    try:
+        return model_config.hf_config.to_dict()
+    except Exception as exc:  # the roofline columns are then null, the trial stands
+        log.info("no architecture from vLLM's model config (%s: %s)", type(exc).__name__, exc)
+        return None
+
+
 def _worker_weight_bytes(worker: Any) -> int:
     """Run inside each vLLM worker: what loading the model took there."""
     return int(worker.model_runner.model_memory_usage)
@@ -238,6 +246,8 @@ class VllmBackend(Backend):
         return LoadInfo(
             device="cuda", device_name=gpus[0].name, weight_memory_bytes=self._weight_memory_bytes(),
             vocab_size=int(model_config.get_vocab_size()),
+            # The architecture the engine built, for the analytic roofline (mfu, mbu).
+            architecture=_architecture(model_config),
             extra={"vllm_version": vllm.__version__, "engine_kwargs": kwargs},
         )
 
