@@ -263,6 +263,7 @@ def main() -> None:
     ap.add_argument("--idle-s", type=float, default=1.0)
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel degree (GPUs 0..tp-1)")
     ap.add_argument("--no-fp8", action="store_true", help="skip llama-3.1-8b fp8")
+    ap.add_argument("--fp8-only", action="store_true", help="only llama-3.1-8b fp8 (bf16 measured before)")
     ap.add_argument("--fp8-batches", default=None, help="batches of the fp8 config (default: --batches)")
     ap.add_argument("--default-engine", action="store_true",
                     help="also time bare generate on an engine with vLLM's defaults (one more start per config)")
@@ -277,7 +278,7 @@ def main() -> None:
     fp8_batches = [int(b) for b in args.fp8_batches.split(",")] if args.fp8_batches else batches
     configs = []
     for model in ("llama-3.2-1b", "llama-3.1-8b"):
-        if args.model in ("all", model):
+        if args.model in ("all", model) and not args.fp8_only:
             configs.append((model, "bf16", batches))
     if not args.no_fp8 and args.model in ("all", "llama-3.1-8b"):
         configs.append(("llama-3.1-8b", "fp8", fp8_batches))

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One step of a GPU lease: each step fits one device call (< 10 minutes on an H200).
+#
+# Before the steps, carry the wheels (bench/device_wheels.txt) in back-to-back calls:
+#   bash ../shared/device/fetch-wheels.sh --list bench/device_wheels.txt     # here, once
+#   calls 1..N-1: carry [".stage/cK"], command `bash .stage/cK/install.sh`
+#   call N:       carry [".stage/cN"], command `bash .stage/cN/install.sh --install && bash bench/gpu_session.sh STEP`
+# Later calls on the warm machine: `bash bench/gpu_session.sh STEP [STEP ...]`.
+# Results go to $OUT (the device tool's output folder), logs beside them.
+#
+# Steps, with what each proves (docs/BENCHMARKS.md section):
+#   energy      issue 3: counter vs power integral, CV, Zeus, phase sum, sampler off/full/lean (§2)
+#   layers16    issue 4: kernel-time coverage and block shares at batch 16 (§3)
+#   compile8b   issue 8: compiled MBU at llama-3.1-8b batch 1 (>= 50 %), token equality (§7)
+#   overhead1b  issue 8: bare generate loop vs sweeper's actor path, eager and compiled (§7)
+#   overhead8b  the same for llama-3.1-8b
+#   backends1b  issue 8/9: eager vs compiled vs vLLM through Ray, llama-3.2-1b (§6, §7)
+#   backends8b  the same for llama-3.1-8b, into the same results directory, then the table
+#   vllm_fp8    issue 9: fp8 on llama-3.1-8b, sweeper vs bare (§6)
+#   vllm_tp2    issue 9: tensor parallel 2 (needs nvidia-h200-x2) (§6)
+#   multi_gpu   issue 6: sweeps/quantization.yaml (1B) spread over every GPU, busy fraction (§4)
+set -uo pipefail
+[ -f /tmp/site/env.sh ] && source /tmp/site/env.sh
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+RESULTS=/tmp/sweeper-results  # survives between calls while the machine stays warm
+
+one_model_sweep() {  # sweep file, model, destination
+    python3 -c "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); d['models'] = [sys.argv[2]]; yaml.safe_dump(d, open(sys.argv[3], 'w'))" "$1" "$2" "$3"
+}
+
+step() {
+    case "$1" in
+        energy) python3 bench/energy.py --model llama-3.1-8b --batches 1,32 --repeats 5 --window-s 15 \
+                    --overhead-pairs 6 --overhead-block-s 4 --out "$OUT/energy.json" ;;
+        layers16) python3 bench/layers.py --batches 16 --no-event-compare --out "$OUT/layers16.json" ;;
+        compile8b) python3 bench/compile_check.py --model llama-3.1-8b --out "$OUT/compile_check_8b.json" ;;
+        overhead1b) python3 bench/overhead.py --models llama-3.2-1b --out "$OUT/overhead_1b.json" ;;
+        overhead8b) python3 bench/overhead.py --models llama-3.1-8b --out "$OUT/overhead_8b.json" ;;
+        backends1b) python3 bench/backends.py --models llama-3.2-1b -o "$RESULTS/backends" --out "$OUT/backends_1b.json" ;;
+        backends8b) python3 bench/backends.py --models llama-3.1-8b -o "$RESULTS/backends" --out "$OUT/backends_8b.json" \
+                        && python3 bench/backends.py --skip-run -o "$RESULTS/backends" --out "$OUT/backends.json" \
+                        && cp "$RESULTS/backends/trials.parquet" "$OUT/backends_trials.parquet" ;;
+        vllm_fp8) python3 bench/vllm_compare.py --model llama-3.1-8b --fp8-only --out "$OUT/vllm_fp8.json" ;;
+        vllm_tp2) python3 bench/vllm_compare.py --tp 2 --model llama-3.1-8b --no-fp8 --out "$OUT/vllm_tp2.json" ;;
+        multi_gpu) one_model_sweep sweeps/quantization.yaml llama-3.2-1b /tmp/multi_gpu.yaml \
+                       && python3 -m sweeper run /tmp/multi_gpu.yaml -o "$RESULTS/multi_gpu" -q \
+                       && cp "$RESULTS/multi_gpu/trials.parquet" "$OUT/multi_gpu_trials.parquet" ;;
+        *) echo "unknown step: $1 (see the header of $0)" >&2; return 2 ;;
+    esac
+}
+
+status=0
+for name in "$@"; do
+    echo "== $name ($(date -u +%H:%M:%S))"
+    step "$name" > >(tee "$OUT/$name.log") 2>&1 || status=$?
+done
+nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null
+exit $status
