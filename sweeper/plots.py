@@ -307,6 +307,8 @@ def plot_fidelity(trials: pd.DataFrame) -> Figure:
                         (row["energy_per_token_j"], row["fidelity_kl"]), fontsize=7,
                         xytext=(4, 3), textcoords="offset points")
     _log_if_wide(ax, df["energy_per_token_j"], "x")
+    if (df["fidelity_kl"] > 0).all():  # a log axis would hide exact zeros (identical outputs)
+        _log_if_wide(ax, df["fidelity_kl"], "y")
     ax.set_xlabel("J / output token")
     ax.set_ylabel("KL divergence to reference (lower is better)")
     ax.set_title("Fidelity vs energy per token", fontsize=11)

@@ -254,6 +254,82 @@ class Report:
     header: list[str] = field(default_factory=list)
 
 
+def _reference_precision(group: pd.DataFrame) -> str | None:
+    """The precision a model's others are compared with: the fidelity pass's
+    reference where one ran, else bf16, else none."""
+    if "fidelity_reference" in group.columns:
+        named = group["fidelity_reference"].dropna()
+        if not named.empty:
+            return str(named.iloc[0])
+    return "bf16" if (group["precision"] == "bf16").any() else None
+
+
+def _geomean(values: list[float]) -> float | None:
+    import math
+
+    values = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def precision_summary(trials: pd.DataFrame) -> pd.DataFrame:
+    """What each precision saves and costs against its model's reference precision.
+
+    Per model, backend and precision: weight memory, and J/token and tok/s as
+    ratios to the reference measured at the same batch size and shape (geometric
+    mean over the shapes both have), beside fidelity and the best MBU. Empty when
+    no model was run at more than one precision.
+    """
+    import pandas as pd
+
+    df = _ok(trials)
+    shape = ["batch_size", "input_len", "output_len"]
+    rows = []
+    for (model, backend), group in df.groupby(["model", "backend"], sort=True):
+        if group["precision"].nunique() < 2:
+            continue
+        ref_name = _reference_precision(group)
+        ref = group[group["precision"] == ref_name]
+        ref_by_shape = {tuple(r[c] for c in shape): r for _, r in ref.iterrows()}
+        ref_weights = ref["weight_memory_bytes"].median() if not ref.empty else None
+        from sweeper.precisions import PRECISIONS
+
+        order = list(PRECISIONS)
+
+        def rank(name: str, ref_name=ref_name, order=order) -> tuple:
+            return (name != ref_name, order.index(name) if name in order else len(order), name)
+
+        for precision in sorted(group["precision"].unique(), key=rank):
+            rows_p = group[group["precision"] == precision]
+            pairs = [(r, ref_by_shape.get(tuple(r[c] for c in shape))) for _, r in rows_p.iterrows()]
+            pairs = [(r, q) for r, q in pairs if q is not None]
+            weights = rows_p["weight_memory_bytes"].median()
+
+            def ratio(column: str, pairs=pairs) -> float | None:
+                return _geomean([r[column] / q[column] for r, q in pairs
+                                 if pd.notna(r[column]) and pd.notna(q[column]) and q[column]])
+
+            def first(column: str, rows_p=rows_p) -> Any:
+                if column not in rows_p.columns:
+                    return None
+                values = rows_p[column].dropna()
+                return values.iloc[0] if not values.empty else None
+
+            rows.append({
+                "model": model, "backend": backend, "precision": precision, "reference": ref_name,
+                "weight_gb": weights / 1e9 if pd.notna(weights) else None,
+                "weight_vs_ref": weights / ref_weights if pd.notna(weights) and ref_weights else None,
+                "energy_per_token_vs_ref": ratio("energy_per_token_j"),
+                "throughput_vs_ref": ratio("throughput_tok_s"),
+                "shapes_compared": len(pairs),
+                "fidelity_kl": first("fidelity_kl"), "fidelity_top1": first("fidelity_top1"),
+                "best_mbu": rows_p["mbu"].max() if "mbu" in rows_p.columns else None,
+            })
+    return pd.DataFrame(rows, columns=[
+        "model", "backend", "precision", "reference", "weight_gb", "weight_vs_ref",
+        "energy_per_token_vs_ref", "throughput_vs_ref", "shapes_compared", "fidelity_kl",
+        "fidelity_top1", "best_mbu"])
+
+
 PLOT_FILES = ("throughput.png", "energy_per_token.png", "pareto.png", "weight_memory.png",
               "fidelity.png", "power_timeline.png", "layer_shares.png")
 
@@ -317,6 +393,19 @@ def _tables(results: Results, max_tpot_ms: float | None, max_ttft_ms: float | No
          for r in best.itertuples()],
         "under " + " and ".join(bounds) if bounds else "no latency bound (--max-tpot-ms / --max-ttft-ms)",
     )]
+    precisions = precision_summary(trials)
+    if not precisions.empty:
+        tables.append(Table(
+            "Precisions against the reference",
+            ["model", "backend", "precision", "weights GB", "weights × ref", "J/token × ref",
+             "tok/s × ref", "KL to ref", "top-1 vs ref", "best MBU"],
+            [[_fmt(r.model), _fmt(r.backend), _fmt(r.precision) + (" (reference)" if r.precision == r.reference else ""),
+              _fmt(r.weight_gb, 3), _fmt(r.weight_vs_ref, 3), _fmt(r.energy_per_token_vs_ref, 3),
+              _fmt(r.throughput_vs_ref, 3), _fmt(r.fidelity_kl, 3), _fmt(r.fidelity_top1, 3), _fmt(r.best_mbu, 3)]
+             for r in precisions.itertuples()],
+            "ratios are geometric means over the batch sizes and shapes both precisions ran; "
+            "fidelity on random-weight presets is numerical deviation, not quality",
+        ))
     unstable = unstable_trials(trials)
     tables.append(Table(
         f"Unstable trials ({len(unstable)})",

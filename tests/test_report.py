@@ -423,3 +423,25 @@ def test_html_report_renders_in_headless_chromium(gpu_results, tmp_path):
     # Saturated pixels come only from the plots (the text is grey): the embedded images rendered.
     colourful = (pixels.max(axis=2) - pixels.min(axis=2) > 80).sum()
     assert colourful > 5000, f"{colourful} coloured pixels: the plots did not render"
+
+
+def test_precisions_against_the_reference_on_the_h200_quantization_study(tmp_path):
+    """The table that answers the study's question, from the real H200 run (BENCHMARKS §5)."""
+    import pyarrow.parquet as pq
+
+    from sweeper.report import precision_summary
+    from sweeper.schema import to_table
+
+    trials = to_table("trials", pq.read_table(ROOT / "docs/data/quantization_study_h200_trials.parquet")).to_pandas()
+    summary = precision_summary(trials).set_index(["model", "precision"])
+    assert list(summary.loc["llama-3.1-8b"].index) == ["bf16", "fp16", "int8", "nf4"]  # reference first
+    ref = summary.loc[("llama-3.1-8b", "bf16")]
+    assert (ref.weight_vs_ref, ref.energy_per_token_vs_ref, ref.throughput_vs_ref) == (1.0, 1.0, 1.0)
+    int8 = summary.loc[("llama-3.1-8b", "int8")]
+    assert int8.shapes_compared == 4 and int8.reference == "bf16"
+    assert 0.55 < int8.weight_vs_ref < 0.6  # 9.09 of 16.06 GB
+    # LLM.int8 spends 2.3-3x the joules per token at every batch: the geometric mean sits between
+    assert 2.2 < int8.energy_per_token_vs_ref < 3.0 and int8.throughput_vs_ref < 0.3
+    assert int8.fidelity_kl > summary.loc[("llama-3.1-8b", "fp16")].fidelity_kl
+    # one precision per model: no comparison to make
+    assert precision_summary(trials[trials["precision"] == "bf16"]).empty
