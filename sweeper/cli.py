@@ -92,20 +92,24 @@ def plan(
             "runnable": len(p.runnable), "skipped": len(p.skipped), "excluded": p.excluded,
             "groups": len(p.groups()),
             "notes": p.notes,
-            "plan": [{"trial_id": pt.trial.trial_id, **pt.trial.axes(),
+            "plan": [{"trial_id": pt.trial.trial_id, **pt.trial.axes(), "variant": pt.trial.variant(),
                       "status": "run" if pt.runnable else "skipped", "reason": pt.skip_reason}
                      for pt in p.trials],
         }
         print(json.dumps(payload, indent=2))
         return
     table = Table(title=f"{sweep.name}: {len(p.trials)} trials on {p.device}", title_justify="left")
-    for col in ("trial_id", "model", "backend", "precision", "batch", "in", "out", "rep", "status"):
+    # Option variants and tensor parallelism get a column only when the sweep has them.
+    with_variant = any(pt.trial.variant() for pt in p.trials)
+    columns = ["trial_id", "model", "backend", *(["variant"] if with_variant else []), "precision",
+               "batch", "in", "out", "rep", "status"]
+    for col in columns:
         table.add_column(col, justify="right" if col in ("batch", "in", "out", "rep") else "left")
     for pt in p.trials:
         t = pt.trial
         status = "run" if pt.runnable else f"[yellow]skipped[/]: {pt.skip_reason}"
-        table.add_row(t.trial_id, t.model, t.backend, t.precision, str(t.batch_size),
-                      str(t.input_len), str(t.output_len), str(t.repeat), status)
+        table.add_row(t.trial_id, t.model, t.backend, *([t.variant()] if with_variant else []), t.precision,
+                      str(t.batch_size), str(t.input_len), str(t.output_len), str(t.repeat), status)
     out.print(table)
     out.print(f"{len(p.runnable)} to run in {len(p.groups())} model load(s), "
               f"{len(p.skipped)} skipped, {p.excluded} excluded by the sweep's exclude rules")

@@ -17,8 +17,9 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
     from matplotlib.figure import Figure
 
-# Columns that identify a line of a per-configuration plot (batch size is the x axis).
-CONFIG = ("model", "backend", "precision")
+# Columns that identify a line of a per-configuration plot (batch size is the x axis);
+# option variants (eager / compiled) and tensor parallelism are lines of their own.
+CONFIG = ("model", "backend", "precision", "backend_options", "tensor_parallel")
 SHAPE = ("input_len", "output_len")
 UNSTABLE_NOTE = "hollow markers: unstable trials"
 _PHASE_COLOURS = {"prefill": "tab:orange", "decode": "tab:blue"}
@@ -87,6 +88,14 @@ def series_label(row: Any, df: pd.DataFrame, with_model: bool = False) -> str:
     if _varies(df, "backend"):
         parts.append(str(row["backend"]))
     parts.append(str(row["precision"]))
+    if _varies(df, "backend_options") or _varies(df, "tensor_parallel"):
+        from sweeper.trial import variant_label
+
+        tp = row.get("tensor_parallel")
+        variant = variant_label(str(row["backend"]), row.get("backend_options"),
+                                int(tp) if tp is not None and tp == tp else 1)
+        if variant:
+            parts.append(variant)
     if _varies(df, "input_len") or _varies(df, "output_len"):
         parts.append(f"in{row['input_len']}/out{row['output_len']}")
     return " ".join(parts)
@@ -146,8 +155,8 @@ def _per_batch(trials: pd.DataFrame, column: str, ylabel: str, title: str, why: 
     fig = new_figure(max(6.0, 4.6 * cols), 3.6 * -(-len(models) // cols) + 0.5)
     for ax, model in zip(_model_axes(fig, models), models, strict=True):
         mdf = df[df["model"] == model]
-        keys = [*CONFIG, *SHAPE]
-        for i, (_, g) in enumerate(mdf.groupby(keys, sort=True)):
+        keys = [k for k in (*CONFIG, *SHAPE) if k in mdf.columns]
+        for i, (_, g) in enumerate(mdf.groupby(keys, sort=True, dropna=False)):
             colour = f"C{i % 10}"
             g = g.sort_values("batch_size")
             mean = g.groupby("batch_size")[column].mean()  # repeats: the line goes through their mean

@@ -281,10 +281,19 @@ def precision_summary(trials: pd.DataFrame) -> pd.DataFrame:
     """
     import pandas as pd
 
+    from sweeper.trial import variant_label
+
     df = _ok(trials)
     shape = ["batch_size", "input_len", "output_len"]
     rows = []
-    for (model, backend), group in df.groupby(["model", "backend"], sort=True):
+    # Eager and compiled (any option variant) are separate comparisons, as is tensor parallelism.
+    keys = [k for k in ("model", "backend", "backend_options", "tensor_parallel") if k in df.columns]
+    for key, group in df.groupby(keys, sort=True, dropna=False):
+        model, backend = key[0], key[1]
+        tp = group["tensor_parallel"].iloc[0] if "tensor_parallel" in group.columns else 1
+        variant = variant_label(backend, group["backend_options"].iloc[0] if "backend_options" in group.columns
+                                else None, int(tp) if pd.notna(tp) else 1)
+        backend = f"{backend} {variant}" if variant else backend
         if group["precision"].nunique() < 2:
             continue
         ref_name = _reference_precision(group)

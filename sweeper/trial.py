@@ -105,14 +105,25 @@ class Trial:
         del d["timeout_s"]
         return d
 
+    def variant(self) -> str:
+        """What sets this trial apart beyond the main axes: tensor parallelism and
+        backend options away from their defaults (e.g. ``tp=2 compile=True``)."""
+        return variant_label(self.backend, self.backend_options, self.tensor_parallel)
+
     def label(self) -> str:
-        options = _non_default_options(self.backend, self.backend_options)
+        variant = self.variant()
         return (f"{self.model} {self.backend}/{self.precision} bs={self.batch_size} "
                 f"in={self.input_len} out={self.output_len}"
-                + (f" tp={self.tensor_parallel}" if self.tensor_parallel > 1 else "")
-                + "".join(f" {k}={v}" for k, v in sorted(options.items()))
+                + (f" {variant}" if variant else "")
                 + (f" r{self.repeat}" if self.repeat else "")
                 + (f" layers={self.layer_profile}" if self.layer_profile else ""))
+
+
+def variant_label(backend: str, options_json: str | None, tensor_parallel: int | None = 1) -> str:
+    """``tp=2 compile=True``-style text for a trial's non-default options (also from table rows)."""
+    options = _non_default_options(backend, options_json) if options_json else {}
+    parts = [f"tp={tensor_parallel}"] if tensor_parallel and tensor_parallel > 1 else []
+    return " ".join(parts + [f"{k}={v}" for k, v in sorted(options.items())])
 
 
 def _non_default_options(backend: str, options_json: str) -> dict:

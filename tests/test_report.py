@@ -445,3 +445,21 @@ def test_precisions_against_the_reference_on_the_h200_quantization_study(tmp_pat
     assert int8.fidelity_kl > summary.loc[("llama-3.1-8b", "fp16")].fidelity_kl
     # one precision per model: no comparison to make
     assert precision_summary(trials[trials["precision"] == "bf16"]).empty
+
+
+def test_option_variants_are_lines_of_their_own():
+    """Eager and compiled trials of one backend and precision must not be averaged together."""
+    from sweeper.plan import expand
+    from sweeper.plots import plot_throughput
+    from sweeper.schema import to_table
+    from sweeper.spec import parse_sweep
+
+    trials, _ = expand(parse_sweep({
+        "name": "v", "models": "tiny-llama", "precisions": "bf16", "batch_sizes": [1, 4],
+        "workload": {"input_len": 8, "output_len": 4},
+        "backend_options": {"transformers": [{}, {"compile": True}]}}))
+    rows = [{**t.columns(), "status": "ok", "throughput_tok_s": 100.0 * t.batch_size
+             * (3 if '"compile":true' in t.backend_options else 1)} for t in trials]
+    fig = plot_throughput(to_table("trials", rows).to_pandas())
+    labels = sorted(line.get_label() for line in fig.axes[0].get_lines())
+    assert labels == ["bf16", "bf16 compile=True"]
