@@ -139,10 +139,14 @@ class TrialRunner:
         actors.fidelity); its status column says what happened.
         """
         if self._fidelity is None:
-            from actors.fidelity import fidelity_columns
+            from actors.fidelity import FidelitySettings, fidelity_columns
 
             self._fidelity = fidelity_columns(trial, self.backend, self.load_info,
                                               lambda: create_backend(trial.backend))
+            if FidelitySettings.from_json(trial.fidelity).perplexity:
+                from actors.perplexity import perplexity_columns
+
+                self._fidelity.update(perplexity_columns(trial, self.backend, self.load_info))
         return self._fidelity
 
     def _profile_layers(self, trial: Trial, measured: Measurement, tables: dict[str, Any]) -> dict[str, Any]:

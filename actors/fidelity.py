@@ -62,11 +62,13 @@ class FidelitySettings:
     prompts: int
     prompt_len: int
     continuation_len: int
+    perplexity: bool = False
 
     @classmethod
     def from_json(cls, text: str) -> FidelitySettings:
         d = json.loads(text)
-        return cls(d["reference"], int(d["prompts"]), int(d["prompt_len"]), int(d["continuation_len"]))
+        return cls(d["reference"], int(d["prompts"]), int(d["prompt_len"]), int(d["continuation_len"]),
+                   bool(d.get("perplexity", False)))
 
 
 @dataclass(frozen=True)

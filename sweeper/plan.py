@@ -104,7 +104,10 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
     # A backend with several option variants is an axis of its own.
     backend_variants = [(b, canonical_options(o)) for b in sweep.backends for o in sweep.options_for(b)]
     layer_profile = sweep.profile.layers if sweep.profile is not None else None
-    fidelity = (json.dumps(sweep.fidelity.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    # Settings at their defaults that were added later stay out of the JSON (and so of trial ids).
+    fidelity = (json.dumps(sweep.fidelity.model_dump(mode="json", exclude_defaults=False,
+                                                     exclude={"perplexity"} if not sweep.fidelity.perplexity else None),
+                           sort_keys=True, separators=(",", ":"))
                 if sweep.fidelity is not None else None)
     trials: list[Trial] = []
     excluded = 0

@@ -123,6 +123,9 @@ TRIALS: tuple[Column, ...] = (
     _c("fidelity_top1", F, "share of those positions where this trial's top-1 next token equals the reference's"),
     _c("fidelity_status", S, "ok | reference (this is the reference precision) | not applicable: ... (the backend "
                              "cannot score) | failed: ... (the trial's status stays ok: its headline numbers stand)"),
+    _c("perplexity", F, "perplexity on the bundled public-domain text (actors/corpus.py), teacher-forced; real checkpoints only"),
+    _c("perplexity_tokens", I, "tokens scored for perplexity"),
+    _c("perplexity_status", S, "ok | not applicable: ... (synthetic model, no tokenizer) | failed: ...; null: not asked for"),
     # environment
     _c("device", S, "cuda | cpu"),
     _c("device_name", S, "GPU (or CPU) model name"),

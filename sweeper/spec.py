@@ -102,6 +102,8 @@ class Fidelity(_Strict):
     prompt_len: int = Field(32, gt=0, strict=True, description="tokens per prompt")
     continuation_len: int = Field(32, gt=0, le=4096, strict=True,
                                   description="greedy reference tokens compared after each prompt")
+    perplexity: bool = Field(False, description="also each precision's perplexity on a bundled "
+                             "public-domain text (real checkpoints with a tokenizer)")
 
     @field_validator("reference")
     @classmethod

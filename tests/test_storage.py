@@ -122,7 +122,8 @@ def test_schema_names_carry_units():
                    "gpu_uuids", "gpu_names", "hostname", "ray_node_id", "ray_gpu_ids", "max_iteration_cv",
                    "layer_profile", "layer_profile_status", "layer_profile_overhead",
                    "tensor_parallel", "fidelity", "fidelity_reference", "fidelity_kl",
-                   "fidelity_top1", "fidelity_status", "compile_status", "mfu", "mbu", "flops_per_token"}
+                   "fidelity_top1", "fidelity_status", "compile_status", "mfu", "mbu", "flops_per_token",
+                   "perplexity", "perplexity_tokens", "perplexity_status"}
     for col in TRIALS:
         # rates and per-token quantities carry their unit before the "per"
         if (col.name in unitless_ok or col.name.endswith("_version")

@@ -1,0 +1,88 @@
+"""Perplexity of a loaded model on the bundled public-domain text (``actors.corpus``).
+
+Meaningful for real checkpoints only: it needs the checkpoint's tokenizer, and
+a random-weight preset has no language to model (its perplexity is about its
+vocabulary size), so synthetic models are reported as not applicable. The text
+is tokenized once, cut into non-overlapping windows no longer than the model's
+context (and ``MAX_WINDOW_TOKENS``), and scored teacher-forced with the same
+``next_token_logprobs`` the fidelity pass uses: perplexity = exp of the mean
+negative log-likelihood of every token after the first of each window.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from actors.backends.base import Backend, LoadInfo
+from actors.corpus import PUBLIC_DOMAIN_TEXT
+from sweeper.trial import Trial
+
+log = logging.getLogger(__name__)
+
+# Log-probs of one window are (tokens x vocab) float32 on the host: 512 x 128k is 256 MiB.
+MAX_WINDOW_TOKENS = 512
+
+
+def _columns(status: str, perplexity: float | None = None, tokens: int | None = None) -> dict[str, Any]:
+    return {"perplexity": perplexity, "perplexity_tokens": tokens, "perplexity_status": status}
+
+
+def context_tokens(architecture: dict[str, Any] | None) -> int:
+    """The longest window the model takes (its position table), capped at MAX_WINDOW_TOKENS."""
+    arch = architecture or {}
+    limit = arch.get("max_position_embeddings") or arch.get("n_positions") or MAX_WINDOW_TOKENS
+    return max(2, min(int(limit), MAX_WINDOW_TOKENS))
+
+
+def windows(token_ids: list[int], length: int) -> list[list[int]]:
+    """Non-overlapping windows of at most ``length`` tokens; a last window of one token is dropped
+    (it predicts nothing)."""
+    out = [token_ids[i:i + length] for i in range(0, len(token_ids), length)]
+    return [w for w in out if len(w) >= 2]
+
+
+def negative_log_likelihood(logprobs: np.ndarray, window: list[int]) -> np.ndarray:
+    """-log p(token i+1 | tokens <= i) for each position of one window, float64."""
+    targets = np.asarray(window[1:])
+    picked = logprobs[0, np.arange(len(targets)), targets].astype(np.float64)
+    # Renormalize in float64, as the fidelity pass does, so rounding cannot push p above 1.
+    lse = np.log(np.exp(logprobs[0, : len(targets)].astype(np.float64)).sum(axis=-1))
+    return lse - picked
+
+
+def perplexity_of(backend: Backend, token_ids: list[int], window_tokens: int) -> tuple[float, int]:
+    """(perplexity, scored tokens) of ``token_ids`` under ``backend``."""
+    nll: list[np.ndarray] = []
+    for window in windows(token_ids, window_tokens):
+        logprobs = backend.next_token_logprobs(np.asarray([window], dtype=np.int64))
+        nll.append(negative_log_likelihood(logprobs, window))
+    scored = np.concatenate(nll)
+    return math.exp(float(scored.mean())), int(scored.size)
+
+
+def perplexity_columns(trial: Trial, backend: Backend, load: LoadInfo) -> dict[str, Any]:
+    """The perplexity columns of ``trial`` (loaded in ``backend``); never raises."""
+    if trial.model_source == "synthetic":
+        return _columns("not applicable: a synthetic (random-weight) model has no tokenizer "
+                        "and no language to model")
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(trial.model_location)
+    except Exception as exc:
+        return _columns(f"not applicable: no tokenizer for {trial.model_location} "
+                        f"({type(exc).__name__}: {exc})"[:2000])
+    try:
+        token_ids = list(tokenizer(PUBLIC_DOMAIN_TEXT)["input_ids"])
+        value, tokens = perplexity_of(backend, token_ids, context_tokens(load.architecture))
+    except NotImplementedError as exc:
+        return _columns(f"not applicable: {exc}")
+    except Exception as exc:
+        log.exception("perplexity failed")
+        backend.recover()
+        return _columns(f"failed: {type(exc).__name__}: {exc}"[:2000])
+    return _columns("ok", value, tokens)
