@@ -18,6 +18,7 @@
 #   backends8b  the same for llama-3.1-8b, into the same results directory, then the table
 #   vllm_fp8    issue 9: fp8 on llama-3.1-8b, sweeper vs bare (§6)
 #   vllm_tp2    issue 9: tensor parallel 2 (needs nvidia-h200-x2) (§6)
+#   quant_vllm  issue 5/9: the vllm rows (bf16, fp8) of sweeps/quantization.yaml (§5)
 #   multi_gpu   issue 6: sweeps/quantization.yaml (1B) spread over every GPU, busy fraction (§4)
 set -uo pipefail
 [ -f /tmp/site/env.sh ] && source /tmp/site/env.sh
@@ -28,6 +29,10 @@ RESULTS=/tmp/sweeper-results  # survives between calls while the machine stays w
 
 one_model_sweep() {  # sweep file, model, destination
     python3 -c "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); d['models'] = [sys.argv[2]]; yaml.safe_dump(d, open(sys.argv[3], 'w'))" "$1" "$2" "$3"
+}
+
+one_backend_sweep() {  # sweep file, backend, destination (same trial ids as in the full sweep)
+    python3 -c "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); d['backends'] = [sys.argv[2]]; d['exclude'] = [r for r in d.get('exclude', []) if r.get('backend') in (None, sys.argv[2])]; yaml.safe_dump(d, open(sys.argv[3], 'w'))" "$1" "$2" "$3"
 }
 
 step() {
@@ -44,6 +49,9 @@ step() {
                         && cp "$RESULTS/backends/trials.parquet" "$OUT/backends_trials.parquet" ;;
         vllm_fp8) python3 bench/vllm_compare.py --model llama-3.1-8b --fp8-only --out "$OUT/vllm_fp8.json" ;;
         vllm_tp2) python3 bench/vllm_compare.py --tp 2 --model llama-3.1-8b --no-fp8 --out "$OUT/vllm_tp2.json" ;;
+        quant_vllm) one_backend_sweep sweeps/quantization.yaml vllm /tmp/quant_vllm.yaml \
+                        && python3 -m sweeper run /tmp/quant_vllm.yaml -o "$RESULTS/quant_vllm" -q \
+                        && cp "$RESULTS/quant_vllm/trials.parquet" "$OUT/quant_vllm_trials.parquet" ;;
         multi_gpu) one_model_sweep sweeps/quantization.yaml llama-3.2-1b /tmp/multi_gpu.yaml \
                        && python3 -m sweeper run /tmp/multi_gpu.yaml -o "$RESULTS/multi_gpu" -q \
                        && cp "$RESULTS/multi_gpu/trials.parquet" "$OUT/multi_gpu_trials.parquet" ;;
