@@ -136,13 +136,10 @@ measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 2.0, idle_s: 0}
 """
 
 
-@pytest.mark.parametrize(("kills", "max_retries", "first_status"), [(1, 1, "ok"), (2, 1, "failed")])
-def test_a_killed_actor_is_replaced_and_its_trial_retried(ray_local, write_sweep, tmp_path,
-                                                          kills, max_retries, first_status):
-    plan = _plan(write_sweep, DEATH_SWEEP)
-    store = ResultStore(str(tmp_path / "out"))
+def _run_killing(plan, store, ray_local, kills: int, max_retries: int, phase: str):
+    """run_plan while a thread SIGKILLs the actor ``kills`` times during ``phase`` (run | load)."""
     stop, killed = threading.Event(), []
-    killer = threading.Thread(target=_kill_running_actors, args=(kills, stop, killed), daemon=True)
+    killer = threading.Thread(target=_kill_running_actors, args=(kills, stop, killed, phase), daemon=True)
     killer.start()
     try:
         summary = run_plan(plan, store, ray_local, quiet=True, max_retries=max_retries)
@@ -150,6 +147,14 @@ def test_a_killed_actor_is_replaced_and_its_trial_retried(ray_local, write_sweep
         stop.set()
         killer.join()
     assert len(killed) == kills
+    return summary
+
+
+@pytest.mark.parametrize(("kills", "max_retries", "first_status"), [(1, 1, "ok"), (2, 1, "failed")])
+def test_a_killed_actor_is_replaced_and_its_trial_retried(ray_local, write_sweep, tmp_path,
+                                                          kills, max_retries, first_status):
+    store = ResultStore(str(tmp_path / "out"))
+    summary = _run_killing(_plan(write_sweep, DEATH_SWEEP), store, ray_local, kills, max_retries, "run")
     rows = _rows(store)
     first, second = rows[(1, 8, 4)], rows[(2, 8, 4)]
     assert first["status"] == first_status
@@ -176,17 +181,8 @@ measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 0, idle_s: 0}
 @pytest.mark.parametrize(("kills", "max_retries", "status"), [(1, 1, "ok"), (2, 1, "failed")])
 def test_an_actor_killed_while_loading_is_retried_like_one_killed_mid_trial(ray_local, write_sweep, tmp_path,
                                                                             kills, max_retries, status):
-    plan = _plan(write_sweep, LOAD_DEATH_SWEEP)
     store = ResultStore(str(tmp_path / "out"))
-    stop, killed = threading.Event(), []
-    killer = threading.Thread(target=_kill_running_actors, args=(kills, stop, killed, "load"), daemon=True)
-    killer.start()
-    try:
-        summary = run_plan(plan, store, ray_local, quiet=True, max_retries=max_retries)
-    finally:
-        stop.set()
-        killer.join()
-    assert len(killed) == kills
+    summary = _run_killing(_plan(write_sweep, LOAD_DEATH_SWEEP), store, ray_local, kills, max_retries, "load")
     rows = list(_rows(store).values())
     assert len(rows) == 2 and {r["status"] for r in rows} == {status}  # each trial exactly once
     if status == "failed":
