@@ -71,6 +71,13 @@ class VllmOptions(BaseModel):
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     block_size: Literal[8, 16, 32, 64, 128] | None = None
 
+    def unsupported_shape(self, input_len: int, output_len: int) -> str | None:
+        """Why a trial of this shape cannot run with these options, or None."""
+        if self.max_model_len is not None and input_len + output_len > self.max_model_len:
+            return (f"input_len + output_len = {input_len + output_len} exceeds "
+                    f"backend_options.vllm.max_model_len = {self.max_model_len}")
+        return None
+
     @field_validator("max_num_batched_tokens")
     @classmethod
     def _holds_a_step(cls, value: int | None, info: ValidationInfo) -> int | None:
@@ -97,6 +104,13 @@ class BackendSpec:
 
     def default_options_json(self) -> str:
         return canonical_options(self.options())
+
+    def unsupported_shape(self, options_json: str, input_len: int, output_len: int) -> str | None:
+        """Why a trial of this shape cannot run with these options (options models that
+        know their limits define ``unsupported_shape``), or None."""
+        options = self.options.model_validate_json(options_json)
+        check = getattr(options, "unsupported_shape", None)
+        return check(input_len, output_len) if check is not None else None
 
     def unsupported_reason(self, precision: str, device: str, tensor_parallel: int = 1) -> str | None:
         if precision not in self.precisions:

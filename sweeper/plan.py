@@ -141,7 +141,8 @@ def compatibility(trial: Trial, device: Device, capabilities: Capabilities | Non
     """
     backend = BACKENDS[trial.backend]
     precision = PRECISIONS[trial.precision]
-    reason = backend.unsupported_reason(trial.precision, device, trial.tensor_parallel)
+    reason = (backend.unsupported_reason(trial.precision, device, trial.tensor_parallel)
+              or backend.unsupported_shape(trial.backend_options, trial.input_len, trial.output_len))
     if not reason and capabilities is not None and device == "cuda" and capabilities.source == LOCAL:
         # The embedded cluster never grows: a trial wider than this machine would
         # wait forever. (A real cluster may autoscale, so there it waits for a node.)

@@ -381,3 +381,15 @@ def test_engine_architecture_feeds_the_roofline():
     arch = _architecture(SimpleNamespace(hf_config=config))
     assert arch["num_hidden_layers"] == 16 and arch["hidden_size"] == 2048
     assert _architecture(SimpleNamespace()) is None  # no hf_config: null roofline, no failure
+
+
+def test_a_shape_longer_than_max_model_len_is_skipped_at_plan_time():
+    from sweeper.plan import make_plan
+    from sweeper.spec import parse_sweep
+
+    sweep = parse_sweep({"name": "m", "models": "llama-3.2-1b", "backends": "vllm", "precisions": "bf16",
+                         "batch_sizes": 1, "workload": {"input_len": [128, 1000], "output_len": 128},
+                         "backend_options": {"vllm": {"max_model_len": 512}}})
+    reasons = {p.trial.input_len: p.skip_reason for p in make_plan(sweep, "cuda").trials}
+    assert "exceeds backend_options.vllm.max_model_len = 512" in reasons[1000]
+    assert "max_model_len" not in (reasons[128] or "")  # 256 tokens fit (vllm itself may be missing here)
