@@ -84,6 +84,21 @@ class Capabilities:
             return "which is not installed in the local environment"
         return f"which no {what} of the cluster has installed ({self.source})"
 
+    def too_wide(self, device: str, num_gpus: int) -> str | None:
+        """Why a trial of ``num_gpus`` can never be placed, or None.
+
+        Only the embedded cluster gives a verdict: it never grows, so a trial wider
+        than the machine would wait forever, while a real cluster may autoscale
+        (there the trial waits for a node). A machine with no GPU at all is planning
+        for some other machine: no verdict either.
+        """
+        if device != "cuda" or self.source != LOCAL:
+            return None
+        gpus = max((n.gpus for n in self.nodes), default=0)
+        if 0 < gpus < num_gpus:
+            return f"needs {num_gpus} GPUs on one node; this machine has {gpus}"
+        return None
+
     def versions(self, library: str, device: str, num_gpus: int) -> list[str]:
         nodes, _ = self.candidates(device, num_gpus)
         return sorted({n.libraries[library] for n in nodes if n.has(library)})

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sweeper.backends import BACKENDS, canonical_options
-from sweeper.capabilities import LOCAL, Capabilities
+from sweeper.capabilities import Capabilities
 from sweeper.errors import ModelResolutionError, SweepFileError
 from sweeper.models import ModelRef, resolve_model
 from sweeper.precisions import PRECISIONS
@@ -104,11 +104,10 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
     # A backend with several option variants is an axis of its own.
     backend_variants = [(b, canonical_options(o)) for b in sweep.backends for o in sweep.options_for(b)]
     layer_profile = sweep.profile.layers if sweep.profile is not None else None
-    # Settings at their defaults that were added later stay out of the JSON (and so of trial ids).
-    fidelity = (json.dumps(sweep.fidelity.model_dump(mode="json", exclude_defaults=False,
-                                                     exclude={"perplexity"} if not sweep.fidelity.perplexity else None),
-                           sort_keys=True, separators=(",", ":"))
-                if sweep.fidelity is not None else None)
+    # perplexity (added later) joins the JSON, and so the trial ids, only when asked for.
+    fidelity = (json.dumps(sweep.fidelity.model_dump(
+        mode="json", exclude=None if sweep.fidelity.perplexity else {"perplexity"}),
+        sort_keys=True, separators=(",", ":")) if sweep.fidelity is not None else None)
     trials: list[Trial] = []
     excluded = 0
     grid = itertools.product(
@@ -143,13 +142,8 @@ def compatibility(trial: Trial, device: Device, capabilities: Capabilities | Non
     precision = PRECISIONS[trial.precision]
     reason = (backend.unsupported_reason(trial.precision, device, trial.tensor_parallel)
               or backend.unsupported_shape(trial.backend_options, trial.input_len, trial.output_len))
-    if not reason and capabilities is not None and device == "cuda" and capabilities.source == LOCAL:
-        # The embedded cluster never grows: a trial wider than this machine would
-        # wait forever. (A real cluster may autoscale, so there it waits for a node.)
-        # (A machine with no GPU at all is planning for some other machine: no verdict.)
-        gpus = max((n.gpus for n in capabilities.nodes), default=0)
-        if 0 < gpus < trial.num_gpus:
-            reason = f"needs {trial.num_gpus} GPUs on one node; this machine has {gpus}"
+    if not reason and capabilities is not None:
+        reason = capabilities.too_wide(device, trial.num_gpus)
     if reason or capabilities is None:
         return reason or precision.unsupported_reason(device, precision.library_version())
     needs = [(m, f"backend {backend.name}") for m in backend.requires]
