@@ -264,10 +264,14 @@ def _reference_precision(group: pd.DataFrame) -> str | None:
     return "bf16" if (group["precision"] == "bf16").any() else None
 
 
+def _max_or_none(df: pd.DataFrame, column: str) -> float | None:
+    return df[column].max() if column in df.columns and df[column].notna().any() else None
+
+
 def _geomean(values: list[float]) -> float | None:
     import math
 
-    values = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    values = [v for v in values if v is not None and v == v and v > 0 and math.isfinite(v)]
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
@@ -281,57 +285,50 @@ def precision_summary(trials: pd.DataFrame) -> pd.DataFrame:
     """
     import pandas as pd
 
+    from sweeper.precisions import PRECISIONS
     from sweeper.trial import variant_label
 
     df = _ok(trials)
     shape = ["batch_size", "input_len", "output_len"]
+    order = {name: i for i, name in enumerate(PRECISIONS)}
     rows = []
     # Eager and compiled (any option variant) are separate comparisons, as is tensor parallelism.
     keys = [k for k in ("model", "backend", "backend_options", "tensor_parallel") if k in df.columns]
-    for key, group in df.groupby(keys, sort=True, dropna=False):
-        model, backend = key[0], key[1]
-        tp = group["tensor_parallel"].iloc[0] if "tensor_parallel" in group.columns else 1
-        variant = variant_label(backend, group["backend_options"].iloc[0] if "backend_options" in group.columns
-                                else None, int(tp) if pd.notna(tp) else 1)
-        backend = f"{backend} {variant}" if variant else backend
+    for _, group in df.groupby(keys, sort=True, dropna=False):
         if group["precision"].nunique() < 2:
             continue
+        first_row = group.iloc[0]
+        tp = first_row.get("tensor_parallel")
+        variant = variant_label(first_row["backend"], first_row.get("backend_options"),
+                                int(tp) if pd.notna(tp) else 1)
         ref_name = _reference_precision(group)
         ref = group[group["precision"] == ref_name]
-        ref_by_shape = {tuple(r[c] for c in shape): r for _, r in ref.iterrows()}
-        ref_weights = ref["weight_memory_bytes"].median() if not ref.empty else None
-        from sweeper.precisions import PRECISIONS
-
-        order = list(PRECISIONS)
-
-        def rank(name: str, ref_name=ref_name, order=order) -> tuple:
-            return (name != ref_name, order.index(name) if name in order else len(order), name)
-
-        for precision in sorted(group["precision"].unique(), key=rank):
+        ref_weights = ref["weight_memory_bytes"].median()
+        # Reference first, then the registry's order.
+        for precision in sorted(group["precision"].unique(),
+                                key=lambda p, r=ref_name: (p != r, order.get(p, len(order)), p)):
             rows_p = group[group["precision"] == precision]
-            pairs = [(r, ref_by_shape.get(tuple(r[c] for c in shape))) for _, r in rows_p.iterrows()]
-            pairs = [(r, q) for r, q in pairs if q is not None]
+            paired = rows_p.merge(ref, on=shape, suffixes=("", "_ref"))
             weights = rows_p["weight_memory_bytes"].median()
 
-            def ratio(column: str, pairs=pairs) -> float | None:
-                return _geomean([r[column] / q[column] for r, q in pairs
-                                 if pd.notna(r[column]) and pd.notna(q[column]) and q[column]])
+            def ratio(column: str, paired=paired) -> float | None:
+                return _geomean(list(paired[column] / paired[f"{column}_ref"]))
 
             def first(column: str, rows_p=rows_p) -> Any:
-                if column not in rows_p.columns:
-                    return None
-                values = rows_p[column].dropna()
-                return values.iloc[0] if not values.empty else None
+                values = rows_p[column].dropna() if column in rows_p.columns else ()
+                return values.iloc[0] if len(values) else None
 
             rows.append({
-                "model": model, "backend": backend, "precision": precision, "reference": ref_name,
+                "model": first_row["model"],
+                "backend": f"{first_row['backend']} {variant}" if variant else first_row["backend"],
+                "precision": precision, "reference": ref_name,
                 "weight_gb": weights / 1e9 if pd.notna(weights) else None,
-                "weight_vs_ref": weights / ref_weights if pd.notna(weights) and ref_weights else None,
+                "weight_vs_ref": weights / ref_weights if pd.notna(weights) and pd.notna(ref_weights) else None,
                 "energy_per_token_vs_ref": ratio("energy_per_token_j"),
                 "throughput_vs_ref": ratio("throughput_tok_s"),
-                "shapes_compared": len(pairs),
+                "shapes_compared": len(paired),
                 "fidelity_kl": first("fidelity_kl"), "fidelity_top1": first("fidelity_top1"),
-                "best_mbu": rows_p["mbu"].max() if "mbu" in rows_p.columns else None,
+                "best_mbu": _max_or_none(rows_p, "mbu"),
             })
     return pd.DataFrame(rows, columns=[
         "model", "backend", "precision", "reference", "weight_gb", "weight_vs_ref",
