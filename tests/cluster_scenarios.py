@@ -4,15 +4,22 @@ Run as ``python -m tests.cluster_scenarios SCENARIO SWEEP OUT``; prints one JSON
 line with the cluster's node ids and the run's summary. Nodes have logical GPUs
 (Ray resources, no devices), so the noop backend stands in for a model.
 
+- ``spread``: two 1-GPU workers behind a GPU-less head.
 - ``tp``: a 1-GPU and a 2-GPU worker behind a GPU-less head.
 - ``remove``: three 1-GPU workers; the worker that wrote the first trial shard is
   removed (its processes killed, as a lost machine's would be) while its group
   still has trials to run.
+- ``single``: one node, a 1-GPU head. The plan is made without a capability probe,
+  as a stale probe would, so a trial may reach a worker that lacks its library.
+
+Tests call ``run_scenario``, which runs this module in a fresh process.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -45,13 +52,28 @@ def _remove_first_writer(cluster: Cluster, workers: list, out: Path, removed: li
         time.sleep(0.02)
 
 
+WORKERS = {  # scenario -> (num_cpus, num_gpus) of each worker node
+    "spread": [(2, 1), (2, 1)],
+    "tp": [(2, 1), (3, 2)],
+    "remove": [(2, 1), (2, 1), (2, 1)],
+    "single": [],
+}
+
+
+def run_scenario(scenario: str, sweep_path: Path, out: Path, root: Path) -> dict:
+    """Run ``scenario`` in its own process; its JSON summary line."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-m", "tests.cluster_scenarios", scenario, str(sweep_path), str(out)],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def main(scenario: str, sweep_path: str, out: str) -> None:
+    head_gpus = 1 if scenario == "single" else 0
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "num_gpus": 0, "_system_config": FAST_HEALTH_CHECK})
-    if scenario == "tp":
-        workers = [cluster.add_node(num_cpus=2, num_gpus=1), cluster.add_node(num_cpus=3, num_gpus=2)]
-    else:
-        workers = [cluster.add_node(num_cpus=2, num_gpus=1) for _ in range(3)]
+        "num_cpus": 2 if head_gpus else 1, "num_gpus": head_gpus, "_system_config": FAST_HEALTH_CHECK})
+    workers = [cluster.add_node(num_cpus=c, num_gpus=g) for c, g in WORKERS[scenario]]
     cluster.wait_for_nodes()
     head_id, worker_ids = cluster.head_node.node_id, [w.node_id for w in workers]
     info = connect(cluster.address)
@@ -74,8 +96,8 @@ def main(scenario: str, sweep_path: str, out: str) -> None:
         ray.shutdown()
         cluster.shutdown()
     print(json.dumps({
-        "workers": worker_ids, "head": head_id, "removed": removed,
-        "gpus": info.gpus, "ok": summary.ok, "failed": summary.failed, "retries": summary.retries,
+        "workers": worker_ids, "head": head_id, "removed": removed, "nodes": info.nodes,
+        "runnable": len(plan.runnable), "gpus": info.gpus, "ok": summary.ok, "failed": summary.failed, "retries": summary.retries,
         "model_loads": summary.model_loads, "wall_s": summary.wall_s,
     }))
 

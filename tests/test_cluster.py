@@ -61,55 +61,18 @@ def test_ray_validation_rejects_a_broken_cluster_yaml(cluster_config):
 
 # -- placement on a multi-node cluster ----------------------------------------------------
 
-PLACEMENT_SCRIPT = r'''
-import json, sys
-from ray.cluster_utils import Cluster
-from sweeper.plan import make_plan
-from sweeper.scheduler import connect, run_plan
-from sweeper.spec import load_sweep
-from sweeper.storage import ResultStore
-
-sweep_path, out = sys.argv[1], sys.argv[2]
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-workers = [cluster.add_node(num_cpus=2, num_gpus=1) for _ in range(2)]
-cluster.wait_for_nodes()
-head_id, worker_ids = cluster.head_node.node_id, [w.node_id for w in workers]
-info = connect(cluster.address)
-plan = make_plan(load_sweep(sweep_path), info.device, sweep_path=sweep_path)
-try:
-    summary = run_plan(plan, ResultStore(out), info, quiet=True)
-finally:
-    import ray
-    ray.shutdown()
-    cluster.shutdown()
-print(json.dumps({"gpus": info.gpus, "nodes": info.nodes, "ok": summary.ok, "loads": summary.model_loads,
-                  "head": head_id, "workers": worker_ids}))
-'''
-
-
 def test_groups_spread_over_nodes_and_never_share_a_gpu(tmp_path):
     """Four groups on two 1-GPU nodes (logical GPUs) behind a GPU-less head, in its own process."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     from sweeper.storage import ResultStore
+    from tests.cluster_scenarios import run_scenario
 
     sweep = tmp_path / "spread.yaml"
     sweep.write_text(
         "name: spread\nmodels: [tiny-llama, tiny-qwen2]\nprecisions: [fp32, bf16]\nbatch_sizes: [1, 2]\n"
         "workload: {input_len: 8, output_len: 4}\n"
         "measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 0.5, idle_s: 0}\n")
-    script = tmp_path / "placement.py"
-    script.write_text(PLACEMENT_SCRIPT)
-    # A script outside the checkout finds the packages through PYTHONPATH, installed or not.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    r = subprocess.run([sys.executable, str(script), str(sweep), str(tmp_path / "out")], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    info = json.loads(r.stdout.strip().splitlines()[-1])
-    assert (info["gpus"], info["nodes"], info["ok"], info["loads"]) == (2, 3, 8, 4)
+    info = run_scenario("spread", sweep, tmp_path / "out", ROOT)
+    assert (info["gpus"], info["nodes"], info["ok"], info["model_loads"]) == (2, 3, 8, 4)
 
     rows = ResultStore(str(tmp_path / "out")).read_shards("trials").to_pylist()
     by_node: dict[str, list[dict]] = {}

@@ -8,9 +8,6 @@ the trial rows it leaves: node, Ray GPU ids, start and finish times.
 from __future__ import annotations
 
 import io
-import json
-import subprocess
-import sys
 from collections import defaultdict
 
 import numpy as np
@@ -26,6 +23,7 @@ from sweeper.presets import PRESETS
 from sweeper.scheduler import run_plan
 from sweeper.spec import load_sweep
 from sweeper.storage import ResultStore
+from tests.cluster_scenarios import run_scenario
 from tests.conftest import ROOT
 
 
@@ -153,10 +151,7 @@ def _run_scenario(tmp_path, scenario: str, sweep_text: str) -> tuple[dict, list[
     sweep = tmp_path / f"{scenario}.yaml"
     sweep.write_text(sweep_text)
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "tests.cluster_scenarios", scenario, str(sweep), str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    info = json.loads(r.stdout.strip().splitlines()[-1])
+    info = run_scenario(scenario, sweep, out, ROOT)
     return info, ResultStore(str(out)).read_shards("trials").to_pylist()
 
 

@@ -9,9 +9,6 @@ data fixtures, not stand-ins for sweeper code.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass, field
 
 import pytest
@@ -321,30 +318,6 @@ def test_a_worker_without_vllm_refuses_the_backend_clearly():
     assert "BackendUnavailable: backend vllm needs the Python module 'vllm'" in result.error
 
 
-WORKER_SCRIPT = r'''
-import json, sys
-from ray.cluster_utils import Cluster
-from sweeper.plan import make_plan
-from sweeper.scheduler import connect, run_plan
-from sweeper.spec import load_sweep
-from sweeper.storage import ResultStore
-
-sweep_path, out = sys.argv[1], sys.argv[2]
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1})
-info = connect(cluster.address)
-# No capabilities: the plan believes every library is everywhere, as a stale probe
-# would, so the vllm trial reaches a worker that lacks vllm.
-plan = make_plan(load_sweep(sweep_path), info.device, sweep_path=sweep_path)
-try:
-    summary = run_plan(plan, ResultStore(out), info, quiet=True)
-finally:
-    import ray
-    ray.shutdown()
-    cluster.shutdown()
-print(json.dumps({"runnable": len(plan.runnable), "ok": summary.ok, "failed": summary.failed}))
-'''
-
-
 def test_a_vllm_trial_on_a_worker_without_vllm_fails_and_the_sweep_goes_on(tmp_path):
     """On a (logical) GPU node without vllm: the vllm trial fails with the clear error, the rest finish."""
     from sweeper.storage import ResultStore
@@ -353,13 +326,12 @@ def test_a_vllm_trial_on_a_worker_without_vllm_fails_and_the_sweep_goes_on(tmp_p
     s.write_text("name: mixed\nmodels: tiny-llama\nbackends: [vllm, transformers]\nprecisions: bf16\n"
                  "batch_sizes: [1, 2]\nworkload: {input_len: 8, output_len: 4}\n"
                  "measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 0.2, idle_s: 0}\n")
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    r = subprocess.run([sys.executable, str(script), str(s), str(tmp_path / "out")], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"runnable": 4, "ok": 2, "failed": 2}
+    from tests.cluster_scenarios import run_scenario
+
+    # "single" plans without a capability probe, as a stale probe would: the vllm
+    # trials reach a worker that lacks vllm.
+    info = run_scenario("single", s, tmp_path / "out", ROOT)
+    assert (info["runnable"], info["ok"], info["failed"]) == (4, 2, 2)
     rows = ResultStore(str(tmp_path / "out")).read_shards("trials").to_pylist()
     by_backend = {(row["backend"], row["batch_size"]): row for row in rows}
     assert {by_backend[("transformers", b)]["status"] for b in (1, 2)} == {"ok"}
