@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
@@ -126,14 +127,21 @@ def variant_label(backend: str, options_json: str | None, tensor_parallel: int |
     return " ".join(parts + [f"{k}={v}" for k, v in sorted(options.items())])
 
 
-def _non_default_options(backend: str, options_json: str) -> dict:
+@functools.cache
+def _default_options(backend: str) -> dict | None:
+    """The backend's options at their defaults (None: not a registered backend)."""
     from sweeper.backends import BACKENDS
 
     spec = BACKENDS.get(backend)
+    return None if spec is None else spec.options().model_dump(mode="json")
+
+
+def _non_default_options(backend: str, options_json: str) -> dict:
+    # Every trial's id goes through here: the defaults are built once per backend.
     options = json.loads(options_json)
-    if spec is None:
+    defaults = _default_options(backend)
+    if defaults is None:
         return options
-    defaults = spec.options().model_dump(mode="json")
     return {k: v for k, v in options.items() if defaults.get(k, object()) != v}
 
 
