@@ -68,8 +68,10 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Any
     # Compilation and graph capture for the shape, timed apart: never in the window.
     prepared = backend.prepare(trial.batch_size, trial.input_len, trial.output_len)
     backend.reset_peak_memory()
-    for i in range(m.warmup_iters):
-        backend.generate(prompts.batch(-1 - i), trial.output_len)
+    t_warm, warmed = clock(), 0
+    while warmed < m.warmup_iters or clock() - t_warm < m.warmup_s:
+        backend.generate(prompts.batch(-1 - warmed), trial.output_len)
+        warmed += 1
 
     backend.sync()
     t_idle = clock()

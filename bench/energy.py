@@ -5,7 +5,8 @@ Runs the real actor code (``TrialRunner``, no Ray) on a synthetic model and chec
 1. counter energy vs the integral of the sampled power over the same windows;
 2. repeatability: coefficient of variation of ``energy_per_token_j`` over repeats;
 3. an independent cross-check of each window with Zeus's ``ZeusMonitor``;
-4. sampler overhead: throughput with the sampler thread off / on / lean, in rotating blocks;
+4. sampler overhead: throughput with the sampler thread off / on / sparse counter reads /
+   reads from another process, in rotating blocks, and the cost of each NVML read;
 5. prefill + decode energy against the window total and its uncertainty.
 
     python bench/energy.py --model llama-3.1-8b --batches 1,32 --repeats 5 --out $OUT/energy.json
@@ -23,14 +24,15 @@ from pathlib import Path
 import numpy as np
 
 
-def make_trials(model: str, batch: int, repeats: int, window_s: float, in_len: int, out_len: int):
+def make_trials(model: str, batch: int, repeats: int, window_s: float, warmup_s: float, in_len: int,
+                out_len: int):
     from sweeper.plan import expand
     from sweeper.spec import parse_sweep
 
     sweep = parse_sweep({
         "name": "energy-bench", "models": model, "precisions": "bf16", "batch_sizes": batch,
         "workload": {"input_len": in_len, "output_len": out_len}, "repeats": repeats,
-        "measure": {"warmup_iters": 1, "min_iters": 3, "min_duration_s": window_s, "idle_s": 2.0,
+        "measure": {"warmup_iters": 1, "warmup_s": warmup_s, "min_iters": 3, "min_duration_s": window_s, "idle_s": 2.0,
                     "min_window_s": 10.0},
     })
     return expand(sweep)[0]
@@ -53,21 +55,48 @@ def power_integral_j(timeline, duration_s: float) -> float:
 
 def nvml_call_costs_s(tel, calls: int = 200) -> dict[str, float]:
     """Mean wall time of each NVML read the sampler makes, on the first held GPU."""
+    import pynvml as nv
+
     reader = tel.sampler._readers[0]
+    reads = {field: getattr(reader, field) for field in (
+        "energy_mj", "power_w", "util_gpu_pct", "memory_used_bytes", "sm_clock_mhz", "temperature_c")}
+    # The same counter through the field-values API: another driver path, maybe a cheaper one.
+    field = [nv.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]
+    reads["energy_field_value"] = lambda: nv.nvmlDeviceGetFieldValues(reader._handle, field)
     out = {}
-    for field in ("energy_mj", "power_w", "util_gpu_pct", "memory_used_bytes", "sm_clock_mhz", "temperature_c"):
-        read = getattr(reader, field)
+    for name, read in reads.items():
         t0 = time.perf_counter()
         for _ in range(calls):
             read()
-        out[field] = (time.perf_counter() - t0) / calls
+        out[name] = (time.perf_counter() - t0) / calls
     return out
 
 
+def _poll_in_process(uuids: list[str], interval_s: float, stop) -> None:
+    """The sampler's energy-counter and instantaneous-power reads, made from another
+    process: what sampling costs the trial without sharing its interpreter's GIL."""
+    import pynvml as nv
+
+    nv.nvmlInit()
+    handles = [nv.nvmlDeviceGetHandleByUUID(u) for u in uuids]
+    field = [nv.NVML_FI_DEV_POWER_INSTANT]
+    next_t = time.monotonic()
+    while not stop.is_set():
+        for h in handles:
+            nv.nvmlDeviceGetTotalEnergyConsumption(h)
+            nv.nvmlDeviceGetFieldValues(h, field)
+        next_t += interval_s
+        stop.wait(max(0.0, next_t - time.monotonic()))
+
+
 def sampler_overhead(runner, tel, batch: int, args) -> dict:
-    """Throughput with the sampler thread off, on (every field every tick) and lean
-    (energy and power every tick, the slow fields every 10th), in rotating order so
-    that drift in clocks or temperature cancels to first order."""
+    """Throughput with the sampler thread off, on (every field every tick), sparse
+    (the 3.8 ms energy-counter read every 10th tick, power every tick) and the full
+    energy + power reads made from a separate process (``proc``: the driver's share
+    of the cost without the GIL's), in rotating order so that drift in clocks or
+    temperature cancels to first order."""
+    import multiprocessing
+
     from actors.workload import RandomPrompts
 
     backend = runner.backend
@@ -83,17 +112,30 @@ def sampler_overhead(runner, tel, batch: int, args) -> dict:
         backend.sync()
         return tokens / (time.monotonic() - t0)
 
-    modes = ("off", "full", "lean")
-    slow_every = {"full": 1, "lean": 10}
-    costs = {m: [0, 0.0] for m in slow_every}  # samples, summed cost
-    ratios: dict[str, list[float]] = {"full": [], "lean": []}
+    modes = ("off", "full", "sparse", "proc")
+    energy_every = {"full": 1, "sparse": 10}
+    costs = {m: [0, 0.0] for m in energy_every}  # samples, summed cost
+    ratios: dict[str, list[float]] = {"full": [], "sparse": [], "proc": []}
+    spawn = multiprocessing.get_context("spawn")
+    uuids = [g.uuid for g in tel.sampler.gpus]
     for i in range(args.overhead_pairs):
-        order = modes[i % 3:] + modes[:i % 3]
+        order = modes[i % len(modes):] + modes[:i % len(modes)]
         rate = {}
         for mode in order:
             tel.sampler.stop()
+            if mode == "proc":
+                stop = spawn.Event()
+                poller = spawn.Process(target=_poll_in_process, args=(uuids, tel.sampler.interval_s, stop))
+                poller.start()
+                time.sleep(1.0)  # past the child's interpreter start and nvmlInit
+                rate[mode] = block()
+                if not poller.is_alive():  # a dead poller would read as free sampling
+                    raise RuntimeError(f"the NVML poller process exited early ({poller.exitcode})")
+                stop.set()
+                poller.join(timeout=10)
+                continue
             if mode != "off":
-                tel.sampler.slow_every = slow_every[mode]
+                tel.sampler.energy_every = energy_every[mode]
                 before = tel.sampler.stats()
                 tel.sampler.start()
             rate[mode] = block()
@@ -103,24 +145,24 @@ def sampler_overhead(runner, tel, batch: int, args) -> dict:
                 n = after.samples - before.samples
                 costs[mode][0] += n
                 costs[mode][1] += after.mean_sample_cost_s * after.samples - before.mean_sample_cost_s * before.samples
-        tel.sampler.slow_every = 1
+        tel.sampler.energy_every = 1
         tel.sampler.start()
         for m in ratios:
             ratios[m].append(rate[m] / rate["off"])
-        print(f"  overhead round {i}: off {rate['off']:.1f} full {rate['full']:.1f} lean {rate['lean']:.1f} tok/s",
-              flush=True)
+        print(f"  overhead round {i}: " + " ".join(f"{m} {rate[m]:.1f}" for m in modes) + " tok/s", flush=True)
     out = {"sampler_interval_s": tel.sampler.interval_s, "overhead_block_s": args.overhead_block_s,
            "nvml_call_cost_s": nvml_call_costs_s(tel)}
     for m, values in ratios.items():
         r = np.array(values)
         half_ci = 1.96 * r.std(ddof=1) / np.sqrt(len(r)) if len(r) > 1 else float("nan")
-        key = "sampler_on_over_off" if m == "full" else "sampler_lean_over_off"
+        key = {"full": "sampler_on_over_off", "sparse": "sampler_sparse_over_off", "proc": "sampler_proc_over_off"}[m]
         out[f"{key}_rounds"] = values
         out[key] = float(np.exp(np.mean(np.log(r))))  # geometric mean of paired ratios
         out[f"{key}_median"] = float(np.median(r))
         out[f"{key}_ci95"] = [float(r.mean() - half_ci), float(r.mean() + half_ci)]
-        n, total = costs[m]
-        out[f"sampler_{m}_mean_sample_cost_s"] = total / n if n else None
+        if m in costs:
+            n, total = costs[m]
+            out[f"sampler_{m}_mean_sample_cost_s"] = total / n if n else None
     return out
 
 
@@ -134,6 +176,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--window-s", type=float, default=15.0)
+    ap.add_argument("--warmup-s", type=float, default=6.0, help="measure.warmup_s of every trial")
     ap.add_argument("--overhead-block-s", type=float, default=4.0)
     ap.add_argument("--overhead-pairs", type=int, default=8)
     ap.add_argument("--input-len", type=int, default=128)
@@ -158,7 +201,8 @@ def main() -> None:
                     "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "batches": {}}
     runner = None
     for batch in (int(b) for b in args.batches.split(",")):
-        trials = make_trials(args.model, batch, args.repeats, args.window_s, args.input_len, args.output_len)
+        trials = make_trials(args.model, batch, args.repeats, args.window_s, args.warmup_s, args.input_len,
+                             args.output_len)
         if runner is None:
             runner = TrialRunner()
             load = runner.load(trials[0])

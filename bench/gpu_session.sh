@@ -7,6 +7,8 @@
 #   call N:       carry [".stage/cN"], command `bash .stage/cN/install.sh --install && bash bench/gpu_session.sh STEP`
 # Later calls on the warm machine: `bash bench/gpu_session.sh STEP [STEP ...]`.
 # Results go to $OUT (the device tool's output folder), logs beside them.
+# On a machine of several GPUs, bench/gpu_parallel.sh runs chains of steps side by side,
+# one GPU each.
 #
 # Steps, with what each proves (docs/BENCHMARKS.md section):
 #   energy      issue 3: counter vs power integral, CV, Zeus, phase sum, sampler off/full/lean (§2)
@@ -37,8 +39,8 @@ one_backend_sweep() {  # sweep file, backend, destination (same trial ids as in 
 
 step() {
     case "$1" in
-        energy) python3 bench/energy.py --model llama-3.1-8b --batches 1,32 --repeats 5 --window-s 15 \
-                    --overhead-pairs 6 --overhead-block-s 4 --out "$OUT/energy.json" ;;
+        energy) python3 bench/energy.py --model llama-3.1-8b --batches 1,32 --repeats 5 --window-s 12 --warmup-s 6 \
+                    --overhead-pairs 8 --overhead-block-s 3 --out "$OUT/energy.json" ;;
         layers16) python3 bench/layers.py --batches 16 --no-event-compare --out "$OUT/layers16.json" ;;
         compile8b) python3 bench/compile_check.py --model llama-3.1-8b --out "$OUT/compile_check_8b.json" ;;
         overhead1b) python3 bench/overhead.py --models llama-3.2-1b --out "$OUT/overhead_1b.json" ;;
@@ -47,6 +49,9 @@ step() {
         backends8b) python3 bench/backends.py --models llama-3.1-8b -o "$RESULTS/backends" --out "$OUT/backends_8b.json" \
                         && python3 bench/backends.py --skip-run -o "$RESULTS/backends" --out "$OUT/backends.json" \
                         && cp "$RESULTS/backends/trials.parquet" "$OUT/backends_trials.parquet" ;;
+        backends) python3 bench/backends.py -o "$RESULTS/backends" --out "$OUT/backends.json" \
+                      && cp "$RESULTS/backends/trials.parquet" "$OUT/backends_trials.parquet" \
+                      && python3 -m sweeper report "$RESULTS/backends" > "$OUT/backends_report.txt" 2>&1 ;;
         vllm_fp8) python3 bench/vllm_compare.py --model llama-3.1-8b --fp8-only --out "$OUT/vllm_fp8.json" ;;
         vllm_tp2) python3 bench/vllm_compare.py --tp 2 --model llama-3.1-8b --no-fp8 --out "$OUT/vllm_tp2.json" ;;
         quant_vllm) one_backend_sweep sweeps/quantization.yaml vllm /tmp/quant_vllm.yaml \

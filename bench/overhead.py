@@ -5,9 +5,10 @@ interleaved blocks (A B C, then C B A, ...) of:
 
   bare     a hand-written loop of ``model.generate(ids, max_new_tokens=N,
            min_new_tokens=N, do_sample=False)`` on the very same model object
-           (compiled mode: plus ``cache_implementation="static"`` and the same
-           ``CompileConfig``, transformers' documented way), timed with
-           synchronize at both ends, the NVML sampler thread stopped;
+           (compiled mode: a loop of the compiled path's own decode call,
+           ``CompiledDecode.generate``: static cache, eager prefill, compiled
+           step, on the same cache and graphs), timed with synchronize at both
+           ends, the NVML sampler thread stopped;
   sweeper  ``TrialRunner.run`` of a trial of the same shape (no Ray): the full
            measurement path with NVML telemetry on; its row's throughput_tok_s;
   every    the same with the old per-token method (a synchronize at every
@@ -15,15 +16,14 @@ interleaved blocks (A B C, then C B A, ...) of:
   bare+nvml  the bare loop with the NVML sampler thread running, to tell the
            sampler's share of any gap from the rest of the harness.
 
-ratio = median sweeper / median bare throughput (goal >= 0.98).
+ratio = median sweeper / median bare throughput (goal >= 0.98), and the geometric mean of
+the per-round ratios with a 95 % interval (rounds are short, so drift cancels within one).
 
     PYTHONPATH=$PWD:/tmp/site python bench/overhead.py --models llama-3.2-1b --out $OUT/overhead_1b.json
     PYTHONPATH=$PWD:/tmp/site python bench/overhead.py --models llama-3.1-8b --out $OUT/overhead_8b.json
 
-Each model takes about 4-8 minutes on an H200 (two loads; per batch size the
-compiled mode compiles twice: sweeper's cache holds input_len + output_len
-positions, generate's own static cache one fewer, so the two paths never share
-a CUDA graph). If one run would pass 8 minutes, split it with --modes.
+Each model takes about 3-5 minutes on an H200 (two loads, one compile per batch
+size). If one run would pass 8 minutes, split it with --modes.
 """
 
 from __future__ import annotations
@@ -43,22 +43,31 @@ def _counters():
     return counters
 
 
-def bare_block(model, ids, mask, output_len: int, extra: dict, block_s: float, sync) -> float:
-    """Tokens/s of back-to-back generate calls for at least ``block_s`` (one unrecorded call first)."""
+def bare_block(call, ids, output_len: int, block_s: float, sync) -> float:
+    """Tokens/s of back-to-back ``call()`` for at least ``block_s`` (one unrecorded call first)."""
     import torch
 
     with torch.inference_mode():
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=output_len,
-                       min_new_tokens=output_len, do_sample=False, **extra)
+        call()
         sync()
         t0, calls = time.monotonic(), 0
         while calls < 3 or time.monotonic() - t0 < block_s:
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=output_len,
-                           min_new_tokens=output_len, do_sample=False, **extra)
+            call()
             calls += 1
         sync()
         elapsed = time.monotonic() - t0
     return ids.shape[0] * output_len * calls / elapsed
+
+
+def paired_ratio(values: list[float], reference: list[float]) -> dict:
+    """Geometric mean of per-round ratios with a 95 % confidence interval (t ~ 2 for few rounds)."""
+    import math
+    import statistics
+
+    logs = [math.log(v / r) for v, r in zip(values, reference, strict=True)]
+    mean = statistics.fmean(logs)
+    half = 2.0 * statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else float("nan")
+    return {"geomean": math.exp(mean), "ci95": [math.exp(mean - half), math.exp(mean + half)], "rounds": len(logs)}
 
 
 def run_mode(model_name: str, compiled: bool, args) -> dict:
@@ -79,13 +88,6 @@ def run_mode(model_name: str, compiled: bool, args) -> dict:
         raise SystemExit(f"load failed: {load.error}")
     backend, tel = runner.backend, runner.telemetry
     model = backend.model
-    extra: dict = {}
-    if compiled:
-        from transformers import CompileConfig
-
-        # Equal to the backend's CompileConfig, so both paths share transformers' compiled call.
-        extra = {"cache_implementation": "static",
-                 "compile_config": CompileConfig(fullgraph=False, dynamic=False, mode=args.mode)}
     out: dict = {"load_s": load.load_s, "batches": {}}
     for batch in batches:
         trial = trials[batch]
@@ -95,8 +97,17 @@ def run_mode(model_name: str, compiled: bool, args) -> dict:
         prompts = RandomPrompts(runner.load_info.vocab_size, args.input_len, batch, seed=99)
         ids = torch.from_numpy(prompts.batch(0)).to(backend.device)
         mask = torch.ones_like(ids)
+        if compiled:
+            eos = model.generation_config.eos_token_id
+
+            def call(ids=ids, eos=eos, b=backend):
+                return b._compiled.generate(ids, args.output_len, eos, b.sync, time.monotonic)
+        else:
+            def call(ids=ids, mask=mask, m=model):
+                return m.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.output_len,
+                                      min_new_tokens=args.output_len, do_sample=False)
         t = time.monotonic()
-        bare_block(model, ids, mask, args.output_len, extra, 0.0, backend.sync)  # bare path's own warm-up
+        bare_block(call, ids, args.output_len, 0.0, backend.sync)  # bare path's own warm-up
         bare_warm_s = time.monotonic() - t
         graphs = compiled_graphs()
         inductor_before = dict(_counters()["inductor"])
@@ -110,8 +121,8 @@ def run_mode(model_name: str, compiled: bool, args) -> dict:
                     if sampler_off:
                         tel.sampler.stop()
                     try:
-                        rates[variant].append(bare_block(model, ids, mask, args.output_len, extra,
-                                                         args.block_s, backend.sync))
+                        rates[variant].append(bare_block(call, ids, args.output_len, args.block_s,
+                                                         backend.sync))
                     finally:
                         if sampler_off:
                             tel.sampler.start()
@@ -128,11 +139,15 @@ def run_mode(model_name: str, compiled: bool, args) -> dict:
             print(f"  {model_name} {'compiled' if compiled else 'eager'} bs{batch} round {i}: "
                   + "  ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()) + " tok/s", flush=True)
         med = {k: median(v) for k, v in rates.items()}
+        paired = {k: paired_ratio(rates[k], rates["bare"]) for k in VARIANTS if k != "bare"}
         inductor = {k: v - inductor_before.get(k, 0) for k, v in _counters()["inductor"].items()
                     if v != inductor_before.get(k, 0)}
         out["batches"][str(batch)] = {
             "tok_s": rates, "median_tok_s": med,
             "ratio_sweeper_over_bare": med["sweeper"] / med["bare"],
+            # Each round's variants ran back to back: their ratio cancels drift slower
+            # than a round, which medians of whole columns do not.
+            "paired_ratio_over_bare": paired,
             "ratio_every_sync_over_bare": med["every"] / med["bare"],
             "ratio_bare_nvml_over_bare": med["bare+nvml"] / med["bare"],
             "compile_s": first["compile_s"], "compile_status": sorted(s for s in statuses if s),
@@ -162,7 +177,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--mode", default="reduce-overhead", help="compile mode of the compiled runs")
     ap.add_argument("--block-s", type=float, default=2.5, help="seconds per timed block")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the four variants")
+    ap.add_argument("--rounds", type=int, default=8, help="interleaved rounds of the four variants")
     ap.add_argument("--out", default="overhead.json")
     args = ap.parse_args()
 
@@ -184,6 +199,9 @@ def main() -> None:
                   f"{b['ratio_sweeper_over_bare']:6.3f} {m['every']:10.1f} {b['ratio_every_sync_over_bare']:6.3f} "
                   f"{m['bare+nvml']:9.1f} {b['ratio_bare_nvml_over_bare']:6.3f}"
                   + (f"   compile_s {b['compile_s']:.1f} {b['compile_status']}" if b["compile_s"] else ""))
+            p = b["paired_ratio_over_bare"]["sweeper"]
+            print(f"{'':28s}     sweeper/bare paired over {p['rounds']} rounds: {p['geomean']:.3f} "
+                  f"[{p['ci95'][0]:.3f}, {p['ci95'][1]:.3f}]")
     print("goal: sweeper/bare >= 0.98 everywhere")
     print(f"elapsed {report['elapsed_s']:.0f} s")
     write_json(args.out, report)

@@ -27,8 +27,10 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 FORMATS = ("html", "md")
 # Configuration columns that make two sweeps' trials comparable (trial_id also
-# hashes the measurement settings, which may legitimately differ between runs).
-COMPARE_KEYS = ("model", "backend", "precision", "batch_size", "input_len", "output_len", "repeat")
+# hashes the measurement settings, which may legitimately differ between runs);
+# ``variant`` is tensor parallelism and the backend options away from their
+# defaults (``tp=2 compile=True``), so eager never meets compiled.
+COMPARE_KEYS = ("model", "backend", "variant", "precision", "batch_size", "input_len", "output_len", "repeat")
 
 
 class ReportError(UserInputError):
@@ -204,10 +206,14 @@ def compare_sweeps(baseline: str | os.PathLike, candidate: str | os.PathLike) ->
     """
     import duckdb
 
+    from sweeper.trial import variant_label
+
     a = table_path(check_results_dir(baseline), "trials")
     b = table_path(check_results_dir(candidate), "trials")
     on = " AND ".join(f"a.{k} IS NOT DISTINCT FROM b.{k}" for k in COMPARE_KEYS)
+    with_variant = "SELECT *, variant(backend, backend_options, TRY_CAST(tensor_parallel AS BIGINT)) AS variant FROM read_parquet(?)"
     sql = f"""
+        WITH a AS ({with_variant}), b AS ({with_variant})
         SELECT {", ".join(f"a.{k}" for k in COMPARE_KEYS)},
                a.throughput_tok_s AS baseline_tok_s, b.throughput_tok_s AS candidate_tok_s,
                b.throughput_tok_s / a.throughput_tok_s AS throughput_ratio,
@@ -215,11 +221,13 @@ def compare_sweeps(baseline: str | os.PathLike, candidate: str | os.PathLike) ->
                a.energy_per_token_j AS baseline_j_per_tok, b.energy_per_token_j AS candidate_j_per_tok,
                b.energy_per_token_j / a.energy_per_token_j AS energy_per_token_ratio,
                a.unstable OR b.unstable AS either_unstable
-        FROM read_parquet(?) a JOIN read_parquet(?) b ON {on}
+        FROM a JOIN b ON {on}
         WHERE a.status = 'ok' AND b.status = 'ok'
         ORDER BY {", ".join(f"a.{k}" for k in COMPARE_KEYS)}"""
     con = duckdb.connect()
     try:
+        con.create_function("variant", variant_label, ["VARCHAR", "VARCHAR", "BIGINT"], "VARCHAR",
+                            null_handling="special")
         return con.execute(sql, [str(a), str(b)]).df()
     finally:
         con.close()

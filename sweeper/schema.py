@@ -43,6 +43,7 @@ TRIALS: tuple[Column, ...] = (
     _c("repeat", I, "repeat index (0-based)"),
     _c("backend_options", S, "the backend's validated options, canonical JSON"),
     _c("warmup_iters", I, "unrecorded generate calls before measuring"),
+    _c("warmup_s", F, "warm-up lasted at least this long (seconds)"),
     _c("min_iters", I, "measured generate calls, at least"),
     _c("min_duration_s", F, "measured window length, at least"),
     _c("idle_s", F, "idle-baseline window before the measured phase"),

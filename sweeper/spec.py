@@ -68,6 +68,7 @@ class Workload(_Strict):
 
 class Measure(_Strict):
     warmup_iters: int = Field(1, ge=0)
+    warmup_s: float = Field(0.0, ge=0, description="warm-up lasts at least this long as well as warmup_iters calls")
     min_iters: int = Field(5, gt=0)
     min_duration_s: float = Field(10.0, ge=0)
     idle_s: float = Field(2.0, ge=0, description="idle-baseline window before the measured phase")

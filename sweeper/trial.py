@@ -17,6 +17,9 @@ METHOD_VERSION = 2
 @dataclass(frozen=True)
 class MeasureSettings:
     warmup_iters: int = 1
+    # Warm-up lasts at least this long too: host-bound decode loops (CPU boost,
+    # allocator, caches) settle over seconds, not over one call.
+    warmup_s: float = 0.0
     min_iters: int = 5
     min_duration_s: float = 10.0
     idle_s: float = 2.0
@@ -74,6 +77,8 @@ class Trial:
             del d["tensor_parallel"]
         if d["measure"]["timeout_s"] is None:
             del d["measure"]["timeout_s"]
+        if d["measure"]["warmup_s"] == 0:
+            del d["measure"]["warmup_s"]
         # Likewise backend options at their defaults: a new option never
         # changes the ids of trials that leave it alone.
         d["backend_options"] = _non_default_options(self.backend, self.backend_options)

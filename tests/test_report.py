@@ -386,6 +386,17 @@ def test_compare_two_sweeps(gpu_results, tmp_path):
     assert len(joined) == 16
     assert joined["throughput_ratio"].tolist() == pytest.approx([2.0] * 16)
     assert joined["energy_per_token_ratio"].tolist() == pytest.approx([1.0] * 16)
+    assert set(joined["variant"]) == {""}
+
+    # The same configuration run compiled is a different variant: it never meets eager.
+    compiled = trials.copy()
+    compiled["backend_options"] = '{"attn_implementation":"sdpa","compile":true}'
+    compiled.to_parquet(other / "trials.parquet")
+    assert compare_sweeps(gpu_results, other).empty
+    both = pd.concat([trials, compiled])
+    both.to_parquet(other / "trials.parquet")
+    joined = compare_sweeps(other, other)
+    assert len(joined) == 32 and set(joined["variant"]) == {"", "compile=True"}
 
 
 def test_report_does_not_import_plotting_at_cli_import():

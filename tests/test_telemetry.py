@@ -204,6 +204,29 @@ def test_slow_fields_every_nth_sample_keep_energy_and_power_at_full_rate(monkeyp
         Sampler(resolve_gpus("0"), slow_every=0)
 
 
+def test_energy_every_nth_sample_and_the_meter_still_measures_a_window(monkeypatch, clock):
+    gpu = FakeGpu(uuid(0), power=PowerTrace(100.0, [(START_S + 3.0, 400.0)]), update_phase_s=0.037)
+    fake = install(monkeypatch, [gpu], clock)
+    sampler = Sampler(resolve_gpus("0"), interval_s=0.1, clock=clock, energy_every=10)
+    before = fake.calls.get("nvmlDeviceGetTotalEnergyConsumption", 0)
+    for _ in range(20):
+        clock.sleep(0.1)
+        sampler.sample_once()
+    rows = sampler.rows_between(0, 1e9)
+    assert [r["energy_mj"] is not None for r in rows] == [True] + [False] * 9 + [True] + [False] * 9
+    assert all(r["power_w"] is not None for r in rows)
+    assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] - before == 2
+    # The window's boundaries come from the meter's own reads: its energy stays right.
+    meter = EnergyMeter(resolve_gpus("0"), sampler, clock=clock, sleep=clock.sleep)
+    sampler.run_inline(START_S + 3.0, clock.sleep)
+    meter.begin("w")
+    sampler.run_inline(START_S + 15.0, clock.sleep)
+    window = meter.end("w")
+    assert window.energy_j == pytest.approx(400.0 * window.duration_s, rel=0.01)
+    with pytest.raises(ValueError, match="energy_every"):
+        Sampler(resolve_gpus("0"), energy_every=0)
+
+
 def test_sampler_thread_real_time(monkeypatch, caplog):
     crashing = FakeGpu(uuid(1), crash={"nvmlDeviceGetMemoryInfo": RuntimeError("bug in a reader")})
     install(monkeypatch, [FakeGpu(uuid(0), update_period_s=0.02), crashing], time.monotonic)
@@ -765,3 +788,44 @@ def test_window_starts_after_the_meters_own_reads(monkeypatch, clock):
     true_j = gpu.power.energy_between_j(w.t_start_s, w.t_end_s)
     assert abs(w.energy_j - true_j) <= w.uncertainty_j
     assert abs(phases["prefill"] + phases["decode"] - w.energy_j) <= w.uncertainty_j
+
+
+def test_iteration_blocks_merge_short_iterations_into_spans_of_min_s():
+    from actors.telemetry.facade import iteration_blocks
+
+    short = [(i * 0.2, (i + 1) * 0.2) for i in range(12)]  # 2.4 s of 0.2 s iterations
+    blocks = iteration_blocks(short, 1.0)
+    assert len(blocks) == 2 and blocks[0] == pytest.approx((0.0, 1.0)) and blocks[1] == pytest.approx((1.0, 2.4))
+    long = [(0.0, 1.5), (1.5, 3.0), (3.0, 3.2)]
+    assert iteration_blocks(long, 1.0) == [(0.0, 1.5), (1.5, 3.2)]  # the short remainder joins the last
+    assert iteration_blocks([(0.0, 0.3)], 1.0) == [(0.0, 0.3)]
+    assert iteration_blocks([], 1.0) == []
+
+
+def test_short_steady_iterations_are_not_flagged_for_the_counters_resolution(monkeypatch, clock, tmp_path):
+    """0.2 s iterations (a prefill burst, then decode) repeat exactly, yet each one spans
+    two counter updates: their per-iteration energies scatter by the meter's resolution,
+    not the workload's. Judged over >= 1 s blocks they are steady; a real drift is still caught."""
+    def trace(drift_w: float) -> PowerTrace:
+        steps, t = [], START_S + 3.0
+        for i in range(60):
+            level = 300.0 + drift_w * (i // 10 % 2)  # every 2 s, the decode power moves by drift_w
+            steps += [(t, 650.0), (t + 0.03, level)]
+            t += 0.2
+        return PowerTrace(100.0, steps)
+
+    def reason(drift_w: float) -> str | None:
+        gpu = FakeGpu(uuid(0), power=trace(drift_w), update_phase_s=0.037)
+        root = tmp_path / f"drift{drift_w:g}"
+        root.mkdir()
+        tel, p0 = open_telemetry(monkeypatch, clock, [gpu], root)
+        tel.sampler.run_inline(START_S + 3.0, clock.sleep)
+        handle, marks, bounds = measured_trial(tel, clock, p0, iterations=60, iter_s=0.2, prefill_s=0.03)
+        cols = tel.trial_columns(handle, idle_power_w=None, marks=marks, output_tokens=60, requests=60,
+                                 decode_tokens=0, iteration_bounds=bounds, min_window_s=10.0)
+        tel.close()
+        return cols["unstable_reason"]
+
+    assert reason(0.0) is None
+    drifting = reason(150.0)
+    assert drifting is not None and "CV" in drifting and "blocks of >= 1 s" in drifting

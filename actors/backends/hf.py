@@ -55,7 +55,7 @@ class TransformersBackend(Backend):
         self.model: Any = None
         self.device = "cpu"
         self.clock = time.monotonic
-        self._setup: dict[tuple[int, bool], tuple[Any, Any]] = {}
+        self._setup: dict[int, tuple[Any, Any]] = {}
         # Devices the compiled path may run on (None: hf_compile.COMPILE_DEVICES, GPUs);
         # tests add "cpu" to check its outputs.
         self.compile_devices = compile_devices
@@ -117,13 +117,13 @@ class TransformersBackend(Backend):
 
             torch.cuda.synchronize()
 
-    def _generation_setup(self, output_len: int, compiled: bool = False) -> tuple[Any, Any]:
-        """The config and step clock for one output length (and path), built once.
+    def _generation_setup(self, output_len: int) -> tuple[Any, Any]:
+        """The config and step clock for one output length, built once.
 
         Building a GenerationConfig costs milliseconds of host time; inside the
         loop that time would sit between generate calls, outside both phases.
         """
-        cached = self._setup.get((output_len, compiled))
+        cached = self._setup.get(output_len)
         if cached is not None:
             return cached
         from transformers import GenerationConfig, LogitsProcessor
@@ -157,10 +157,9 @@ class TransformersBackend(Backend):
             num_beams=1, use_cache=True,
             pad_token_id=self.model.generation_config.pad_token_id,
             eos_token_id=self.model.generation_config.eos_token_id,
-            **(self._compiled.config_kwargs() if compiled else {}),
         )
-        self._setup[(output_len, compiled)] = (config, StepClock())
-        return self._setup[(output_len, compiled)]
+        self._setup[output_len] = (config, StepClock())
+        return self._setup[output_len]
 
     def prepare(self, batch_size: int, input_len: int, output_len: int) -> PrepareInfo:
         """Compile the decode step for this shape and capture its graphs (compiled path only)."""
@@ -175,36 +174,40 @@ class TransformersBackend(Backend):
         from transformers import LogitsProcessorList
 
         compiled = self._compiled is not None and self._compiled.applies()
-        config, steps = self._generation_setup(output_len, compiled)
-        # The eos id is read per call: a caller may change the model's generation config.
-        config.eos_token_id = self.model.generation_config.eos_token_id
-        steps.steps = 0
+        eos_token_id = self.model.generation_config.eos_token_id
         batch_size, cache_len = prompt_ids.shape[0], prompt_ids.shape[1] + output_len
         if compiled:
             from actors.backends.hf_compile import compiled_graphs
 
             graphs_before = compiled_graphs()
+        else:
+            config, steps = self._generation_setup(output_len)
+            # The eos id is read per call: a caller may change the model's generation config.
+            config.eos_token_id = eos_token_id
+            steps.steps = 0
         self.sync()
         # The request starts before its inputs are built: moving them to the device
         # is part of serving it, and it keeps the gaps between calls near zero.
         t_start = self.clock()
         ids = torch.from_numpy(prompt_ids).to(self.device)
-        mask = torch.ones_like(ids)
         with torch.inference_mode():
-            # The compiled path's static cache is reset in place inside the request (as
-            # generate would allocate a fresh one there), in inference mode like its tensors.
-            cache = {"past_key_values": self._compiled.cache(batch_size, cache_len)} if compiled else {}
-            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                                      logits_processor=LogitsProcessorList([steps]), **cache)
+            if compiled:
+                out, t_first = self._compiled.generate(ids, output_len, eos_token_id, self.sync, self.clock)
+            else:
+                out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                          generation_config=config, logits_processor=LogitsProcessorList([steps]))
         self.sync()
         t_end = self.clock()
         self.last_output_ids = out
         if compiled:
             self._compiled.check_no_recompile(batch_size, cache_len, graphs_before)
+        else:
+            if steps.steps != output_len:
+                raise RuntimeError(f"generate ran {steps.steps} steps, expected {output_len}")
+            t_first = steps.t_first
         new_tokens = out.shape[1] - ids.shape[1]
-        if new_tokens != output_len or steps.steps != output_len:
-            raise RuntimeError(f"generate produced {new_tokens} tokens ({steps.steps} steps), expected {output_len}")
-        t_first = steps.t_first
+        if new_tokens != output_len:
+            raise RuntimeError(f"generate produced {new_tokens} tokens, expected {output_len}")
         req = RequestTiming(t_start, t_first, t_end, output_len)
         return Generation(
             t_start_s=t_start, t_end_s=t_end, requests=(req,) * ids.shape[0],

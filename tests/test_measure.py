@@ -1,0 +1,61 @@
+"""The measurement loop's warm-up: iterations and a minimum duration, both honoured."""
+
+from __future__ import annotations
+
+from actors.backends.base import ModelSpec
+from actors.backends.noop import NoopBackend
+from actors.measure import measure_trial
+from actors.telemetry import NullTelemetry
+from sweeper.plan import expand
+from sweeper.spec import parse_sweep
+
+
+class FakeClock:
+    """Time that moves only when the backend sleeps: the loop's arithmetic, exactly."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+def run(measure: dict) -> tuple[int, dict]:
+    sweep = parse_sweep({
+        "name": "warm", "models": "tiny-llama", "backends": "noop", "precisions": "bf16", "batch_sizes": 1,
+        "workload": {"input_len": 8, "output_len": 4}, "backend_options": {"noop": {"step_s": 0.1}},
+        "measure": {"min_iters": 2, "min_duration_s": 0, "idle_s": 0, **measure},
+    })
+    trial = expand(sweep)[0][0]
+    backend, clock = NoopBackend(), FakeClock()
+    backend.clock, backend.sleep = clock, clock.sleep
+    load = backend.load(ModelSpec("synthetic", "tiny-llama", "bf16", trial.backend_options))
+    calls = []
+    generate = backend.generate
+    backend.generate = lambda *a: calls.append(clock()) or generate(*a)
+    row = measure_trial(backend, trial, load, NullTelemetry(reason="test"), clock=clock).row
+    return len(calls) - row["n_iterations"], row
+
+
+def test_warmup_runs_its_iterations_when_no_duration_is_asked():
+    warm_calls, row = run({"warmup_iters": 2})
+    assert warm_calls == 2
+
+
+def test_warmup_lasts_at_least_warmup_s():
+    # Each call takes 0.4 s (4 tokens of 0.1 s): 1.0 s of warm-up needs three calls, not one.
+    warm_calls, row = run({"warmup_iters": 1, "warmup_s": 1.0})
+    assert warm_calls == 3
+    assert row["n_iterations"] == 2
+
+
+def test_warmup_s_at_its_default_leaves_the_trial_id_alone():
+    base = {"name": "s", "models": "tiny-llama", "precisions": "bf16", "batch_sizes": 1,
+            "workload": {"input_len": 8, "output_len": 4}}
+    plain = expand(parse_sweep(base))[0][0]
+    spelled = expand(parse_sweep({**base, "measure": {"warmup_s": 0}}))[0][0]
+    longer = expand(parse_sweep({**base, "measure": {"warmup_s": 5}}))[0][0]
+    assert plain.trial_id == spelled.trial_id != longer.trial_id
