@@ -23,6 +23,7 @@ from actors.telemetry import (
     METHOD_POWER,
     TIMELINE_SCHEMA,
     TRIAL_COLUMNS,
+    CounterCurve,
     DeviceMappingError,
     EnergyMeter,
     Measurement,
@@ -829,3 +830,55 @@ def test_short_steady_iterations_are_not_flagged_for_the_counters_resolution(mon
     assert reason(0.0) is None
     drifting = reason(150.0)
     assert drifting is not None and "CV" in drifting and "blocks of >= 1 s" in drifting
+
+
+@pytest.mark.parametrize("energy_every", [1, 10])
+def test_phase_energy_with_sparse_counter_reads_follows_the_power_shape(monkeypatch, clock, energy_every):
+    """Counter read every tick or every 10th (1 s): the window's total stays exact, and
+    prefill/decode energies follow the sampled power between the sparse counter knots
+    (a straight line there would give prefill its time share of the mean power)."""
+    prefill_s, iter_s, iterations = 0.3, 1.0, 12
+    trace = PowerTrace(100.0)
+    gpu = FakeGpu(uuid(0), power=trace, update_phase_s=0.037, update_jitter_s=0.004)
+    install(monkeypatch, [gpu], clock)
+    sampler = Sampler(resolve_gpus("0"), interval_s=0.1, clock=clock, energy_every=energy_every)
+    meter = EnergyMeter(resolve_gpus("0"), sampler, clock=clock, sleep=clock.sleep, quiet_boundaries=True)
+    sampler.run_inline(START_S + 3.0, clock.sleep)
+    t0 = meter.begin("w")
+    marks = []
+    for i in range(iterations):
+        t = t0 + i * iter_s
+        trace.then(t, 650.0)
+        trace.then(t + prefill_s, 300.0)
+        marks += [("prefill", t, t + prefill_s), ("decode", t + prefill_s, t + iter_s)]
+    trace.then(t0 + iterations * iter_s, 100.0)
+    sampler.run_inline(t0 + iterations * iter_s, clock.sleep)
+    window = meter.end("w")
+    phases = meter.phase_energy(marks)
+    true_prefill, true_decode = iterations * prefill_s * 650.0, iterations * (iter_s - prefill_s) * 300.0
+    assert window.energy_j == pytest.approx(true_prefill + true_decode, rel=0.01)
+    assert phases["prefill"] + phases["decode"] == pytest.approx(window.energy_j, abs=window.uncertainty_j)
+    if energy_every == 1:  # a knot every ~100 ms
+        assert phases["prefill"] == pytest.approx(true_prefill, rel=0.08)
+        assert phases["decode"] == pytest.approx(true_decode, rel=0.08)
+    else:
+        # A straight line between 1 s knots gives prefill its time share of the mean
+        # power (about 1,460 J of 2,340). The power shape recovers most of the rest;
+        # not all, because the instantaneous-power field itself trails the load by
+        # about one counter update (the fake models it as the H200 showed).
+        straight_j = window.energy_j * prefill_s / iter_s
+        assert abs(phases["prefill"] - true_prefill) < 0.5 * abs(straight_j - true_prefill)
+        assert phases["prefill"] == pytest.approx(true_prefill, rel=0.2)
+
+
+def test_sparse_reads_place_an_update_within_one_update_period_of_the_read():
+    from actors.telemetry.meter import COUNTER_UPDATE_MAX_S
+
+    # Dense reads: the update sits between the two reads, as before.
+    times, _, gaps = CounterCurve.update_instants([(10.00, 1000), (10.05, 1500)])
+    assert times == [pytest.approx(10.025)] and gaps == [pytest.approx(0.05)]
+    # Reads 1 s apart: the value read at 11.0 is the counter's last update, at most one
+    # update period before the read; not somewhere in the middle of the second.
+    times, _, gaps = CounterCurve.update_instants([(10.0, 1000), (11.0, 31000)])
+    assert times == [pytest.approx(11.0 - COUNTER_UPDATE_MAX_S / 2)]
+    assert gaps == [pytest.approx(COUNTER_UPDATE_MAX_S)]

@@ -11,8 +11,10 @@ period of energy is misplaced at each end.
 Per GPU we rebuild the cumulative energy E(t) from every counter read we have
 (the sampler's timeline and the meter's own reads, merged in time). An update
 instant is detected between the last read that did not see it and the first
-that did, and placed at the middle of that gap. E(t) is linear between
-successive instants. Windows, phases and iterations are all differences of
+that did (and, the counter moving every ~100 ms, no more than one update period
+before that read), and placed at the middle of that interval. E(t) is linear
+between successive instants; where instants are far apart (the sampler reading
+the counter sparsely) it follows the integral of sampled power instead. Windows, phases and iterations are all differences of
 this one function, so energies over a partition of a window add up to the
 window exactly.
 
@@ -72,6 +74,15 @@ METHOD_POWER = "power_integral"
 _METHOD_RANK = {METHOD_INTERPOLATED: 0, METHOD_COUNTER: 1, METHOD_POWER: 2}
 
 
+# The counter's update period, at its longest seen (H200: median 100 ms, 77-120 ms).
+# A read that sees the counter move holds the value of its *last* update, which came
+# at most this long before the read, however long ago the previous read was.
+COUNTER_UPDATE_MAX_S = 0.12
+# Between knots further apart than this (sparse counter reads, Sampler.energy_every),
+# E(t) follows the sampled power's shape rather than a straight line.
+SHAPED_SEGMENT_S = 0.25
+
+
 def _no_sync() -> None:
     pass
 
@@ -94,22 +105,27 @@ class EnergyWindow:
 
 
 class CounterCurve:
-    """One GPU's cumulative energy E(t) in J, linear between the counter's update instants.
+    """One GPU's cumulative energy E(t) in J, between the counter's update instants.
 
-    Knots are update instants, each placed at the middle of the gap between the
-    last read that did not see it and the first that did (``gap_s`` wide), and
-    anchors: window-boundary estimates the meter made and keeps, so that later
-    intervals read the very function the window was computed from.
+    Knots are update instants, each placed at the middle of the interval it must
+    lie in (``gap_s`` wide): after the last read that did not see it, before the
+    first that did, and no more than ``COUNTER_UPDATE_MAX_S`` before that read;
+    and anchors: window-boundary estimates the meter made and keeps, so that later
+    intervals read the very function the window was computed from. Between knots
+    E(t) is linear, except across segments longer than ``SHAPED_SEGMENT_S`` where
+    a sampled ``power`` curve is given: there it follows the integral of power,
+    scaled so the knots' energies still hold exactly.
     """
 
     def __init__(self, t_s: list[float], energy_j: list[float], gap_s: list[float],
-                 is_anchor: list[bool] | None = None) -> None:
+                 is_anchor: list[bool] | None = None, power: PowerCurve | None = None) -> None:
         if len(t_s) < 2:
             raise ValueError("a counter curve needs at least two knots")
         self.t_s = t_s
         self.energy_j = energy_j
         self.gap_s = gap_s
         self.is_anchor = is_anchor or [False] * len(t_s)
+        self.power = power
         real = [t for t, anchor in zip(t_s, self.is_anchor, strict=True) if not anchor]
         spacing = [b - a for a, b in itertools.pairwise(real)]
         self._update_period_s = statistics.median(spacing) if spacing else t_s[-1] - t_s[0]
@@ -125,20 +141,22 @@ class CounterCurve:
             if v is None:
                 continue
             if prev_v is not None and v > prev_v:
-                instant = 0.5 * (prev_t + t)
+                lo = max(prev_t, t - COUNTER_UPDATE_MAX_S)
+                instant = 0.5 * (lo + t)
                 if times and instant <= times[-1]:  # equal stamps: keep the newer value
                     values[-1] = v / 1000.0
                 else:
                     times.append(instant)
                     values.append(v / 1000.0)
-                    gaps.append(t - prev_t)
+                    gaps.append(t - lo)
             if prev_v is None or v >= prev_v:  # a lower value is a glitch, not progress
                 prev_t, prev_v = t, v
         return times, values, gaps
 
     @classmethod
     def from_samples(cls, samples: Iterable[tuple[float, int | None]],
-                     anchors: Iterable[tuple[float, float]] = ()) -> CounterCurve | None:
+                     anchors: Iterable[tuple[float, float]] = (),
+                     power: PowerCurve | None = None) -> CounterCurve | None:
         times, values, gaps = cls.update_instants(samples)
         if len(times) < 2:
             return None
@@ -155,7 +173,7 @@ class CounterCurve:
             values.insert(k, e)
             gaps.insert(k, 0.0)
             flags.insert(k, True)
-        return cls(times, values, gaps, flags)
+        return cls(times, values, gaps, flags, power)
 
     def covers(self, t: float) -> bool:
         return self.t_s[0] <= t <= self.t_s[-1]
@@ -170,7 +188,13 @@ class CounterCurve:
     def at(self, t: float) -> float:
         """E(t) in J on the counter's scale; outside the knots, the nearest segment extends."""
         k = self._segment(t)
-        return self.energy_j[k] + self._slope_w(k) * (t - self.t_s[k])
+        a, b = self.t_s[k], self.t_s[k + 1]
+        if self.power is not None and b - a > SHAPED_SEGMENT_S and a <= t <= b:
+            p_a, p_b = self.power.at(a), self.power.at(b)
+            if p_b > p_a:
+                share = (self.power.at(t) - p_a) / (p_b - p_a)
+                return self.energy_j[k] + (self.energy_j[k + 1] - self.energy_j[k]) * share
+        return self.energy_j[k] + self._slope_w(k) * (t - a)
 
     def update_period_s(self) -> float:
         return self._update_period_s
@@ -407,9 +431,10 @@ class EnergyMeter:
         functions = []
         for g in self.gpus:
             curve = None
+            power = PowerCurve.from_samples(powers[g.uuid])
             if g.energy_counter_supported:
-                curve = CounterCurve.from_samples(counters[g.uuid], self._anchors_between(g.uuid, lo, hi))
-            best = curve or PowerCurve.from_samples(powers[g.uuid])
+                curve = CounterCurve.from_samples(counters[g.uuid], self._anchors_between(g.uuid, lo, hi), power)
+            best = curve or power
             if best is None:
                 raise TelemetryError(f"GPU {g.uuid}: no counter updates and no power samples near [{t0_s}, {t1_s}]")
             functions.append(best.at)
@@ -536,8 +561,8 @@ class EnergyMeter:
     def _estimate(self, gpu: GpuInfo, t0: float, t1: float, raw0: int | None, raw1: int | None,
                   counter_samples: list, power_samples: list,
                   anchors: list[tuple[float, float]]) -> _GpuEstimate:
-        curve = CounterCurve.from_samples(counter_samples, anchors) if gpu.energy_counter_supported else None
         power = PowerCurve.from_samples(power_samples)
+        curve = CounterCurve.from_samples(counter_samples, anchors, power) if gpu.energy_counter_supported else None
         if curve is not None and curve.covers(t0) and curve.covers(t1):
             start = curve.start_anchor(t0, self._precise_s) if self.quiet_boundaries else None
             end = curve.end_anchor(t1, self._precise_s) if self.quiet_boundaries else None
