@@ -27,7 +27,10 @@ What is measured how
   ``gpu_memory_utilization``) and holds it. ``peak_memory_bytes`` is NVML's
   memory used on the trial's GPUs, i.e. that reservation, summed over them.
   ``weight_memory_bytes`` is the workers' own count of what loading the model
-  took, where this vLLM lets it be asked (else None).
+  took, where this vLLM lets it be asked (else None). vLLM 0.26 sends the
+  question (a function run on each worker) only with
+  ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, which lets its engine processes
+  unpickle what they receive; sweeper leaves that switch to the user.
 """
 
 from __future__ import annotations
@@ -278,7 +281,8 @@ class VllmBackend(Backend):
             per_rank = self.llm.collective_rpc(_worker_weight_bytes, timeout=60)
             return int(sum(per_rank))
         except Exception as exc:  # this vLLM does not let a callable through: not a load failure
-            log.info("vLLM did not report its weight memory (%s: %s)", type(exc).__name__, exc)
+            log.warning("vLLM did not report its weight memory, weight_memory_bytes is null (%s: %s; "
+                        "vLLM 0.26 answers only with VLLM_ALLOW_INSECURE_SERIALIZATION=1)", type(exc).__name__, exc)
             return None
 
     def prepare(self, batch_size: int, input_len: int, output_len: int) -> PrepareInfo:
