@@ -201,9 +201,9 @@ class TransformersBackend(Backend):
         self.last_output_ids = out
         if compiled:
             self._compiled.check_no_recompile(batch_size, cache_len, graphs_before)
+        elif steps.steps != output_len:
+            raise RuntimeError(f"generate ran {steps.steps} steps, expected {output_len}")
         else:
-            if steps.steps != output_len:
-                raise RuntimeError(f"generate ran {steps.steps} steps, expected {output_len}")
             t_first = steps.t_first
         new_tokens = out.shape[1] - ids.shape[1]
         if new_tokens != output_len:

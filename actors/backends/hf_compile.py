@@ -23,6 +23,7 @@ captured once per shape and replayed by every later call.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
@@ -99,8 +100,6 @@ class CompiledDecode:
         self._step: Callable[..., Any] | None = None
         self._bias: Any = None
         self._bias_key: tuple | None = None
-        import inspect
-
         # Prefill needs only the last position's logits (generate asks the same).
         self._keep_last = ({"logits_to_keep": 1}
                            if "logits_to_keep" in inspect.signature(model.forward).parameters else {})
@@ -132,12 +131,16 @@ class CompiledDecode:
         """Whether the next generate call takes the compiled path."""
         return self.active and not any(m._forward_hooks or m._forward_pre_hooks for m in self._modules)
 
+    @staticmethod
+    def _greedy(logits: Any, eos_bias: Any) -> Any:
+        """The next token of every sequence from its last position's logits. As generate
+        does: processors and argmax in float32, EOS at -inf until output_len."""
+        return (logits[:, -1, :].float() + eos_bias).argmax(dim=-1, keepdim=True)
+
     def _decode_step(self, token: Any, position: Any, cache: Any, eos_bias: Any) -> Any:
         """One greedy decode step on the static cache: the next token of every sequence."""
-        logits = self.model(input_ids=token, cache_position=position, past_key_values=cache,
-                            use_cache=True).logits[:, -1, :]
-        # As generate does: processors and argmax in float32, EOS at -inf until output_len.
-        return (logits.float() + eos_bias).argmax(dim=-1, keepdim=True)
+        logits = self.model(input_ids=token, cache_position=position, past_key_values=cache, use_cache=True).logits
+        return self._greedy(logits, eos_bias)
 
     def _compiled_step(self) -> Callable[..., Any]:
         if self._step is None:
@@ -177,8 +180,8 @@ class CompiledDecode:
         out[:, :input_len] = ids
         positions = torch.arange(total, device=ids.device)
         logits = self.model(input_ids=ids, cache_position=positions[:input_len], past_key_values=cache,
-                            use_cache=True, **self._keep_last).logits[:, -1, :]
-        token = (logits.float() + eos_bias).argmax(dim=-1, keepdim=True)
+                            use_cache=True, **self._keep_last).logits
+        token = self._greedy(logits, eos_bias)
         out[:, input_len:input_len + 1] = token
         sync()
         t_first = clock()

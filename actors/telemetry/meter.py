@@ -14,9 +14,9 @@ instant is detected between the last read that did not see it and the first
 that did (and, the counter moving every ~100 ms, no more than one update period
 before that read), and placed at the middle of that interval. E(t) is linear
 between successive instants; where instants are far apart (the sampler reading
-the counter sparsely) it follows the integral of sampled power instead. Windows, phases and iterations are all differences of
-this one function, so energies over a partition of a window add up to the
-window exactly.
+the counter sparsely) it follows the integral of sampled power instead.
+Windows, phases and iterations are all differences of this one function, so
+energies over a partition of a window add up to the window exactly.
 
 The sampler's 100 ms reads place an instant only to within +-50 ms. So the
 meter reads the counters back to back around each boundary until each moves
