@@ -74,6 +74,28 @@ def environment() -> dict[str, Any]:
     return env
 
 
+def set_energy_read(sampler: Any, via: str) -> None:
+    """Make the sampler read the energy counter through ``nvmlDeviceGetTotalEnergyConsumption``
+    (``"call"``, the product's way) or the field-values API (``"field"``): the same
+    counter by another driver path, which may cost less per read."""
+    import pynvml as nv
+
+    if via == "call":
+        call = nv.nvmlDeviceGetTotalEnergyConsumption
+    elif via == "field":
+        fields = [nv.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]
+
+        def call(handle: Any) -> int:
+            value = nv.nvmlDeviceGetFieldValues(handle, fields)[0]
+            if value.nvmlReturn != 0:
+                raise nv.NVMLError(value.nvmlReturn)
+            return value.value.ullVal
+    else:
+        raise ValueError(f"energy read via {via!r}: expected 'call' or 'field'")
+    for reader in sampler._readers:
+        reader._energy = call
+
+
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 

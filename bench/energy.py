@@ -10,6 +10,12 @@ Runs the real actor code (``TrialRunner``, no Ray) on a synthetic model and chec
 5. prefill + decode energy against the window total and its uncertainty.
 
     python bench/energy.py --model llama-3.1-8b --batches 1,32 --repeats 5 --out $OUT/energy.json
+
+``--compile`` runs the transformers backend's compiled path (the GPU sets the pace);
+``--energy-every 1,10`` runs each repeat once per counter-read spacing
+(``Sampler.energy_every``), back to back. The JSON is rewritten after every batch, so
+a run cut at a device call's limit keeps what it finished. tests/test_bench_energy.py
+runs this script on the CPU against the NVML double.
 """
 
 from __future__ import annotations
@@ -22,17 +28,19 @@ import time
 from pathlib import Path
 
 import numpy as np
+from benchkit import set_energy_read
 
 
 def make_trials(model: str, batch: int, repeats: int, window_s: float, warmup_s: float, in_len: int,
-                out_len: int):
+                out_len: int, compile: bool = False, idle_s: float = 2.0):
     from sweeper.plan import expand
     from sweeper.spec import parse_sweep
 
     sweep = parse_sweep({
         "name": "energy-bench", "models": model, "precisions": "bf16", "batch_sizes": batch,
+        "backends": "transformers", "backend_options": {"transformers": {"compile": compile}},
         "workload": {"input_len": in_len, "output_len": out_len}, "repeats": repeats,
-        "measure": {"warmup_iters": 1, "warmup_s": warmup_s, "min_iters": 3, "min_duration_s": window_s, "idle_s": 2.0,
+        "measure": {"warmup_iters": 1, "warmup_s": warmup_s, "min_iters": 3, "min_duration_s": window_s, "idle_s": idle_s,
                     "min_window_s": 10.0},
     })
     return expand(sweep)[0]
@@ -63,12 +71,23 @@ def nvml_call_costs_s(tel, calls: int = 200) -> dict[str, float]:
     # The same counter through the field-values API: another driver path, maybe a cheaper one.
     field = [nv.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]
     reads["energy_field_value"] = lambda: nv.nvmlDeviceGetFieldValues(reader._handle, field)
+    both = [nv.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, nv.NVML_FI_DEV_POWER_INSTANT]
+    reads["energy_and_power_one_field_call"] = lambda: nv.nvmlDeviceGetFieldValues(reader._handle, both)
     out = {}
     for name, read in reads.items():
         t0 = time.perf_counter()
         for _ in range(calls):
             read()
         out[name] = (time.perf_counter() - t0) / calls
+    # Is it the same counter? Back-to-back reads through both paths, in mJ.
+    gaps = []
+    for _ in range(20):
+        a = nv.nvmlDeviceGetTotalEnergyConsumption(reader._handle)
+        v = nv.nvmlDeviceGetFieldValues(reader._handle, field)[0]
+        b = nv.nvmlDeviceGetTotalEnergyConsumption(reader._handle)
+        gaps.append(None if v.nvmlReturn != 0 else [a, v.value.ullVal, b])
+        time.sleep(0.013)
+    out["field_value_vs_counter_mj"] = gaps
     return out
 
 
@@ -91,10 +110,11 @@ def _poll_in_process(uuids: list[str], interval_s: float, stop) -> None:
 
 def sampler_overhead(runner, tel, batch: int, args) -> dict:
     """Throughput with the sampler thread off, on (every field every tick), sparse
-    (the 3.8 ms energy-counter read every 10th tick, power every tick) and the full
-    energy + power reads made from a separate process (``proc``: the driver's share
-    of the cost without the GIL's), in rotating order so that drift in clocks or
-    temperature cancels to first order."""
+    (the 3.8 ms energy-counter read every 10th tick, power every tick), ``field``
+    (every tick, the counter read through the field-values API instead) and the
+    full energy + power reads made from a separate process (``proc``: the driver's
+    share of the cost without the GIL's), in rotating order so that drift in clocks
+    or temperature cancels to first order."""
     import multiprocessing
 
     from actors.workload import RandomPrompts
@@ -112,10 +132,12 @@ def sampler_overhead(runner, tel, batch: int, args) -> dict:
         backend.sync()
         return tokens / (time.monotonic() - t0)
 
-    modes = ("off", "full", "sparse", "proc")
-    energy_every = {"full": 1, "sparse": 10}
+    modes = tuple(args.overhead_modes.split(","))
+    if modes[0] != "off" or not set(modes) <= {"off", "full", "sparse", "field", "proc"}:
+        raise SystemExit(f"--overhead-modes: 'off' first, then any of full,sparse,field,proc; got {modes}")
+    energy_every = {"full": 1, "sparse": 10, "field": 1}
     costs = {m: [0, 0.0] for m in energy_every}  # samples, summed cost
-    ratios: dict[str, list[float]] = {"full": [], "sparse": [], "proc": []}
+    ratios: dict[str, list[float]] = {m: [] for m in modes if m != "off"}
     spawn = multiprocessing.get_context("spawn")
     uuids = [g.uuid for g in tel.sampler.gpus]
     for i in range(args.overhead_pairs):
@@ -136,6 +158,7 @@ def sampler_overhead(runner, tel, batch: int, args) -> dict:
                 continue
             if mode != "off":
                 tel.sampler.energy_every = energy_every[mode]
+                set_energy_read(tel.sampler, "field" if mode == "field" else "call")
                 before = tel.sampler.stats()
                 tel.sampler.start()
             rate[mode] = block()
@@ -145,7 +168,8 @@ def sampler_overhead(runner, tel, batch: int, args) -> dict:
                 n = after.samples - before.samples
                 costs[mode][0] += n
                 costs[mode][1] += after.mean_sample_cost_s * after.samples - before.mean_sample_cost_s * before.samples
-        tel.sampler.energy_every = 1
+        tel.sampler.energy_every = args.energy_every_default
+        set_energy_read(tel.sampler, "call")
         tel.sampler.start()
         for m in ratios:
             ratios[m].append(rate[m] / rate["off"])
@@ -155,7 +179,8 @@ def sampler_overhead(runner, tel, batch: int, args) -> dict:
     for m, values in ratios.items():
         r = np.array(values)
         half_ci = 1.96 * r.std(ddof=1) / np.sqrt(len(r)) if len(r) > 1 else float("nan")
-        key = {"full": "sampler_on_over_off", "sparse": "sampler_sparse_over_off", "proc": "sampler_proc_over_off"}[m]
+        key = {"full": "sampler_on_over_off", "sparse": "sampler_sparse_over_off",
+               "field": "sampler_field_over_off", "proc": "sampler_proc_over_off"}[m]
         out[f"{key}_rounds"] = values
         out[key] = float(np.exp(np.mean(np.log(r))))  # geometric mean of paired ratios
         out[f"{key}_median"] = float(np.median(r))
@@ -181,9 +206,19 @@ def main() -> None:
     ap.add_argument("--overhead-pairs", type=int, default=8)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--energy-every", default="1",
+                    help="comma-separated Sampler.energy_every values; each repeat runs once per value")
+    ap.add_argument("--energy-every-default", type=int, default=1,
+                    help="the sampler's spacing outside the measured trials")
+    ap.add_argument("--idle-s", type=float, default=2.0, help="measure.idle_s: the idle baseline before each window")
+    ap.add_argument("--compile", action="store_true", help="the transformers backend's compiled path")
+    ap.add_argument("--overhead", action=argparse.BooleanOptionalAction, default=True,
+                    help="the sampler on/off blocks after each batch's trials")
+    ap.add_argument("--overhead-modes", default="off,full,sparse,field,proc")
     ap.add_argument("--out", default="energy.json")
     ap.add_argument("--dump", default=None, help="write the meter's raw view of each window here (JSON)")
     args = ap.parse_args()
+    energy_everies = [int(e) for e in args.energy_every.split(",")]
 
     import torch
 
@@ -197,12 +232,12 @@ def main() -> None:
         print(f"zeus unavailable: {exc}")
         zeus = None
 
-    report: dict = {"model": args.model, "device": torch.cuda.get_device_name(),
+    report: dict = {"args": vars(args), "model": args.model, "device": torch.cuda.get_device_name(),
                     "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "batches": {}}
     runner = None
     for batch in (int(b) for b in args.batches.split(",")):
         trials = make_trials(args.model, batch, args.repeats, args.window_s, args.warmup_s, args.input_len,
-                             args.output_len)
+                             args.output_len, compile=args.compile, idle_s=args.idle_s)
         if runner is None:
             runner = TrialRunner()
             load = runner.load(trials[0])
@@ -252,28 +287,34 @@ def main() -> None:
 
             tel.trial_columns = columns_and_dump
         rows = []
+        # Each repeat runs once per counter-read spacing, back to back, so that
+        # drift between repeats touches every spacing alike.
         for trial in trials:
-            outcome = runner.run(trial)
-            row = outcome.row
-            assert row["status"] == "ok", row.get("error")
-            integral = power_integral_j(outcome.tables["timeline"], row["duration_s"])
-            z = zeus_by_trial.get(trial.trial_id)
-            phase_sum = row["prefill_energy_j"] + row["decode_energy_j"]
-            rows.append({
-                "repeat": trial.repeat, "duration_s": row["duration_s"], "energy_j": row["energy_j"],
-                "energy_method": row["energy_method"], "uncertainty_j": row["energy_uncertainty_j"],
-                "energy_per_token_j": row["energy_per_token_j"], "throughput_tok_s": row["throughput_tok_s"],
-                "avg_power_w": row["avg_power_w"], "idle_power_w": row["idle_power_w"],
-                "power_integral_j": integral, "counter_vs_integral": row["energy_j"] / integral,
-                "zeus_energy_j": z[0] if z else None, "zeus_time_s": z[1] if z else None,
-                "ours_vs_zeus_power": (row["avg_power_w"] / (z[0] / z[1])) if z else None,
-                "ours_vs_zeus_energy": (row["energy_j"] / z[0]) if z else None,
-                "prefill_energy_j": row["prefill_energy_j"], "decode_energy_j": row["decode_energy_j"],
-                "phase_sum_minus_total_j": phase_sum - row["energy_j"], "zeus_inside": z is not None,
-                "unstable": row["unstable"], "unstable_reason": row["unstable_reason"],
-                "cpu_energy_j": row["cpu_energy_j"],
-            })
-            print(json.dumps({"batch": batch, **rows[-1]}), flush=True)
+            for every in energy_everies:
+                tel.sampler.energy_every = every
+                outcome = runner.run(trial)
+                row = outcome.row
+                assert row["status"] == "ok", row.get("error")
+                integral = power_integral_j(outcome.tables["timeline"], row["duration_s"])
+                z = zeus_by_trial.pop(trial.trial_id, None)
+                phase_sum = row["prefill_energy_j"] + row["decode_energy_j"]
+                rows.append({
+                    "repeat": trial.repeat, "energy_every": every, "duration_s": row["duration_s"],
+                    "energy_j": row["energy_j"],
+                    "energy_method": row["energy_method"], "uncertainty_j": row["energy_uncertainty_j"],
+                    "energy_per_token_j": row["energy_per_token_j"], "throughput_tok_s": row["throughput_tok_s"],
+                    "avg_power_w": row["avg_power_w"], "idle_power_w": row["idle_power_w"],
+                    "power_integral_j": integral, "counter_vs_integral": row["energy_j"] / integral,
+                    "zeus_energy_j": z[0] if z else None, "zeus_time_s": z[1] if z else None,
+                    "ours_vs_zeus_power": (row["avg_power_w"] / (z[0] / z[1])) if z else None,
+                    "ours_vs_zeus_energy": (row["energy_j"] / z[0]) if z else None,
+                    "prefill_energy_j": row["prefill_energy_j"], "decode_energy_j": row["decode_energy_j"],
+                    "phase_sum_minus_total_j": phase_sum - row["energy_j"], "zeus_inside": z is not None,
+                    "unstable": row["unstable"], "unstable_reason": row["unstable_reason"],
+                    "cpu_energy_j": row["cpu_energy_j"],
+                })
+                print(json.dumps({"batch": batch, **rows[-1]}), flush=True)
+        tel.sampler.energy_every = args.energy_every_default
         tel.measure = orig_measure
         if args.dump:
             tel.trial_columns = orig_columns
@@ -282,21 +323,28 @@ def main() -> None:
         # Sampler on vs off on the same loaded model, in ABBA blocks (drift in clocks
         # or temperature cancels to first order), nothing else differing: the same
         # generate calls, no idle window, no meter reads; only the thread runs or not.
-        overhead = sampler_overhead(runner, tel, batch, args)
-        report["batches"][batch] = {
-            "trials": rows,
-            "energy_per_token_cv": cv([r["energy_per_token_j"] for r in rows]),
-            "counter_vs_integral_max_dev": max(abs(r["counter_vs_integral"] - 1) for r in rows),
-            "zeus_max_dev_power": (max(abs(r["ours_vs_zeus_power"] - 1) for r in rows if r["zeus_inside"]) if zeus else None),
-            "zeus_max_dev_energy": (max(abs(r["ours_vs_zeus_energy"] - 1) for r in rows if r["zeus_inside"]) if zeus else None),
-            "phase_gap_within_uncertainty": all(abs(r["phase_sum_minus_total_j"]) <= r["uncertainty_j"]
-                                                for r in rows if not r["zeus_inside"]),
-            **overhead,
-        }
+        overhead = sampler_overhead(runner, tel, batch, args) if args.overhead else {}
+        checks = {}
+        for every in energy_everies:
+            mine = [r for r in rows if r["energy_every"] == every]
+            checks[f"energy_every_{every}"] = {
+                "energy_per_token_cv": cv([r["energy_per_token_j"] for r in mine]),
+                "throughput_cv": cv([r["throughput_tok_s"] for r in mine]),
+                "counter_vs_integral_max_dev": max(abs(r["counter_vs_integral"] - 1) for r in mine),
+                "zeus_max_dev_power": (max((abs(r["ours_vs_zeus_power"] - 1) for r in mine if r["zeus_inside"]),
+                                           default=None) if zeus else None),
+                "zeus_max_dev_energy": (max((abs(r["ours_vs_zeus_energy"] - 1) for r in mine if r["zeus_inside"]),
+                                            default=None) if zeus else None),
+                "phase_gap_within_uncertainty": all(abs(r["phase_sum_minus_total_j"]) <= r["uncertainty_j"]
+                                                    for r in mine if not r["zeus_inside"]),
+                "prefill_energy_j_mean": statistics.fmean(r["prefill_energy_j"] for r in mine),
+            }
+        report["batches"][batch] = {"trials": rows, "checks": checks, **overhead}
         summary = {k: v for k, v in report["batches"][batch].items() if k != "trials"}
         print(json.dumps({"batch": batch, **summary}), flush=True)
+        # After every batch: a run cut at the call's time limit keeps what it finished.
+        Path(args.out).write_text(json.dumps(report, indent=2, default=str))
     runner.close()
-    Path(args.out).write_text(json.dumps(report, indent=2, default=str))
 
 
 if __name__ == "__main__":

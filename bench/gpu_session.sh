@@ -12,6 +12,11 @@
 #
 # Steps, with what each proves (docs/BENCHMARKS.md section):
 #   energy      issue 3: counter vs power integral, CV, Zeus, phase sum, sampler off/full/lean (§2)
+#   energy1     the same at batch 1 alone, each repeat with dense and sparse counter reads, and
+#               sampler modes off/full/sparse/field/proc (fits one call with room to spare)
+#   energy32    the same at batch 32
+#   energy_compiled  issue 3 on the compiled path (the GPU sets the pace): batch 1 and 32,
+#               5 repeats, sampler off/full/sparse (§2 run 7)
 #   layers16    issue 4: kernel-time coverage and block shares at batch 16 (§3)
 #   compile8b   issue 8: compiled MBU at llama-3.1-8b batch 1 (>= 50 %), token equality (§7)
 #   overhead1b  issue 8: bare generate loop vs sweeper's actor path, eager and compiled (§7)
@@ -41,10 +46,18 @@ step() {
     case "$1" in
         energy) python3 bench/energy.py --model llama-3.1-8b --batches 1,32 --repeats 5 --window-s 12 --warmup-s 6 \
                     --overhead-pairs 8 --overhead-block-s 3 --out "$OUT/energy.json" ;;
+        energy1|energy32) python3 bench/energy.py --model llama-3.1-8b --batches "${1#energy}" --repeats 5 \
+                    --energy-every 1,10 --window-s 12 --warmup-s 6 --overhead-pairs 8 --overhead-block-s 3 \
+                    --out "$OUT/$1.json" ;;
+        energy_compiled) python3 bench/energy.py --model llama-3.1-8b --batches 1,32 --compile --repeats 5 \
+                    --energy-every 1 --window-s 12 --warmup-s 6 --overhead-pairs 4 --overhead-block-s 3 \
+                    --overhead-modes off,full,sparse --out "$OUT/energy_compiled.json" ;;
         layers16) python3 bench/layers.py --batches 16 --no-event-compare --out "$OUT/layers16.json" ;;
         compile8b) python3 bench/compile_check.py --model llama-3.1-8b --out "$OUT/compile_check_8b.json" ;;
-        overhead1b) python3 bench/overhead.py --models llama-3.2-1b --out "$OUT/overhead_1b.json" ;;
-        overhead8b) python3 bench/overhead.py --models llama-3.1-8b --out "$OUT/overhead_8b.json" ;;
+        # MODES, ROUNDS, ENERGY_EVERY, ENERGY_READ pass through to bench/overhead.py.
+        overhead1b|overhead8b) python3 bench/overhead.py --models "$([ "$1" = overhead1b ] && echo llama-3.2-1b || echo llama-3.1-8b)" \
+                    --modes "${MODES:-eager,compiled}" --rounds "${ROUNDS:-8}" --energy-every "${ENERGY_EVERY:-1}" \
+                    --energy-read "${ENERGY_READ:-call}" --out "$OUT/${1/overhead/overhead_}.json" ;;
         backends1b) python3 bench/backends.py --models llama-3.2-1b -o "$RESULTS/backends" --out "$OUT/backends_1b.json" ;;
         backends8b) python3 bench/backends.py --models llama-3.1-8b -o "$RESULTS/backends" --out "$OUT/backends_8b.json" \
                         && python3 bench/backends.py --skip-run -o "$RESULTS/backends" --out "$OUT/backends.json" \

@@ -32,7 +32,7 @@ import argparse
 import gc
 import time
 
-from benchkit import environment, make_trial, median, write_json
+from benchkit import environment, make_trial, median, set_energy_read, write_json
 
 VARIANTS = ("bare", "bare+nvml", "sweeper", "every")
 
@@ -87,6 +87,9 @@ def run_mode(model_name: str, compiled: bool, args) -> dict:
     if not load.ok:
         raise SystemExit(f"load failed: {load.error}")
     backend, tel = runner.backend, runner.telemetry
+    if tel.active:
+        tel.sampler.energy_every = args.energy_every
+        set_energy_read(tel.sampler, args.energy_read)
     model = backend.model
     out: dict = {"load_s": load.load_s, "batches": {}}
     for batch in batches:
@@ -178,6 +181,9 @@ def main() -> None:
     ap.add_argument("--mode", default="reduce-overhead", help="compile mode of the compiled runs")
     ap.add_argument("--block-s", type=float, default=2.5, help="seconds per timed block")
     ap.add_argument("--rounds", type=int, default=8, help="interleaved rounds of the four variants")
+    ap.add_argument("--energy-every", type=int, default=1, help="the sampler's Sampler.energy_every")
+    ap.add_argument("--energy-read", choices=("call", "field"), default="call",
+                    help="the sampler's energy-counter read: the plain call or the field-values API")
     ap.add_argument("--out", default="overhead.json")
     args = ap.parse_args()
 

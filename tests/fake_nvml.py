@@ -151,6 +151,7 @@ class FakeNvml:
     NVML_CLOCK_SM = _real.NVML_CLOCK_SM
     NVML_TEMPERATURE_GPU = _real.NVML_TEMPERATURE_GPU
     NVML_FI_DEV_POWER_INSTANT = _real.NVML_FI_DEV_POWER_INSTANT
+    NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION = _real.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
 
     def __init__(self, gpus: list[FakeGpu], clock: FakeClock | None = None, *,
                  driver_version: str = "580.95.05", init_error: Exception | None = None,
@@ -269,6 +270,11 @@ class FakeNvml:
                 mw = handle.gpu.mean_power_mw(self.clock(), handle.gpu.update_period_s)
                 out.append(SimpleNamespace(fieldId=field_id, nvmlReturn=_real.NVML_SUCCESS,
                                            valueType=_real.NVML_VALUE_TYPE_UNSIGNED_INT, value=SimpleNamespace(uiVal=mw)))
+            elif field_id == _real.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION and handle.gpu.energy_supported:
+                # The same counter as nvmlDeviceGetTotalEnergyConsumption, as an unsigned long long.
+                out.append(SimpleNamespace(fieldId=field_id, nvmlReturn=_real.NVML_SUCCESS,
+                                           valueType=_real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+                                           value=SimpleNamespace(ullVal=handle.gpu.counter_mj(self.clock()))))
             else:
                 out.append(SimpleNamespace(fieldId=field_id, nvmlReturn=_real.NVML_ERROR_NOT_SUPPORTED,
                                            valueType=_real.NVML_VALUE_TYPE_UNSIGNED_INT, value=SimpleNamespace(uiVal=0)))

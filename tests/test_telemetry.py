@@ -796,10 +796,10 @@ def test_iteration_blocks_merge_short_iterations_into_spans_of_min_s():
 
     short = [(i * 0.2, (i + 1) * 0.2) for i in range(12)]  # 2.4 s of 0.2 s iterations
     blocks = iteration_blocks(short, 1.0)
-    assert len(blocks) == 2 and blocks[0] == pytest.approx((0.0, 1.0)) and blocks[1] == pytest.approx((1.0, 2.4))
+    assert len(blocks) == 2 and blocks[0] == pytest.approx((0.0, 1.0, 5)) and blocks[1] == pytest.approx((1.0, 2.4, 7))
     long = [(0.0, 1.5), (1.5, 3.0), (3.0, 3.2)]
-    assert iteration_blocks(long, 1.0) == [(0.0, 1.5), (1.5, 3.2)]  # the short remainder joins the last
-    assert iteration_blocks([(0.0, 0.3)], 1.0) == [(0.0, 0.3)]
+    assert iteration_blocks(long, 1.0) == [(0.0, 1.5, 1), (1.5, 3.2, 2)]  # the short remainder joins the last
+    assert iteration_blocks([(0.0, 0.3)], 1.0) == [(0.0, 0.3, 1)]
     assert iteration_blocks([], 1.0) == []
 
 
@@ -830,6 +830,32 @@ def test_short_steady_iterations_are_not_flagged_for_the_counters_resolution(mon
     assert reason(0.0) is None
     drifting = reason(150.0)
     assert drifting is not None and "CV" in drifting and "blocks of >= 1 s" in drifting
+
+
+def test_steady_iterations_in_blocks_of_unequal_size_are_not_flagged(monkeypatch, clock, tmp_path):
+    """17 steady 0.74 s iterations (the compiled 8B path at batch 1 on an H200) make blocks
+    of 2, 2, ..., 3 iterations: compared whole, the last block's extra iteration alone
+    read as CV 0.17. Judged per iteration, a steady trial is steady."""
+    iterations, iter_s, prefill_s = 17, 0.74, 0.02
+    steps, t = [], START_S + 3.0
+    for _ in range(iterations):
+        steps += [(t, 650.0), (t + prefill_s, 410.0)]
+        t += iter_s
+    gpu = FakeGpu(uuid(0), power=PowerTrace(100.0, steps), update_phase_s=0.037)
+    tel, p0 = open_telemetry(monkeypatch, clock, [gpu], tmp_path)
+    tel.sampler.run_inline(START_S + 3.0, clock.sleep)
+    handle, marks, bounds = measured_trial(tel, clock, p0, iterations=iterations, iter_s=iter_s, prefill_s=prefill_s)
+    assert [n for _, _, n in iteration_blocks_of(bounds)][-1] == 3
+    cols = tel.trial_columns(handle, idle_power_w=None, marks=marks, output_tokens=iterations, requests=iterations,
+                             decode_tokens=0, iteration_bounds=bounds, min_window_s=10.0)
+    tel.close()
+    assert cols["unstable_reason"] is None
+
+
+def iteration_blocks_of(bounds):
+    from actors.telemetry.facade import MIN_STABILITY_BLOCK_S, iteration_blocks
+
+    return iteration_blocks(bounds, MIN_STABILITY_BLOCK_S)
 
 
 @pytest.mark.parametrize("energy_every", [1, 10])
