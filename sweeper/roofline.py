@@ -261,6 +261,8 @@ GPUS: dict[str, GpuPeak] = {g.name: g for g in [
     # H200 NVL 141GB HBM3e: FP32 60, TF32 835*, BF16 1671*, FP8 3341*, INT8 3341*, 4.8 TB/s.
     _gpu("H200 NVL", _H200, fp32=60, tf32=835 / 2, bf16=1671 / 2, fp8=3341 / 2, int8=3341 / 2,
          bandwidth_gb_s=4800),
+    # A100, L4 and L40S figures were cross-checked on 2026-11-21 against public pages that
+    # restate the datasheets (dense = half the "*" sparsity figure throughout).
     # A100 (every variant): FP32 19.5, TF32 156, BF16/FP16 312, INT8 624 dense; no FP8.
     # Bandwidth: 40GB 1,555 GB/s; 80GB PCIe 1,935 GB/s; 80GB SXM 2,039 GB/s.
     _gpu("A100 SXM 40GB", _A100, fp32=19.5, tf32=156, bf16=312, fp8=None, int8=624, bandwidth_gb_s=1555),
