@@ -25,6 +25,7 @@ import contextlib
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,20 @@ def _poll_in_process(uuids: list[str], interval_s: float, stop) -> None:
         stop.wait(max(0.0, next_t - time.monotonic()))
 
 
+@dataclass(frozen=True)
+class SamplerMode:
+    energy_every: int  # Sampler.energy_every
+    energy_read: str  # benchkit.set_energy_read's "call" or "field"
+
+
+# The in-process sampler variants of the overhead blocks ("off" and "proc" run no thread).
+SAMPLER_MODES = {
+    "full": SamplerMode(1, "call"),
+    "sparse": SamplerMode(10, "call"),
+    "field": SamplerMode(1, "field"),
+}
+
+
 def sampler_overhead(runner, tel, batch: int, args) -> dict:
     """Throughput with the sampler thread off, on (every field every tick), sparse
     (the 3.8 ms energy-counter read every 10th tick, power every tick), ``field``
@@ -133,10 +148,9 @@ def sampler_overhead(runner, tel, batch: int, args) -> dict:
         return tokens / (time.monotonic() - t0)
 
     modes = tuple(args.overhead_modes.split(","))
-    if modes[0] != "off" or not set(modes) <= {"off", "full", "sparse", "field", "proc"}:
-        raise SystemExit(f"--overhead-modes: 'off' first, then any of full,sparse,field,proc; got {modes}")
-    energy_every = {"full": 1, "sparse": 10, "field": 1}
-    costs = {m: [0, 0.0] for m in energy_every}  # samples, summed cost
+    if modes[0] != "off" or not set(modes) <= {"off", "proc", *SAMPLER_MODES}:
+        raise SystemExit(f"--overhead-modes: 'off' first, then any of {','.join(SAMPLER_MODES)},proc; got {modes}")
+    costs = {m: [0, 0.0] for m in SAMPLER_MODES}  # samples, summed cost
     ratios: dict[str, list[float]] = {m: [] for m in modes if m != "off"}
     spawn = multiprocessing.get_context("spawn")
     uuids = [g.uuid for g in tel.sampler.gpus]
@@ -157,8 +171,8 @@ def sampler_overhead(runner, tel, batch: int, args) -> dict:
                 poller.join(timeout=10)
                 continue
             if mode != "off":
-                tel.sampler.energy_every = energy_every[mode]
-                set_energy_read(tel.sampler, "field" if mode == "field" else "call")
+                tel.sampler.energy_every = SAMPLER_MODES[mode].energy_every
+                set_energy_read(tel.sampler, SAMPLER_MODES[mode].energy_read)
                 before = tel.sampler.stats()
                 tel.sampler.start()
             rate[mode] = block()
@@ -179,8 +193,7 @@ def sampler_overhead(runner, tel, batch: int, args) -> dict:
     for m, values in ratios.items():
         r = np.array(values)
         half_ci = 1.96 * r.std(ddof=1) / np.sqrt(len(r)) if len(r) > 1 else float("nan")
-        key = {"full": "sampler_on_over_off", "sparse": "sampler_sparse_over_off",
-               "field": "sampler_field_over_off", "proc": "sampler_proc_over_off"}[m]
+        key = "sampler_on_over_off" if m == "full" else f"sampler_{m}_over_off"
         out[f"{key}_rounds"] = values
         out[key] = float(np.exp(np.mean(np.log(r))))  # geometric mean of paired ratios
         out[f"{key}_median"] = float(np.median(r))

@@ -42,6 +42,11 @@ one_backend_sweep() {  # sweep file, backend, destination (same trial ids as in 
     python3 -c "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); d['backends'] = [sys.argv[2]]; d['exclude'] = [r for r in d.get('exclude', []) if r.get('backend') in (None, sys.argv[2])]; yaml.safe_dump(d, open(sys.argv[3], 'w'))" "$1" "$2" "$3"
 }
 
+overhead() {  # model, destination; MODES, ROUNDS, ENERGY_EVERY, ENERGY_READ pass through
+    python3 bench/overhead.py --models "$1" --modes "${MODES:-eager,compiled}" --rounds "${ROUNDS:-8}" \
+        --energy-every "${ENERGY_EVERY:-1}" --energy-read "${ENERGY_READ:-call}" --out "$2"
+}
+
 step() {
     case "$1" in
         energy) python3 bench/energy.py --model llama-3.1-8b --batches 1,32 --repeats 5 --window-s 12 --warmup-s 6 \
@@ -54,10 +59,8 @@ step() {
                     --overhead-modes off,full,sparse --out "$OUT/energy_compiled.json" ;;
         layers16) python3 bench/layers.py --batches 16 --no-event-compare --out "$OUT/layers16.json" ;;
         compile8b) python3 bench/compile_check.py --model llama-3.1-8b --out "$OUT/compile_check_8b.json" ;;
-        # MODES, ROUNDS, ENERGY_EVERY, ENERGY_READ pass through to bench/overhead.py.
-        overhead1b|overhead8b) python3 bench/overhead.py --models "$([ "$1" = overhead1b ] && echo llama-3.2-1b || echo llama-3.1-8b)" \
-                    --modes "${MODES:-eager,compiled}" --rounds "${ROUNDS:-8}" --energy-every "${ENERGY_EVERY:-1}" \
-                    --energy-read "${ENERGY_READ:-call}" --out "$OUT/${1/overhead/overhead_}.json" ;;
+        overhead1b) overhead llama-3.2-1b "$OUT/overhead_1b.json" ;;
+        overhead8b) overhead llama-3.1-8b "$OUT/overhead_8b.json" ;;
         backends1b) python3 bench/backends.py --models llama-3.2-1b -o "$RESULTS/backends" --out "$OUT/backends_1b.json" ;;
         backends8b) python3 bench/backends.py --models llama-3.1-8b -o "$RESULTS/backends" --out "$OUT/backends_8b.json" \
                         && python3 bench/backends.py --skip-run -o "$RESULTS/backends" --out "$OUT/backends.json" \

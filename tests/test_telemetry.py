@@ -836,6 +836,8 @@ def test_steady_iterations_in_blocks_of_unequal_size_are_not_flagged(monkeypatch
     """17 steady 0.74 s iterations (the compiled 8B path at batch 1 on an H200) make blocks
     of 2, 2, ..., 3 iterations: compared whole, the last block's extra iteration alone
     read as CV 0.17. Judged per iteration, a steady trial is steady."""
+    from actors.telemetry.facade import MIN_STABILITY_BLOCK_S, iteration_blocks
+
     iterations, iter_s, prefill_s = 17, 0.74, 0.02
     steps, t = [], START_S + 3.0
     for _ in range(iterations):
@@ -845,17 +847,11 @@ def test_steady_iterations_in_blocks_of_unequal_size_are_not_flagged(monkeypatch
     tel, p0 = open_telemetry(monkeypatch, clock, [gpu], tmp_path)
     tel.sampler.run_inline(START_S + 3.0, clock.sleep)
     handle, marks, bounds = measured_trial(tel, clock, p0, iterations=iterations, iter_s=iter_s, prefill_s=prefill_s)
-    assert [n for _, _, n in iteration_blocks_of(bounds)][-1] == 3
+    assert [n for _, _, n in iteration_blocks(bounds, MIN_STABILITY_BLOCK_S)][-1] == 3
     cols = tel.trial_columns(handle, idle_power_w=None, marks=marks, output_tokens=iterations, requests=iterations,
                              decode_tokens=0, iteration_bounds=bounds, min_window_s=10.0)
     tel.close()
     assert cols["unstable_reason"] is None
-
-
-def iteration_blocks_of(bounds):
-    from actors.telemetry.facade import MIN_STABILITY_BLOCK_S, iteration_blocks
-
-    return iteration_blocks(bounds, MIN_STABILITY_BLOCK_S)
 
 
 @pytest.mark.parametrize("energy_every", [1, 10])
