@@ -18,9 +18,9 @@ from actors import environment
 from actors.backends import create_backend
 from actors.backends.base import Backend, LoadInfo, ModelSpec
 from actors.measure import Measurement, measure_trial
-from actors.profile_pass import failed_columns, profile_layers
-from sweeper.outcome import LoadResult, TrialOutcome
-from sweeper.trial import Trial
+from actors.layers.profile_pass import failed_columns, profile_layers
+from sweeper.core.outcome import LoadResult, TrialOutcome
+from sweeper.core.trial import Trial
 
 log = logging.getLogger(__name__)
 
@@ -136,15 +136,15 @@ class TrialRunner:
 
         Outputs do not depend on the batch size, so one pass per loaded model
         serves every trial of the group. It never fails the trial (see
-        actors.fidelity); its status column says what happened.
+        actors.quality.fidelity); its status column says what happened.
         """
         if self._fidelity is None:
-            from actors.fidelity import FidelitySettings, fidelity_columns
+            from actors.quality.fidelity import FidelitySettings, fidelity_columns
 
             self._fidelity = fidelity_columns(trial, self.backend, self.load_info,
                                               lambda: create_backend(trial.backend))
             if FidelitySettings.from_json(trial.fidelity).perplexity:
-                from actors.perplexity import perplexity_columns
+                from actors.quality.perplexity import perplexity_columns
 
                 self._fidelity.update(perplexity_columns(trial, self.backend, self.load_info))
         return self._fidelity

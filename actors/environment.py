@@ -68,7 +68,7 @@ def capture() -> dict[str, str | None]:
     except ImportError:
         pass
     if env["sweeper_version"] is None:
-        import sweeper
+        from sweeper.core.version import __version__
 
-        env["sweeper_version"] = sweeper.__version__
+        env["sweeper_version"] = __version__
     return env

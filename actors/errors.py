@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib.util import find_spec
 
-from sweeper.precisions import Precision
+from sweeper.core.precisions import Precision
 
 
 class PrecisionUnavailable(RuntimeError):

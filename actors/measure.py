@@ -15,7 +15,7 @@ import numpy as np
 
 from actors.backends.base import Backend, Generation, LoadInfo
 from actors.workload import RandomPrompts
-from sweeper.trial import Trial
+from sweeper.core.trial import Trial
 
 
 @dataclass
@@ -111,8 +111,8 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Any
         duration_s=duration_s,
     ))
     if load.architecture is not None:
-        from sweeper.precisions import PRECISIONS
-        from sweeper.roofline import held_gpu_names, roofline_columns
+        from sweeper.core.precisions import PRECISIONS
+        from sweeper.core.roofline import held_gpu_names, roofline_columns
 
         row.update(roofline_columns(
             load.architecture, PRECISIONS[trial.precision], batch_size=trial.batch_size,

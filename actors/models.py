@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sweeper.presets import PRESETS
+from sweeper.core.presets import PRESETS
 
 # Hugging Face's default largest shard; also keeps one shard's host copy small.
 MAX_SHARD_BYTES = 4 * 10**9

@@ -17,8 +17,8 @@ def make_trial(model: str, *, batch: int, input_len: int, output_len: int, compi
                compile_mode: str = "reduce-overhead", precision: str = "bf16", window_s: float = 5.0,
                warmup_iters: int = 1, min_iters: int = 3, idle_s: float = 0.0) -> Any:
     """One transformers trial built by the real sweep parser and planner."""
-    from sweeper.plan import expand
-    from sweeper.spec import parse_sweep
+    from sweeper.plan.expand import expand
+    from sweeper.plan.spec import parse_sweep
 
     sweep = parse_sweep({
         "name": "compile-bench", "models": model, "backends": "transformers", "precisions": precision,

@@ -55,11 +55,11 @@ def main() -> None:
     import torch._dynamo
 
     from actors.actor import TrialRunner
-    from actors.backends import hf_compile
-    from actors.backends.hf_compile import compiled_graphs
+    from actors.backends.transformers import compiled
+    from actors.backends.transformers.compiled import compiled_graphs
     from actors.workload import RandomPrompts
 
-    hf_compile.COMPILE_DEVICES = tuple(args.compile_devices.split(","))
+    compiled.COMPILE_DEVICES = tuple(args.compile_devices.split(","))
     t_begin = time.monotonic()
     report: dict = {"args": vars(args), "environment": environment()}
     shape = dict(batch=args.batch, input_len=args.input_len, output_len=args.output_len,

@@ -34,8 +34,8 @@ from benchkit import set_energy_read
 
 def make_trials(model: str, batch: int, repeats: int, window_s: float, warmup_s: float, in_len: int,
                 out_len: int, compile: bool = False, idle_s: float = 2.0):
-    from sweeper.plan import expand
-    from sweeper.spec import parse_sweep
+    from sweeper.plan.expand import expand
+    from sweeper.plan.spec import parse_sweep
 
     sweep = parse_sweep({
         "name": "energy-bench", "models": model, "precisions": "bf16", "batch_sizes": batch,

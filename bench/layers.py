@@ -47,8 +47,8 @@ PHASES = ("prefill", "decode")
 
 
 def make_trial(args, batch: int, granularity: str):
-    from sweeper.plan import expand
-    from sweeper.spec import parse_sweep
+    from sweeper.plan.expand import expand
+    from sweeper.plan.spec import parse_sweep
 
     sweep = parse_sweep({
         "name": "layers-bench", "models": args.model, "precisions": args.precision, "batch_sizes": batch,
@@ -69,7 +69,7 @@ def _prompts(runner, trial):
 
 def timed_pass(runner, trial, iterations: int, units: list, method: str | None) -> dict:
     """The pass's workload with ``units`` profiled by ``method`` (no units: the forward only)."""
-    from actors.layers import LayerProfiler, timer_for
+    from actors.layers.profiler import LayerProfiler, timer_for
 
     model = runner.backend.model
     prompts = _prompts(runner, trial)
@@ -116,7 +116,7 @@ def attribution_check(runner, trial, granularity: str) -> dict:
     ``device_time_total`` of a CPU event is its own kernels plus its CPU children's
     (recursively, torch 2.11-2.13): the inclusive kernel time of a range.
     """
-    from actors.layers import KernelTimer, LayerProfiler, range_name, select_units
+    from actors.layers.profiler import KernelTimer, LayerProfiler, range_name, select_units
 
     model = runner.backend.model
     timer = KernelTimer("cuda")
@@ -140,8 +140,8 @@ def attribution_check(runner, trial, granularity: str) -> dict:
 
 def event_pair_coverage(runner, trial, granularity: str) -> dict:
     """The same pass and reference timed with CUDA event pairs: the launch-gap comparison."""
-    from actors.layers import select_units
-    from actors.profile_pass import pass_iterations
+    from actors.layers.profiler import select_units
+    from actors.layers.profile_pass import pass_iterations
 
     iterations = pass_iterations(trial)
     ref = reference_forward_s(runner, trial, iterations, "event_interval")
@@ -260,7 +260,7 @@ def main() -> int:
     import torch
 
     from actors.actor import TrialRunner
-    from actors.profile_pass import pass_iterations
+    from actors.layers.profile_pass import pass_iterations
 
     out_path = Path(args.out)
     report: dict = {

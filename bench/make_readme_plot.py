@@ -3,7 +3,7 @@
     python bench/make_readme_plot.py [TRIALS_PARQUET] [OUT_PNG]
 
 The default input is docs/data/quantization_h200_trials.parquet (sweeps/quantization.yaml
-on an NVIDIA H200); the plot is the one `sweeper report` draws (sweeper.plots.plot_pareto).
+on an NVIDIA H200); the plot is the one `sweeper report` draws (sweeper.analysis.plots.plot_pareto).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from sweeper.plots import plot_pareto
-from sweeper.report import figure_png
+from sweeper.analysis.plots import plot_pareto
+from sweeper.analysis.report import figure_png
 
 ROOT = Path(__file__).resolve().parents[1]
 

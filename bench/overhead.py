@@ -74,7 +74,7 @@ def run_mode(model_name: str, compiled: bool, args) -> dict:
     import torch
 
     from actors.actor import TrialRunner
-    from actors.backends.hf_compile import compiled_graphs
+    from actors.backends.transformers.compiled import compiled_graphs
     from actors.workload import RandomPrompts
 
     batches = [int(b) for b in args.batches.split(",")]

@@ -59,7 +59,7 @@ def check_precision(precision: str, options: dict, args, reference, settings) ->
 
     from actors.backends import create_backend
     from actors.backends.base import ModelSpec
-    from actors.fidelity import compare
+    from actors.quality.fidelity import compare
 
     backend = create_backend("transformers")
     cuda = torch.cuda.is_available()
@@ -145,7 +145,7 @@ def main() -> int:
         # 2-4. each precision: layers, footprint, generate, fidelity vs bf16
         from actors.backends import create_backend
         from actors.backends.base import ModelSpec
-        from actors.fidelity import FidelitySettings, reference_outputs
+        from actors.quality.fidelity import FidelitySettings, reference_outputs
 
         settings = FidelitySettings(reference="bf16", prompts=8, prompt_len=32, continuation_len=32)
         ref_backend = create_backend("transformers")

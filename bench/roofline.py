@@ -22,8 +22,8 @@ from pathlib import Path
 
 
 def make_trials(model: str, precision: str, batches: list[int], window_s: float, in_len: int, out_len: int):
-    from sweeper.plan import expand
-    from sweeper.spec import parse_sweep
+    from sweeper.plan.expand import expand
+    from sweeper.plan.spec import parse_sweep
 
     sweep = parse_sweep({
         "name": "roofline-bench", "models": model, "precisions": precision, "batch_sizes": batches,
@@ -82,8 +82,8 @@ def main() -> None:
 
     from actors import environment
     from actors.actor import TrialRunner
-    from sweeper.precisions import PRECISIONS
-    from sweeper.roofline import Architecture, match_gpu, weight_bytes_per_step
+    from sweeper.core.precisions import PRECISIONS
+    from sweeper.core.roofline import Architecture, match_gpu, weight_bytes_per_step
 
     precision = PRECISIONS[args.precision]
     device = torch.cuda.get_device_name()

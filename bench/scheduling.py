@@ -3,7 +3,7 @@
 Starts a ``ray.cluster_utils.Cluster`` (a GPU-less head and ``--nodes`` workers
 with ``--gpus-per-node`` logical GPUs each), runs a sweep of ``--trials`` noop
 trials of about ``--trial-s`` seconds each through the real scheduler
-(``sweeper.scheduler.run_plan``), and reports where the wall time went.
+(``sweeper.run.sweep_run.run_plan``), and reports where the wall time went.
 
 Definitions (all over the run's wall time W, from run_plan's start to its end,
 with G GPUs and N trials):
@@ -95,10 +95,11 @@ def main() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from sweeper.plan import make_plan
-    from sweeper.scheduler import connect, run_plan
-    from sweeper.spec import parse_sweep
-    from sweeper.storage import ResultStore
+    from sweeper.plan.expand import make_plan
+    from sweeper.run.cluster import connect
+    from sweeper.run.sweep_run import run_plan
+    from sweeper.plan.spec import parse_sweep
+    from sweeper.run.storage import ResultStore
 
     gpus = args.nodes * args.gpus_per_node
     groups = args.groups or gpus

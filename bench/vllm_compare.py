@@ -72,8 +72,8 @@ def environment() -> dict:
 
 
 def make_trials(model: str, precision: str, batches: list[int], args, options: dict):
-    from sweeper.plan import expand
-    from sweeper.spec import parse_sweep
+    from sweeper.plan.expand import expand
+    from sweeper.plan.spec import parse_sweep
 
     sweep = parse_sweep({
         "name": "vllm-compare", "models": model, "backends": "vllm", "precisions": precision,
@@ -128,7 +128,7 @@ def default_engine_bare(model: str, precision: str, batches: list[int], args) ->
 
     from actors.backends.vllm import VLLM_QUANTIZATION, architecture_overrides
     from actors.models import materialize_synthetic
-    from sweeper.precisions import PRECISIONS
+    from sweeper.core.precisions import PRECISIONS
 
     path = materialize_synthetic(model)
     p = PRECISIONS[precision]

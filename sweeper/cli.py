@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sweeper.errors import UserInputError
+from sweeper.core.errors import UserInputError
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -65,14 +65,14 @@ def plan(
     address: Annotated[str | None, typer.Option(help="Ray cluster (auto, ray://host:10001) whose nodes' installed libraries and GPUs decide what is skipped; default: this machine's environment")] = None,
 ) -> None:
     """Expand a sweep into trials and show which would run and which are skipped (and why)."""
-    from sweeper.capabilities import local_capabilities, probe_cluster
-    from sweeper.plan import make_plan
-    from sweeper.spec import load_sweep
+    from sweeper.plan.capabilities import local_capabilities, probe_cluster
+    from sweeper.plan.expand import make_plan
+    from sweeper.plan.spec import load_sweep
 
     try:
         sweep = load_sweep(sweep_file)
         if address:
-            from sweeper.scheduler import connect
+            from sweeper.run.cluster import connect
 
             cluster = connect(address)
             capabilities, found = probe_cluster(), cluster.device
@@ -128,11 +128,12 @@ def run(
     no_oom_pruning: Annotated[bool, typer.Option("--no-oom-pruning", help="run larger batches of a shape that ran out of memory instead of skipping them as predicted_oom")] = False,
 ) -> None:
     """Run every trial of a sweep (resuming: trials with an ok result are not run again)."""
-    from sweeper.capabilities import local_capabilities, probe_cluster
-    from sweeper.plan import expand, make_plan
-    from sweeper.scheduler import connect, run_plan
-    from sweeper.spec import load_sweep
-    from sweeper.storage import ResultStore
+    from sweeper.plan.capabilities import local_capabilities, probe_cluster
+    from sweeper.plan.expand import expand, make_plan
+    from sweeper.run.cluster import connect
+    from sweeper.run.sweep_run import run_plan
+    from sweeper.plan.spec import load_sweep
+    from sweeper.run.storage import ResultStore
 
     try:
         sweep = load_sweep(sweep_file)
@@ -192,7 +193,7 @@ def aggregate(
     output: Annotated[str, typer.Argument(help="results directory or URI", show_default=False)],
 ) -> None:
     """Merge a results directory's shards into trials.parquet, requests.parquet, timeline.parquet, layers.parquet."""
-    from sweeper.storage import ResultStore
+    from sweeper.run.storage import ResultStore
 
     store = ResultStore(output)
     try:
@@ -205,7 +206,7 @@ def aggregate(
 @app.command()
 def presets() -> None:
     """List the bundled synthetic model presets."""
-    from sweeper.presets import PRESETS
+    from sweeper.core.presets import PRESETS
 
     table = Table()
     for col in ("preset", "type", "layers", "hidden", "heads/kv", "vocab", "mirrors"):
@@ -232,7 +233,7 @@ def report(
     trial: Annotated[str | None, typer.Option(help="trial_id whose power timeline (and layer profile, if any) is shown [default: the ok trial with the most energy]")] = None,
 ) -> None:
     """Write OUTPUT/report/: plots, the best configuration per model, unstable, failed and skipped trials."""
-    from sweeper.report import build_report
+    from sweeper.analysis.report import build_report
 
     try:
         rep = build_report(output, fmt.value, max_tpot_ms=max_tpot_ms, max_ttft_ms=max_ttft_ms, trial_id=trial)
@@ -253,7 +254,7 @@ def query(
     """Run DuckDB SQL over a results directory's aggregated tables (each one a view of its name)."""
     from rich.markup import escape
 
-    from sweeper.query import QueryError, run_query, to_csv, to_json
+    from sweeper.analysis.query import QueryError, run_query, to_csv, to_json
 
     try:
         if as_csv and as_json:

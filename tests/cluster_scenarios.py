@@ -28,10 +28,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from ray.cluster_utils import Cluster
 
-from sweeper.plan import make_plan
-from sweeper.scheduler import connect, run_plan
-from sweeper.spec import load_sweep
-from sweeper.storage import ResultStore
+from sweeper.plan.expand import make_plan
+from sweeper.run.cluster import connect
+from sweeper.run.sweep_run import run_plan
+from sweeper.plan.spec import load_sweep
+from sweeper.run.storage import ResultStore
 
 # Notice a killed node in about a second, not Ray's default of ~15 s.
 FAST_HEALTH_CHECK = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200,

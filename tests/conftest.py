@@ -25,7 +25,7 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subpro
 @pytest.fixture(scope="session")
 def ray_local():
     """One real local Ray for the tests that drive the scheduler in-process."""
-    from sweeper.scheduler import connect
+    from sweeper.run.cluster import connect
 
     info = connect(None)
     yield info

@@ -7,7 +7,7 @@ import pytest
 
 from actors.backends import create_backend
 from actors.backends.base import ModelSpec
-from sweeper.backends import BACKENDS
+from sweeper.core.backends import BACKENDS
 
 
 @pytest.fixture(scope="module")

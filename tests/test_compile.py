@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors.backends.base import ModelSpec, PrepareInfo
-from actors.backends.hf import TransformersBackend
-from actors.backends.hf_compile import RecompiledError, compiled_graphs
-from sweeper.backends import TransformersOptions, canonical_options
+from actors.backends.transformers.eager import TransformersBackend
+from actors.backends.transformers.compiled import RecompiledError, compiled_graphs
+from sweeper.core.backends import TransformersOptions, canonical_options
 from tests.conftest import run_cli
 
 INPUT_LEN, OUTPUT_LEN = 12, 8
@@ -181,11 +181,11 @@ def test_trial_rows_carry_compile_columns(tmp_path):
 def test_compiled_trial_row_through_the_actor(monkeypatch, inductor_cpu):
     """A real trial on the compiled path (allowed on CPU here): compile_s set, window free of compiles."""
     from actors.actor import TrialRunner
-    from actors.backends import hf_compile
-    from sweeper.plan import expand
-    from sweeper.spec import parse_sweep
+    from actors.backends.transformers import compiled
+    from sweeper.plan.expand import expand
+    from sweeper.plan.spec import parse_sweep
 
-    monkeypatch.setattr(hf_compile, "COMPILE_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(compiled, "COMPILE_DEVICES", ("cuda", "cpu"))
     (trial,), _ = expand(parse_sweep({
         "name": "compiled-row", "models": "tiny-llama", "precisions": "fp32", "batch_sizes": 2,
         "backend_options": {"transformers": {"compile": True}},

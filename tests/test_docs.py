@@ -9,10 +9,10 @@ from tests.conftest import ROOT
 
 
 def test_schema_doc_is_current():
-    generated = subprocess.run([sys.executable, "-m", "sweeper.schema"], capture_output=True, text=True,
+    generated = subprocess.run([sys.executable, "-m", "sweeper.core.schema"], capture_output=True, text=True,
                                check=True, cwd=ROOT).stdout
     assert (ROOT / "docs" / "SCHEMA.md").read_text() == generated, \
-        "docs/SCHEMA.md is stale: python -m sweeper.schema > docs/SCHEMA.md"
+        "docs/SCHEMA.md is stale: python -m sweeper.core.schema > docs/SCHEMA.md"
 
 
 def test_readme_starts_with_the_two_commands():
@@ -22,7 +22,7 @@ def test_readme_starts_with_the_two_commands():
 
 
 def test_control_plane_does_not_import_torch():
-    code = ("import sys, sweeper.cli, sweeper.plan, sweeper.scheduler, sweeper.storage, actors.actor;"
+    code = ("import sys, sweeper.cli, sweeper.plan.expand, sweeper.run.sweep_run, sweeper.run.storage, actors.actor;"
             "heavy = [m for m in ('torch', 'transformers', 'vllm') if m in sys.modules];"
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -33,8 +33,8 @@ def test_readme_sweep_file_example_is_a_valid_sweep():
 
     import yaml
 
-    from sweeper.plan import expand
-    from sweeper.spec import parse_sweep
+    from sweeper.plan.expand import expand
+    from sweeper.plan.spec import parse_sweep
 
     text = (ROOT / "README.md").read_text()
     section = text.split("## Sweep files", 1)[1]

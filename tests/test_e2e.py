@@ -7,10 +7,10 @@ import json
 import duckdb
 import pytest
 
-from sweeper.plan import make_plan
-from sweeper.scheduler import run_plan
-from sweeper.spec import load_sweep
-from sweeper.storage import ResultStore
+from sweeper.plan.expand import make_plan
+from sweeper.run.sweep_run import run_plan
+from sweeper.plan.spec import load_sweep
+from sweeper.run.storage import ResultStore
 from tests.conftest import run_cli
 
 REQUIRED = ["trial_id", "sweep", "model", "backend", "precision", "batch_size", "input_len",

@@ -14,12 +14,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sweeper.outcome import TrialOutcome
-from sweeper.plan import make_plan
-from sweeper.scheduler import predicted_oom, run_plan
-from sweeper.spec import load_sweep
-from sweeper.storage import ResultStore
-from sweeper.trial import MeasureSettings
+from sweeper.core.outcome import TrialOutcome
+from sweeper.plan.expand import make_plan
+from sweeper.run.sweep_run import predicted_oom, run_plan
+from sweeper.plan.spec import load_sweep
+from sweeper.run.storage import ResultStore
+from sweeper.core.trial import MeasureSettings
 from tests.conftest import ROOT
 
 

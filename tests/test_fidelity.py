@@ -11,7 +11,7 @@ import torch
 
 from actors.backends import create_backend
 from actors.backends.base import ModelSpec
-from actors.fidelity import (
+from actors.quality.fidelity import (
     FidelitySettings,
     compare,
     fidelity_prompts,
@@ -20,9 +20,9 @@ from actors.fidelity import (
     reference_outputs,
     top1_agreement,
 )
-from sweeper.backends import BACKENDS
-from sweeper.plan import expand
-from sweeper.spec import parse_sweep
+from sweeper.core.backends import BACKENDS
+from sweeper.plan.expand import expand
+from sweeper.plan.spec import parse_sweep
 from tests.conftest import run_cli
 
 OPTIONS = BACKENDS["transformers"].default_options_json()

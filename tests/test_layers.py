@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors.backends.base import ModelSpec
-from actors.backends.hf import TransformersBackend
-from actors.layers import (
+from actors.backends.transformers.eager import TransformersBackend
+from actors.layers.profiler import (
     DECODE,
     PREFILL,
     HostTimer,
@@ -36,15 +36,15 @@ from actors.layers import (
     select_units,
     timer_for,
 )
-from actors.profile_pass import METHOD_PHASE, METHOD_WINDOW, attribute_energy, pass_iterations
+from actors.layers.profile_pass import METHOD_PHASE, METHOD_WINDOW, attribute_energy, pass_iterations
 from actors.workload import RandomPrompts
-from sweeper.backends import BACKENDS
-from sweeper.errors import SweepFileError
-from sweeper.plan import expand, make_plan
-from sweeper.scheduler import run_plan
-from sweeper.schema import arrow_schema, to_table
-from sweeper.spec import load_sweep, parse_sweep
-from sweeper.storage import ResultStore
+from sweeper.core.backends import BACKENDS
+from sweeper.core.errors import SweepFileError
+from sweeper.plan.expand import expand, make_plan
+from sweeper.run.sweep_run import run_plan
+from sweeper.core.schema import arrow_schema, to_table
+from sweeper.plan.spec import load_sweep, parse_sweep
+from sweeper.run.storage import ResultStore
 from tests.conftest import ROOT
 
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-mistral"]
@@ -479,7 +479,7 @@ class StubTelemetry:
 
 
 def test_pass_energy_is_split_by_phase_and_sums_to_the_window(runner):
-    from actors.profile_pass import profile_layers
+    from actors.layers.profile_pass import profile_layers
 
     trial = profiled_trial("block", output_len=3)
     tel = StubTelemetry(50.0, {PREFILL: 0.2, DECODE: 0.7})

@@ -6,8 +6,8 @@ from actors.backends.base import ModelSpec
 from actors.backends.noop import NoopBackend
 from actors.measure import measure_trial
 from actors.telemetry import NullTelemetry
-from sweeper.plan import expand
-from sweeper.spec import parse_sweep
+from sweeper.plan.expand import expand
+from sweeper.plan.spec import parse_sweep
 
 
 class FakeClock:

@@ -49,9 +49,9 @@ def test_notebooks_ship_clean_with_a_parameters_cell(name):
     first = code[0]
     assert "parameters" in first.metadata.get("tags", [])
     assert 'RESULTS = os.environ.get("SWEEPER_RESULTS", "results/quickstart")' in first.source
-    # Plotting comes from sweeper.plots, not from code pasted into the notebook.
+    # Plotting comes from sweeper.analysis.plots, not from code pasted into the notebook.
     source = "\n".join(c.source for c in code)
-    assert "from sweeper import plots, report" in source and "plt.subplots" not in source
+    assert "from sweeper.analysis import plots, report" in source and "plt.subplots" not in source
 
 
 def test_analysis_on_quickstart(quickstart_results, monkeypatch):

@@ -11,8 +11,8 @@ import pytest
 
 from actors.backends import create_backend
 from actors.backends.base import LoadInfo, ModelSpec
-from actors.corpus import PUBLIC_DOMAIN_TEXT
-from actors.perplexity import (
+from actors.quality.corpus import PUBLIC_DOMAIN_TEXT
+from actors.quality.perplexity import (
     MAX_WINDOW_TOKENS,
     context_tokens,
     negative_log_likelihood,
@@ -20,8 +20,8 @@ from actors.perplexity import (
     perplexity_of,
     windows,
 )
-from sweeper.plan import expand
-from sweeper.spec import parse_sweep
+from sweeper.plan.expand import expand
+from sweeper.plan.spec import parse_sweep
 from tests.conftest import run_cli
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sweeper.errors import SweepFileError
-from sweeper.plan import expand, make_plan
-from sweeper.spec import parse_sweep
+from sweeper.core.errors import SweepFileError
+from sweeper.plan.expand import expand, make_plan
+from sweeper.plan.spec import parse_sweep
 
 BASE = {
     "name": "s", "models": ["tiny-llama", "tiny-qwen2"], "precisions": ["fp32", "bf16", "fp16"],
@@ -130,7 +130,7 @@ def test_default_options_and_tp1_leave_the_id_alone():
 
 
 def test_library_too_old_for_a_device_is_a_plan_time_skip():
-    from sweeper.precisions import PRECISIONS
+    from sweeper.core.precisions import PRECISIONS
 
     int8 = PRECISIONS["int8"]
     assert "bitsandbytes>=0.46" in int8.unsupported_reason("cpu", "0.45.5")
@@ -141,7 +141,7 @@ def test_library_too_old_for_a_device_is_a_plan_time_skip():
 
 
 def test_embedded_cluster_skips_trials_wider_than_the_machine():
-    from sweeper.capabilities import local_capabilities
+    from sweeper.plan.capabilities import local_capabilities
 
     sweep = parse_sweep({**BASE, "models": "tiny-llama", "backends": "noop", "precisions": "bf16",
                          "batch_sizes": 1, "repeats": 1, "tensor_parallel": [1, 2],

@@ -20,8 +20,8 @@ from actors.models import (
     parameter_layout,
     weights_dir,
 )
-from sweeper.backends import BACKENDS
-from sweeper.presets import PRESETS
+from sweeper.core.backends import BACKENDS
+from sweeper.core.presets import PRESETS
 
 OPTIONS = BACKENDS["transformers"].default_options_json()
 
@@ -176,8 +176,8 @@ def test_4bit_shape_the_cpu_kernel_cannot_run_is_a_clear_error(tmp_path):
 def test_missing_library_fails_the_trial_before_writing_weights(monkeypatch, cache):
     import actors.errors
     from actors.actor import TrialRunner
-    from sweeper.plan import expand
-    from sweeper.spec import parse_sweep
+    from sweeper.plan.expand import expand
+    from sweeper.plan.spec import parse_sweep
 
     real = actors.errors.find_spec
     monkeypatch.setattr(actors.errors, "find_spec", lambda name: None if name == "bitsandbytes" else real(name))

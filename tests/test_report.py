@@ -24,7 +24,7 @@ from tests.conftest import ROOT, run_cli
 
 H200_TRIALS = ROOT / "docs" / "data" / "quantization_h200_trials.parquet"
 
-# layers.parquet's columns (issue 4), for a checkout whose sweeper.schema does not declare the table yet.
+# layers.parquet's columns (issue 4), for a checkout whose sweeper.core.schema does not declare the table yet.
 LAYERS_SCHEMA = pa.schema([
     ("trial_id", pa.string()), ("module", pa.string()), ("module_type", pa.string()),
     ("layer_index", pa.int64()), ("phase", pa.string()), ("calls", pa.int64()),
@@ -34,7 +34,7 @@ LAYERS_SCHEMA = pa.schema([
 
 
 def _layers_table(rows: list[dict]) -> pa.Table:
-    from sweeper.schema import TABLES, to_table
+    from sweeper.core.schema import TABLES, to_table
 
     return to_table("layers", rows) if "layers" in TABLES else pa.Table.from_pylist(rows, schema=LAYERS_SCHEMA)
 
@@ -88,7 +88,7 @@ def _layer_rows(trial: dict, n_layers: int) -> list[dict]:
 
 def build_gpu_results(directory: Path) -> Path:
     """A results directory from the real H200 trials table (see the module docstring)."""
-    from sweeper.schema import to_table
+    from sweeper.core.schema import to_table
 
     directory.mkdir(parents=True, exist_ok=True)
     trials = pq.read_table(H200_TRIALS)
@@ -211,8 +211,8 @@ def test_layer_profile_of_a_real_cpu_run_is_shown_as_time_shares(tmp_path):
     """A real profiled sweep on CPU: layers.parquet has host-clock times and no energy."""
     import pandas as pd
 
-    from sweeper.plots import layer_shares
-    from sweeper.report import build_report
+    from sweeper.analysis.plots import layer_shares
+    from sweeper.analysis.report import build_report
 
     sweep = tmp_path / "profiled.yaml"
     sweep.write_text("name: profiled\nmodels: [tiny-llama]\nprecisions: [fp32]\nbatch_sizes: [2]\n"
@@ -239,7 +239,7 @@ def test_layer_profile_of_a_real_cpu_run_is_shown_as_time_shares(tmp_path):
 
 
 def test_report_on_gpu_results_has_every_plot(gpu_results):
-    from sweeper.report import build_report
+    from sweeper.analysis.report import build_report
 
     report = build_report(gpu_results, max_tpot_ms=15.0)
     names = [p.filename for p in report.plots]
@@ -258,7 +258,7 @@ def test_report_on_gpu_results_has_every_plot(gpu_results):
 def test_best_configuration_under_latency_bounds(gpu_results):
     import pandas as pd
 
-    from sweeper.report import best_configs
+    from sweeper.analysis.report import best_configs
 
     trials = pd.read_parquet(gpu_results / "trials.parquet")
     free = best_configs(trials).set_index("model")
@@ -280,7 +280,7 @@ def test_best_configuration_under_latency_bounds(gpu_results):
 def test_pareto_frontier_is_the_non_dominated_set(gpu_results):
     import pandas as pd
 
-    from sweeper.plots import pareto_frontier, pareto_mask
+    from sweeper.analysis.plots import pareto_frontier, pareto_mask
 
     assert list(pareto_mask([1, 2, 3, 2, 1], [3, 2, 1, 3, 3])) == [True, True, True, False, True]
     trials = pd.read_parquet(gpu_results / "trials.parquet")
@@ -296,7 +296,7 @@ def test_pareto_frontier_is_the_non_dominated_set(gpu_results):
 def test_unstable_trials_are_marked_not_hidden(gpu_results, tmp_path):
     import pandas as pd
 
-    from sweeper.report import build_report
+    from sweeper.analysis.report import build_report
 
     # The H200 run had no unstable trial; flag two the way the actor would (short window).
     trials = pd.read_parquet(gpu_results / "trials.parquet")
@@ -318,7 +318,7 @@ def test_unstable_trials_are_marked_not_hidden(gpu_results, tmp_path):
 def test_fidelity_plot_when_the_column_exists(gpu_results, tmp_path):
     import pandas as pd
 
-    from sweeper.report import build_report
+    from sweeper.analysis.report import build_report
 
     trials = pd.read_parquet(gpu_results / "trials.parquet")
     # A fidelity_kl column as the quantization issue adds it (KL to the bf16 reference).
@@ -334,7 +334,7 @@ def test_fidelity_plot_when_the_column_exists(gpu_results, tmp_path):
 def test_timeline_phases_are_shaded_from_the_phase_column(gpu_results):
     import pandas as pd
 
-    from sweeper.plots import phase_spans, plot_power_timeline
+    from sweeper.analysis.plots import phase_spans, plot_power_timeline
 
     timeline = pd.read_parquet(gpu_results / "timeline.parquet", filters=[("trial_id", "==", "d58a02976863a6f0")])
     spans = phase_spans(timeline)
@@ -359,7 +359,7 @@ def test_chosen_trial_and_layers(gpu_results):
 def test_layer_shares_sum_to_one_and_blocks_are_equal(gpu_results):
     import pandas as pd
 
-    from sweeper.plots import layer_shares, plot_layer_shares
+    from sweeper.analysis.plots import layer_shares, plot_layer_shares
 
     layers = pd.read_parquet(gpu_results / "layers.parquet")
     shares, value = layer_shares(layers)
@@ -374,7 +374,7 @@ def test_layer_shares_sum_to_one_and_blocks_are_equal(gpu_results):
 def test_compare_two_sweeps(gpu_results, tmp_path):
     import pandas as pd
 
-    from sweeper.report import compare_sweeps
+    from sweeper.analysis.report import compare_sweeps
 
     trials = pd.read_parquet(gpu_results / "trials.parquet")
     other = tmp_path / "other"
@@ -402,7 +402,7 @@ def test_compare_two_sweeps(gpu_results, tmp_path):
 def test_report_does_not_import_plotting_at_cli_import():
     import sys
 
-    code = ("import sys, sweeper.cli, sweeper.report, sweeper.plots;"
+    code = ("import sys, sweeper.cli, sweeper.analysis.report, sweeper.analysis.plots;"
             "heavy = [m for m in ('matplotlib', 'duckdb', 'pandas', 'torch') if m in sys.modules];"
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -416,7 +416,7 @@ def test_html_report_renders_in_headless_chromium(gpu_results, tmp_path):
     import numpy as np
     from PIL import Image
 
-    from sweeper.report import build_report
+    from sweeper.analysis.report import build_report
 
     page = build_report(gpu_results).path
     shot = tmp_path / "page.png"
@@ -440,8 +440,8 @@ def test_precisions_against_the_reference_on_the_h200_quantization_study(tmp_pat
     """The table that answers the study's question, from the real H200 run (BENCHMARKS §5)."""
     import pyarrow.parquet as pq
 
-    from sweeper.report import precision_summary
-    from sweeper.schema import to_table
+    from sweeper.analysis.report import precision_summary
+    from sweeper.core.schema import to_table
 
     trials = to_table("trials", pq.read_table(ROOT / "docs/data/quantization_study_h200_trials.parquet")).to_pandas()
     summary = precision_summary(trials).set_index(["model", "precision"])
@@ -460,10 +460,10 @@ def test_precisions_against_the_reference_on_the_h200_quantization_study(tmp_pat
 
 def test_option_variants_are_lines_of_their_own():
     """Eager and compiled trials of one backend and precision must not be averaged together."""
-    from sweeper.plan import expand
-    from sweeper.plots import plot_throughput
-    from sweeper.schema import to_table
-    from sweeper.spec import parse_sweep
+    from sweeper.plan.expand import expand
+    from sweeper.analysis.plots import plot_throughput
+    from sweeper.core.schema import to_table
+    from sweeper.plan.spec import parse_sweep
 
     trials, _ = expand(parse_sweep({
         "name": "v", "models": "tiny-llama", "precisions": "bf16", "batch_sizes": [1, 4],

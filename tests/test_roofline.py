@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from sweeper.precisions import PRECISIONS
-from sweeper.presets import PRESETS
-from sweeper.roofline import (
+from sweeper.core.precisions import PRECISIONS
+from sweeper.core.presets import PRESETS
+from sweeper.core.roofline import (
     COLUMNS,
     GPUS,
     Architecture,
@@ -287,7 +287,7 @@ def test_unknown_architecture_gives_all_nulls():
 
 
 def test_columns_are_trials_schema_columns():
-    from sweeper.schema import TRIALS
+    from sweeper.core.schema import TRIALS
 
     assert set(COLUMNS) <= {c.name for c in TRIALS}
 
@@ -299,8 +299,8 @@ def test_a_real_cpu_trial_row_carries_flops_and_null_mbu():
     from actors.backends.base import ModelSpec
     from actors.measure import measure_trial
     from actors.telemetry import NullTelemetry
-    from sweeper.backends import BACKENDS
-    from sweeper.trial import MeasureSettings, Trial
+    from sweeper.core.backends import BACKENDS
+    from sweeper.core.trial import MeasureSettings, Trial
 
     options = BACKENDS["transformers"].default_options_json()
     backend = create_backend("transformers")

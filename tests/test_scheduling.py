@@ -16,13 +16,13 @@ from rich.console import Console
 
 from actors.backends import create_backend
 from actors.backends.base import ModelSpec
-from sweeper.backends import BACKENDS, canonical_options
-from sweeper.errors import SweepFileError
-from sweeper.plan import make_plan
-from sweeper.presets import PRESETS
-from sweeper.scheduler import run_plan
-from sweeper.spec import load_sweep
-from sweeper.storage import ResultStore
+from sweeper.core.backends import BACKENDS, canonical_options
+from sweeper.core.errors import SweepFileError
+from sweeper.plan.expand import make_plan
+from sweeper.core.presets import PRESETS
+from sweeper.run.sweep_run import run_plan
+from sweeper.plan.spec import load_sweep
+from sweeper.run.storage import ResultStore
 from tests.cluster_scenarios import run_scenario
 from tests.conftest import ROOT
 
@@ -123,7 +123,7 @@ def test_a_simulated_oom_fails_its_trial_and_prunes_larger_batches(ray_local, wr
 
 
 def test_the_progress_view_counts_skips_apart_and_estimates_from_measured_trials(ray_local, write_sweep):
-    from sweeper.progress import Placement, ProgressView
+    from sweeper.run.progress import Placement, ProgressView
 
     trials = _plan(write_sweep, OOM_SWEEP).runnable
     view = ProgressView(4, slots=2, console=Console(file=io.StringIO()), quiet=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sweeper.errors import SweepFileError
-from sweeper.spec import load_sweep, parse_sweep
+from sweeper.core.errors import SweepFileError
+from sweeper.plan.spec import load_sweep, parse_sweep
 
 MINIMAL = {
     "name": "s", "models": "tiny-llama", "precisions": "fp32", "batch_sizes": 4,

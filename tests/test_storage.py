@@ -9,8 +9,8 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from sweeper.schema import TRIALS, arrow_schema, to_table
-from sweeper.storage import ResultStore
+from sweeper.core.schema import TRIALS, arrow_schema, to_table
+from sweeper.run.storage import ResultStore
 
 
 def trial_row(trial_id: str, status: str = "ok", **extra):
@@ -107,7 +107,7 @@ def test_old_shards_gain_new_columns_as_nulls(tmp_path):
 
 
 def test_aggregate_of_an_empty_directory_is_a_user_error(tmp_path):
-    from sweeper.errors import ResultsError
+    from sweeper.core.errors import ResultsError
 
     with pytest.raises(ResultsError, match="no trial shards"):
         ResultStore(str(tmp_path)).aggregate()

@@ -792,7 +792,7 @@ def test_window_starts_after_the_meters_own_reads(monkeypatch, clock):
 
 
 def test_iteration_blocks_merge_short_iterations_into_spans_of_min_s():
-    from actors.telemetry.facade import iteration_blocks
+    from actors.telemetry.telemetry import iteration_blocks
 
     short = [(i * 0.2, (i + 1) * 0.2) for i in range(12)]  # 2.4 s of 0.2 s iterations
     blocks = iteration_blocks(short, 1.0)
@@ -836,7 +836,7 @@ def test_steady_iterations_in_blocks_of_unequal_size_are_not_flagged(monkeypatch
     """17 steady 0.74 s iterations (the compiled 8B path at batch 1 on an H200) make blocks
     of 2, 2, ..., 3 iterations: compared whole, the last block's extra iteration alone
     read as CV 0.17. Judged per iteration, a steady trial is steady."""
-    from actors.telemetry.facade import MIN_STABILITY_BLOCK_S, iteration_blocks
+    from actors.telemetry.telemetry import MIN_STABILITY_BLOCK_S, iteration_blocks
 
     iterations, iter_s, prefill_s = 17, 0.74, 0.02
     steps, t = [], START_S + 3.0

@@ -19,8 +19,8 @@ PINNED = json.loads((Path(__file__).parent / "data" / "pinned_trial_ids.json").r
 
 @pytest.mark.parametrize("sweep_file", sorted(PINNED))
 def test_bundled_sweep_trial_ids_are_unchanged(sweep_file):
-    from sweeper.plan import expand
-    from sweeper.spec import load_sweep
+    from sweeper.plan.expand import expand
+    from sweeper.plan.spec import load_sweep
 
     trials, _ = expand(load_sweep(ROOT / sweep_file), sweep_path=str(ROOT / sweep_file), check_hub=False)
     assert {t.label(): t.trial_id for t in trials} == PINNED[sweep_file]

@@ -24,8 +24,8 @@ from actors.backends.vllm import (
     generation_from_outputs,
 )
 from actors.measure import request_rows
-from sweeper.backends import BACKENDS, VllmOptions
-from sweeper.capabilities import (
+from sweeper.core.backends import BACKENDS, VllmOptions
+from sweeper.plan.capabilities import (
     LOCAL,
     Capabilities,
     NodeCapabilities,
@@ -33,9 +33,9 @@ from sweeper.capabilities import (
     probe_cluster,
     probed_libraries,
 )
-from sweeper.errors import SweepFileError
-from sweeper.plan import expand, make_plan
-from sweeper.spec import parse_sweep
+from sweeper.core.errors import SweepFileError
+from sweeper.plan.expand import expand, make_plan
+from sweeper.plan.spec import parse_sweep
 from tests.conftest import ROOT, run_cli
 
 BASE = {
@@ -299,7 +299,7 @@ def test_out_of_memory_is_recognised():
 
 
 def test_layer_hooks_do_not_apply_to_vllm_trials():
-    from actors.profile_pass import profile_layers
+    from actors.layers.profile_pass import profile_layers
 
     (trial, *_), _ = expand(sweep(backends="vllm", profile={"layers": "block"}))
     assert BACKENDS["vllm"].layer_hooks is False
@@ -320,7 +320,7 @@ def test_a_worker_without_vllm_refuses_the_backend_clearly():
 
 def test_a_vllm_trial_on_a_worker_without_vllm_fails_and_the_sweep_goes_on(tmp_path):
     """On a (logical) GPU node without vllm: the vllm trial fails with the clear error, the rest finish."""
-    from sweeper.storage import ResultStore
+    from sweeper.run.storage import ResultStore
 
     s = tmp_path / "mixed.yaml"
     s.write_text("name: mixed\nmodels: tiny-llama\nbackends: [vllm, transformers]\nprecisions: bf16\n"
@@ -347,7 +347,7 @@ def test_engine_architecture_feeds_the_roofline():
     from transformers import AutoConfig
 
     from actors.backends.vllm import _architecture
-    from sweeper.presets import PRESETS
+    from sweeper.core.presets import PRESETS
 
     config = AutoConfig.for_model(**PRESETS["llama-3.2-1b"].config_dict())
     arch = _architecture(SimpleNamespace(hf_config=config))
@@ -356,8 +356,8 @@ def test_engine_architecture_feeds_the_roofline():
 
 
 def test_a_shape_longer_than_max_model_len_is_skipped_at_plan_time():
-    from sweeper.plan import make_plan
-    from sweeper.spec import parse_sweep
+    from sweeper.plan.expand import make_plan
+    from sweeper.plan.spec import parse_sweep
 
     sweep = parse_sweep({"name": "m", "models": "llama-3.2-1b", "backends": "vllm", "precisions": "bf16",
                          "batch_sizes": 1, "workload": {"input_len": [128, 1000], "output_len": 128},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 from actors.backends.base import Backend, Generation, LoadInfo, RequestTiming
-from sweeper.backends import BACKENDS
+from sweeper.core.backends import BACKENDS
 
 
 class BackendUnavailable(RuntimeError):

@@ -42,7 +42,7 @@ class LoadInfo:
     vocab_size: int
     extra: dict[str, Any] = field(default_factory=dict)
     # The model's HF config as a dict (``config.to_dict()``): the roofline's
-    # FLOPs and bytes follow from it (sweeper.roofline). None: no roofline columns.
+    # FLOPs and bytes follow from it (sweeper.core.roofline). None: no roofline columns.
     architecture: dict[str, Any] | None = None
 
 
@@ -108,7 +108,7 @@ class Backend(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
-    # -- scoring, for the fidelity pass (actors.fidelity); optional ------------------
+    # -- scoring, for the fidelity pass (actors.quality.fidelity); optional ------------------
     def greedy_continuation(self, prompt_ids: np.ndarray, n: int) -> np.ndarray:
         """The (batch, n) token ids that greedy decoding appends to (batch, len) ``prompt_ids``."""
         raise NotImplementedError(f"{type(self).__name__} cannot return greedy continuations")

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from actors.backends.base import Backend, Generation, LoadInfo, ModelSpec, RequestTiming
-from sweeper.backends import NoopOptions
-from sweeper.presets import PRESETS
+from sweeper.core.backends import NoopOptions
+from sweeper.core.presets import PRESETS
 
 
 class SimulatedOutOfMemory(MemoryError):

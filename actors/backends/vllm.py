@@ -53,8 +53,8 @@ from actors.backends.base import (
     PrepareInfo,
     RequestTiming,
 )
-from sweeper.backends import VllmOptions
-from sweeper.precisions import PRECISIONS
+from sweeper.core.backends import VllmOptions
+from sweeper.core.precisions import PRECISIONS
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ its ~100 ms updates) and adds CPU/DRAM energy from RAPL. Nothing here imports
 torch or pynvml at import time.
 """
 
-from actors.telemetry.facade import (
+from actors.telemetry.telemetry import (
     TRIAL_COLUMNS,
     Measurement,
     NullTelemetry,

@@ -6,12 +6,18 @@ import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
+from typing import Literal, get_args
 
 # Bumped when the measurement method changes in a way that makes old results
 # incomparable: every trial id changes and a resumed sweep re-runs everything.
 # 2: energy windows stamped after the meter's counter reads; backend options
 #    at their defaults left out of the identity.
 METHOD_VERSION = 2
+
+# Layer-profiling granularities: decoder blocks, the attention / MLP / norms
+# inside each block, or every leaf module.
+LayerGranularity = Literal["block", "submodule", "leaf"]
+LAYER_GRANULARITIES: tuple[str, ...] = get_args(LayerGranularity)
 
 
 @dataclass(frozen=True)
@@ -135,7 +141,7 @@ def variant_label(backend: str, options_json: str | None, tensor_parallel: int |
 @functools.cache
 def _default_options(backend: str) -> dict | None:
     """The backend's options at their defaults (None: not a registered backend)."""
-    from sweeper.backends import BACKENDS
+    from sweeper.core.backends import BACKENDS
 
     spec = BACKENDS.get(backend)
     return None if spec is None else spec.options().model_dump(mode="json")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.errors import QuantizationShapeError
-from sweeper.precisions import Precision
+from sweeper.core.precisions import Precision
 
 # Quantization scheme -> BitsAndBytesConfig kwargs (compute dtype and double
 # quantization are added per load).

@@ -101,7 +101,7 @@ TRIALS: tuple[Column, ...] = (
     _c("layer_profile_status", S, "ok, or why the profiling pass wrote no layer rows (not applicable: ..., failed: ...)"),
     _c("layer_profile_overhead", F, "profiling pass time per iteration / measured time per iteration - 1 (the hooks' slowdown)"),
     _c("layer_profile_energy_j", F, "GPU energy measured over the profiling pass; its layers rows' energy_j sum to it"),
-    # roofline (analytic, from the architecture: sweeper/roofline.py, docs/METHOD.md "Roofline: MFU and MBU";
+    # roofline (analytic, from the architecture: sweeper/core/roofline.py, docs/METHOD.md "Roofline: MFU and MBU";
     # all null for an architecture without formulas; mfu, mbu and the peaks null where a held GPU is unknown or on CPU)
     _c("flops_per_token", F, "analytic forward FLOPs of one request (prefill of the prompt + every decode step, "
                              "causal attention; multiply-add = 2) / output_len: the window's FLOPs per generated token"),
@@ -124,7 +124,7 @@ TRIALS: tuple[Column, ...] = (
     _c("fidelity_top1", F, "share of those positions where this trial's top-1 next token equals the reference's"),
     _c("fidelity_status", S, "ok | reference (this is the reference precision) | not applicable: ... (the backend "
                              "cannot score) | failed: ... (the trial's status stays ok: its headline numbers stand)"),
-    _c("perplexity", F, "perplexity on the bundled public-domain text (actors/corpus.py), teacher-forced; real checkpoints only"),
+    _c("perplexity", F, "perplexity on the bundled public-domain text (actors/quality/corpus.py), teacher-forced; real checkpoints only"),
     _c("perplexity_tokens", I, "tokens scored for perplexity"),
     _c("perplexity_status", S, "ok | not applicable: ... (synthetic model, no tokenizer) | failed: ...; null: not asked for"),
     # environment
@@ -239,9 +239,9 @@ def schema_markdown() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m sweeper.schema > docs/SCHEMA.md
+if __name__ == "__main__":  # python -m sweeper.core.schema > docs/SCHEMA.md
     print("# Result tables\n")
-    print("Generated from `sweeper/schema.py` (`python -m sweeper.schema > docs/SCHEMA.md`); "
+    print("Generated from `sweeper/core/schema.py` (`python -m sweeper.core.schema > docs/SCHEMA.md`); "
           "a test keeps the two in step. Units are in the column names: `_s` seconds, `_j` joules, "
           "`_w` watts, `_bytes` bytes, `_mj` millijoules, `_mhz` MHz, `_c` degrees Celsius, `_pct` per cent.\n")
     print(schema_markdown())

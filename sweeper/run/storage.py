@@ -23,8 +23,8 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sweeper.errors import ResultsError
-from sweeper.schema import TABLES, arrow_schema, to_table
+from sweeper.core.errors import ResultsError
+from sweeper.core.schema import TABLES, arrow_schema, to_table
 
 _SORT = {
     "trials": [("started_at", "ascending"), ("trial_id", "ascending")],

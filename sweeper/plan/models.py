@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sweeper.errors import ModelResolutionError
-from sweeper.presets import PRESETS
+from sweeper.core.errors import ModelResolutionError
+from sweeper.core.presets import PRESETS
 
 ModelSource = Literal["synthetic", "path", "hub"]
 

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from sweeper.errors import UserInputError
+from sweeper.core.errors import UserInputError
 
 VIEWS = ("trials", "requests", "timeline", "layers")
 
@@ -31,7 +31,7 @@ def connect(root: str | os.PathLike) -> tuple[Any, list[str]]:
     """An in-memory DuckDB connection with one view per aggregated table; and the views' names."""
     import duckdb
 
-    from sweeper.report import check_results_dir, table_path
+    from sweeper.analysis.report import check_results_dir, table_path
 
     path = check_results_dir(root)
     con = duckdb.connect()

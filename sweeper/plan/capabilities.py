@@ -20,8 +20,8 @@ import importlib.util
 import socket
 from dataclasses import dataclass, field
 
-from sweeper.backends import BACKENDS
-from sweeper.precisions import PRECISIONS
+from sweeper.core.backends import BACKENDS
+from sweeper.core.precisions import PRECISIONS
 
 PROBE_TIMEOUT_S = 60.0
 

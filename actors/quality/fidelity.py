@@ -41,9 +41,9 @@ import numpy as np
 
 from actors.backends.base import Backend, LoadInfo, ModelSpec
 from actors.workload import RandomPrompts
-from sweeper.backends import BACKENDS
-from sweeper.precisions import PRECISIONS
-from sweeper.trial import Trial
+from sweeper.core.backends import BACKENDS
+from sweeper.core.precisions import PRECISIONS
+from sweeper.core.trial import Trial
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ first, synchronizes the device and reads the clock: the end of prefill (time to
 first token). Decode ends at generate's final synchronize. One synchronize per
 call costs next to nothing; one per step would add a host stall to every step
 (bench/overhead.py measures both). ``compile: true`` runs the decode step compiled
-(actors/backends/hf_compile.py).
+(actors/backends/transformers/compiled.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from actors.backends import bnb
+from actors.backends.transformers import bnb
 from actors.backends.base import (
     Backend,
     Generation,
@@ -29,8 +29,8 @@ from actors.backends.base import (
     RequestTiming,
 )
 from actors.errors import PrecisionUnavailable
-from sweeper.backends import TransformersOptions
-from sweeper.precisions import PRECISIONS
+from sweeper.core.backends import TransformersOptions
+from sweeper.core.precisions import PRECISIONS
 
 
 def _cpu_name() -> str:
@@ -56,10 +56,10 @@ class TransformersBackend(Backend):
         self.device = "cpu"
         self.clock = time.monotonic
         self._setup: dict[int, tuple[Any, Any]] = {}
-        # Devices the compiled path may run on (None: hf_compile.COMPILE_DEVICES, GPUs);
+        # Devices the compiled path may run on (None: compiled.COMPILE_DEVICES, GPUs);
         # tests add "cpu" to check its outputs.
         self.compile_devices = compile_devices
-        self._compiled: Any = None  # hf_compile.CompiledDecode of the loaded model
+        self._compiled: Any = None  # compiled.CompiledDecode of the loaded model
         # "first": synchronize once, when prefill's logits exist (time to first token).
         # "every": also at every decode step (the old method; bench/overhead.py compares).
         self.step_sync = "first"
@@ -98,7 +98,7 @@ class TransformersBackend(Backend):
             bnb.probe(self.model, precision, self.device)
         self._setup.clear()
         self.model.generation_config.pad_token_id = self.model.generation_config.pad_token_id or 0
-        from actors.backends.hf_compile import CompiledDecode
+        from actors.backends.transformers.compiled import CompiledDecode
 
         self._compiled = CompiledDecode(self.model, self.device, options.compile, options.compile_mode,
                                         self.compile_devices)
@@ -177,7 +177,7 @@ class TransformersBackend(Backend):
         eos_token_id = self.model.generation_config.eos_token_id
         batch_size, cache_len = prompt_ids.shape[0], prompt_ids.shape[1] + output_len
         if compiled:
-            from actors.backends.hf_compile import compiled_graphs
+            from actors.backends.transformers.compiled import compiled_graphs
 
             graphs_before = compiled_graphs()
         else:

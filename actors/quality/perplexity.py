@@ -1,4 +1,4 @@
-"""Perplexity of a loaded model on the bundled public-domain text (``actors.corpus``).
+"""Perplexity of a loaded model on the bundled public-domain text (``actors.quality.corpus``).
 
 Meaningful for real checkpoints only: it needs the checkpoint's tokenizer, and
 a random-weight preset has no language to model (its perplexity is about its
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from actors.backends.base import Backend, LoadInfo
-from actors.corpus import PUBLIC_DOMAIN_TEXT
-from sweeper.trial import Trial
+from actors.quality.corpus import PUBLIC_DOMAIN_TEXT
+from sweeper.core.trial import Trial
 
 log = logging.getLogger(__name__)
 

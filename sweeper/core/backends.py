@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from sweeper.precisions import PRECISIONS
+from sweeper.core.precisions import PRECISIONS
 
 
 class TransformersOptions(BaseModel):
@@ -143,7 +143,7 @@ BACKENDS: dict[str, BackendSpec] = {
     for b in [
         BackendSpec(
             name="transformers",
-            impl="actors.backends.hf:TransformersBackend",
+            impl="actors.backends.transformers.eager:TransformersBackend",
             precisions=frozenset({"fp32", "fp16", "bf16", "int8", "nf4", "fp4"}),
             devices=frozenset({"cuda", "cpu"}),
             requires=("torch", "transformers"),

@@ -7,7 +7,7 @@ raised as ``SweepFileError`` naming the file and the field.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, get_args
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -20,9 +20,10 @@ from pydantic import (
     model_validator,
 )
 
-from sweeper.backends import BACKENDS
-from sweeper.errors import SweepFileError
-from sweeper.precisions import PRECISIONS
+from sweeper.core.backends import BACKENDS
+from sweeper.core.errors import SweepFileError
+from sweeper.core.trial import LayerGranularity
+from sweeper.core.precisions import PRECISIONS
 
 T = TypeVar("T")
 
@@ -78,10 +79,6 @@ class Measure(_Strict):
     timeout_s: float | None = Field(None, gt=0, description="a trial running longer is recorded failed (timeout) and its actor replaced")
 
 
-# Layer-profiling granularities (DESIGN §5): decoder blocks, the attention / MLP /
-# norms inside each block, or every leaf module.
-LayerGranularity = Literal["block", "submodule", "leaf"]
-LAYER_GRANULARITIES: tuple[str, ...] = get_args(LayerGranularity)
 
 
 class Profile(_Strict):

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sweeper.errors import ResultsError, UserInputError
+from sweeper.core.errors import ResultsError, UserInputError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
@@ -107,7 +107,7 @@ def load_results(root: str | os.PathLike) -> Results:
 
 
 def _ok(trials: pd.DataFrame) -> pd.DataFrame:
-    from sweeper.plots import ok_trials
+    from sweeper.analysis.plots import ok_trials
 
     return ok_trials(trials)
 
@@ -206,7 +206,7 @@ def compare_sweeps(baseline: str | os.PathLike, candidate: str | os.PathLike) ->
     """
     import duckdb
 
-    from sweeper.trial import variant_label
+    from sweeper.core.trial import variant_label
 
     a = table_path(check_results_dir(baseline), "trials")
     b = table_path(check_results_dir(candidate), "trials")
@@ -293,8 +293,8 @@ def precision_summary(trials: pd.DataFrame) -> pd.DataFrame:
     """
     import pandas as pd
 
-    from sweeper.precisions import PRECISIONS
-    from sweeper.trial import variant_label
+    from sweeper.core.precisions import PRECISIONS
+    from sweeper.core.trial import variant_label
 
     df = _ok(trials)
     shape = ["batch_size", "input_len", "output_len"]
@@ -459,7 +459,7 @@ def _header(results: Results) -> list[str]:
 def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float | None = None,
                  max_ttft_ms: float | None = None, trial_id: str | None = None) -> Report:
     """Write ``root/report/`` and return what went into it."""
-    from sweeper import plots
+    from sweeper.analysis import plots
 
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r} (choose from {', '.join(FORMATS)})")

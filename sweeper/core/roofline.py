@@ -35,8 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sweeper.errors import SweeperError
-from sweeper.precisions import Precision
+from sweeper.core.errors import SweeperError
+from sweeper.core.precisions import Precision
 
 COLUMNS: tuple[str, ...] = (
     "flops_per_token", "weight_bytes_per_token", "kv_bytes_per_token", "mfu", "mbu",

@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from sweeper.trial import Trial
+from sweeper.core.trial import Trial
 
 MAX_ROWS = 40  # a live table taller than a terminal scrolls away and helps nobody
 

@@ -57,7 +57,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sweeper.spec import LAYER_GRANULARITIES
+from sweeper.core.trial import LAYER_GRANULARITIES
 
 PREFILL, DECODE = "prefill", "decode"
 

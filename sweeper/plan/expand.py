@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sweeper.backends import BACKENDS, canonical_options
-from sweeper.capabilities import Capabilities
-from sweeper.errors import ModelResolutionError, SweepFileError
-from sweeper.models import ModelRef, resolve_model
-from sweeper.precisions import PRECISIONS
-from sweeper.spec import Sweep
-from sweeper.trial import MeasureSettings, Trial
+from sweeper.core.backends import BACKENDS, canonical_options
+from sweeper.plan.capabilities import Capabilities
+from sweeper.core.errors import ModelResolutionError, SweepFileError
+from sweeper.plan.models import ModelRef, resolve_model
+from sweeper.core.precisions import PRECISIONS
+from sweeper.plan.spec import Sweep
+from sweeper.core.trial import MeasureSettings, Trial
 
 Device = Literal["cuda", "cpu"]
 

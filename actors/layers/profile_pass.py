@@ -33,8 +33,8 @@ from typing import Any
 
 from actors.backends.base import Backend, Generation, LoadInfo
 from actors.workload import RandomPrompts
-from sweeper.backends import BACKENDS
-from sweeper.trial import Trial
+from sweeper.core.backends import BACKENDS
+from sweeper.core.trial import Trial
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def profile_layers(backend: Backend, trial: Trial, load: LoadInfo, telemetry: An
     if model is None or not hasattr(model, "register_forward_pre_hook"):
         return LayerProfile.not_applicable(granularity, f"backend {trial.backend} exposes no torch module")
 
-    from actors.layers import LayerProfileError, LayerProfiler, select_units
+    from actors.layers.profiler import LayerProfileError, LayerProfiler, select_units
 
     try:
         units = select_units(model, granularity)

@@ -89,7 +89,7 @@ def series_label(row: Any, df: pd.DataFrame, with_model: bool = False) -> str:
         parts.append(str(row["backend"]))
     parts.append(str(row["precision"]))
     if _varies(df, "backend_options") or _varies(df, "tensor_parallel"):
-        from sweeper.trial import variant_label
+        from sweeper.core.trial import variant_label
 
         tp = row.get("tensor_parallel")
         variant = variant_label(str(row["backend"]), row.get("backend_options"),

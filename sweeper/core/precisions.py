@@ -3,7 +3,7 @@
 Which devices can run a precision, which library it needs and how its weights
 are stored is decided here and only here; the planner asks
 ``Precision.unsupported_reason`` and never branches on names. Which *backends*
-run a precision is the backend registry's business (``sweeper.backends``).
+run a precision is the backend registry's business (``sweeper.core.backends``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Precision:
     # too), for schemes that offer it; None: the option changes nothing.
     weight_bits_double_quant: float | None = None
     # Number format the matmuls run in, which picks the GPU's peak rate for MFU
-    # (sweeper.roofline.GPUS keys); None: the compute dtype's own format.
+    # (sweeper.core.roofline.GPUS keys); None: the compute dtype's own format.
     compute_format: str | None = None
 
     @property

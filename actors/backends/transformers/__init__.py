@@ -1,0 +1,3 @@
+"""The transformers backend: eager ``generate``, the compiled static-cache decode
+loop, and bitsandbytes quantized loading.
+"""

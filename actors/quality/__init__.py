@@ -1,0 +1,3 @@
+"""Output quality beside the joules: fidelity against a reference precision,
+perplexity on a bundled public-domain text.
+"""
