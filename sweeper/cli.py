@@ -98,18 +98,28 @@ def plan(
         }
         print(json.dumps(payload, indent=2))
         return
+    from sweeper.core.axes import AXES, BACKEND
+
     table = Table(title=f"{sweep.name}: {len(p.trials)} trials on {p.device}", title_justify="left")
-    # Option variants and tensor parallelism get a column only when the sweep has them.
+    # One column per axis (the axis table's order); option variants and tensor
+    # parallelism share a "variant" column, shown only when the sweep has them.
     with_variant = any(pt.trial.variant() for pt in p.trials)
-    columns = ["trial_id", "model", "backend", *(["variant"] if with_variant else []), "precision",
-               "batch", "in", "out", "rep", "status"]
-    for col in columns:
-        table.add_column(col, justify="right" if col in ("batch", "in", "out", "rep") else "left")
+    shown = [a for a in AXES if not a.in_variant]
+    table.add_column("trial_id")
+    for axis in shown:
+        table.add_column(axis.title, justify="right" if axis.type is int else "left")
+        if axis.name == BACKEND and with_variant:
+            table.add_column("variant")
+    table.add_column("status")
     for pt in p.trials:
-        t = pt.trial
+        t, values = pt.trial, pt.trial.axes()
+        cells = [t.trial_id]
+        for axis in shown:
+            cells.append(str(values[axis.name]))
+            if axis.name == BACKEND and with_variant:
+                cells.append(t.variant())
         status = "run" if pt.runnable else f"[yellow]skipped[/]: {pt.skip_reason}"
-        table.add_row(t.trial_id, t.model, t.backend, *([t.variant()] if with_variant else []), t.precision,
-                      str(t.batch_size), str(t.input_len), str(t.output_len), str(t.repeat), status)
+        table.add_row(*cells, status)
     out.print(table)
     out.print(f"{len(p.runnable)} to run in {len(p.groups())} model load(s), "
               f"{len(p.skipped)} skipped, {p.excluded} excluded by the sweep's exclude rules")

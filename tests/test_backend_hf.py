@@ -13,19 +13,19 @@ from sweeper.core.backends import BACKENDS
 @pytest.fixture(scope="module")
 def backend():
     b = create_backend("transformers")
-    b.load(ModelSpec("synthetic", "tiny-llama", "fp32", BACKENDS["transformers"].default_options_json(), seed=0))
+    b.load(ModelSpec("synthetic", "tiny-llama", "fp32", BACKENDS["transformers"].default_options(), seed=0))
     yield b
     b.close()
 
 
 def test_load_reports_device_and_footprint(backend):
     assert backend.device == "cpu"
-    info = backend.load(ModelSpec("synthetic", "tiny-llama", "bf16", BACKENDS["transformers"].default_options_json()))
+    info = backend.load(ModelSpec("synthetic", "tiny-llama", "bf16", BACKENDS["transformers"].default_options()))
     assert info.weight_memory_bytes > 0 and info.vocab_size == 2048
     import torch
 
     assert next(backend.model.parameters()).dtype == torch.bfloat16
-    backend.load(ModelSpec("synthetic", "tiny-llama", "fp32", BACKENDS["transformers"].default_options_json()))
+    backend.load(ModelSpec("synthetic", "tiny-llama", "fp32", BACKENDS["transformers"].default_options()))
 
 
 def test_exact_output_length_even_when_eos_is_the_greedy_choice(backend):
@@ -56,7 +56,7 @@ def test_timing_marks_are_ordered(backend):
 
 
 def test_synthetic_weights_are_seeded():
-    specs = [ModelSpec("synthetic", "tiny-qwen2", "fp32", BACKENDS["transformers"].default_options_json(), seed=s)
+    specs = [ModelSpec("synthetic", "tiny-qwen2", "fp32", BACKENDS["transformers"].default_options(), seed=s)
              for s in (3, 3, 4)]
     weights = []
     for spec in specs:

@@ -16,14 +16,14 @@ import pytest
 from actors.backends.base import ModelSpec, PrepareInfo
 from actors.backends.transformers.eager import TransformersBackend
 from actors.backends.transformers.compiled import RecompiledError, compiled_graphs
-from sweeper.core.backends import TransformersOptions, canonical_options
+from sweeper.core.backends import TransformersOptions
 from tests.conftest import run_cli
 
 INPUT_LEN, OUTPUT_LEN = 12, 8
 
 
 def _spec(precision: str = "fp32", **options) -> ModelSpec:
-    return ModelSpec("synthetic", "tiny-llama", precision, canonical_options(TransformersOptions(**options)))
+    return ModelSpec("synthetic", "tiny-llama", precision, TransformersOptions(**options))
 
 
 def _prompts(seed: int, batch: int = 2) -> np.ndarray:

@@ -57,7 +57,7 @@ def test_an_oom_predicts_only_larger_batches_of_the_same_group_and_shape(write_s
     assert {(t.model, t.batch_size, t.input_len, t.repeat) for t in pruned} == {
         ("tiny-llama", b, 8, r) for b in (4, 8) for r in (0, 1)}
     # smaller or equal batches, other shapes and other groups are not predicted
-    assert predicted_oom(replace(oom, batch_size=8), pending) == []
+    assert predicted_oom(oom.with_axes(batch_size=8), pending) == []
 
 
 # -- timeout -------------------------------------------------------------------------------
@@ -66,7 +66,7 @@ def test_timeout_ids_unchanged_when_unset(write_sweep):
     base = _plan(write_sweep, OOM_SWEEP).runnable[0]
     assert "timeout_s" not in base.identity()["measure"]
     assert "timeout_s" not in base.columns()  # no schema column: it shapes no ok row
-    limited = replace(base, measure=replace(base.measure, timeout_s=30.0))
+    limited = replace(base, measure=base.measure.model_copy(update={"timeout_s": 30.0}))
     assert limited.trial_id != base.trial_id
     assert replace(base, measure=MeasureSettings(**{**base.measure.__dict__})).trial_id == base.trial_id
 

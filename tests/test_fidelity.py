@@ -12,7 +12,6 @@ import torch
 from actors.backends import create_backend
 from actors.backends.base import ModelSpec
 from actors.quality.fidelity import (
-    FidelitySettings,
     compare,
     fidelity_prompts,
     kl_per_position,
@@ -23,9 +22,10 @@ from actors.quality.fidelity import (
 from sweeper.core.backends import BACKENDS
 from sweeper.plan.expand import expand
 from sweeper.plan.spec import parse_sweep
+from sweeper.core.settings import FidelitySettings
 from tests.conftest import run_cli
 
-OPTIONS = BACKENDS["transformers"].default_options_json()
+OPTIONS = BACKENDS["transformers"].default_options()
 SETTINGS = FidelitySettings(reference="fp32", prompts=3, prompt_len=6, continuation_len=5)
 
 
@@ -100,7 +100,7 @@ def test_identical_models_agree_exactly_and_a_perturbed_one_does_not():
 def test_reference_is_cached_on_disk_and_reused(cache):
     trial = _trials(precisions="bf16", fidelity={"reference": "fp32", "prompts": 2, "prompt_len": 4,
                                                    "continuation_len": 3})[0]
-    settings = FidelitySettings.from_json(trial.fidelity)
+    settings = trial.fidelity
     backend, info = _load("bf16")
     opened = []
 

@@ -20,6 +20,7 @@ from actors.quality.perplexity import (
     perplexity_of,
     windows,
 )
+from sweeper.core.backends import BACKENDS
 from sweeper.plan.expand import expand
 from sweeper.plan.spec import parse_sweep
 from tests.conftest import run_cli
@@ -67,7 +68,7 @@ def test_real_checkpoint_gets_a_perplexity_and_a_synthetic_one_says_why(checkpoi
     path, tokenizer = checkpoint_with_tokenizer
     backend = create_backend("transformers")
     load = backend.load(ModelSpec(source="path", location=str(path), precision="fp32",
-                                  options_json="{}", seed=0))
+                                  options=BACKENDS["transformers"].default_options(), seed=0))
     ids = tokenizer(PUBLIC_DOMAIN_TEXT)["input_ids"]
     value, tokens = perplexity_of(backend, ids, context_tokens(load.architecture))
     # Every token after the first of each 64-token window is scored.

@@ -23,7 +23,7 @@ from actors.models import (
 from sweeper.core.backends import BACKENDS
 from sweeper.core.presets import PRESETS
 
-OPTIONS = BACKENDS["transformers"].default_options_json()
+OPTIONS = BACKENDS["transformers"].default_options()
 
 
 @pytest.fixture(autouse=True)

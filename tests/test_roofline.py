@@ -300,16 +300,18 @@ def test_a_real_cpu_trial_row_carries_flops_and_null_mbu():
     from actors.measure import measure_trial
     from actors.telemetry import NullTelemetry
     from sweeper.core.backends import BACKENDS
-    from sweeper.core.trial import MeasureSettings, Trial
+    from sweeper.core.axes import BackendChoice, ModelRef
+    from sweeper.core.settings import MeasureSettings
+    from sweeper.core.trial import Trial
 
-    options = BACKENDS["transformers"].default_options_json()
+    options = BACKENDS["transformers"].default_options()
     backend = create_backend("transformers")
     load = backend.load(ModelSpec("synthetic", "tiny-llama", "fp32", options))
     try:
-        trial = Trial(sweep="t", model="tiny-llama", model_source="synthetic", model_location="tiny-llama",
-                      backend="transformers", precision="fp32", batch_size=2, input_len=8, output_len=4,
-                      dataset="random", seed=0, repeat=0, backend_options=options,
-                      measure=MeasureSettings(warmup_iters=1, min_iters=2, min_duration_s=0.0, idle_s=0.0))
+        trial = Trial.at(sweep="t", model=ModelRef("tiny-llama", "synthetic", "tiny-llama"),
+                         backend=BackendChoice("transformers", options), precision="fp32", batch_size=2,
+                         input_len=8, output_len=4, dataset="random", seed=0, repeat=0,
+                         measure=MeasureSettings(warmup_iters=1, min_iters=2, min_duration_s=0.0, idle_s=0.0))
         row = measure_trial(backend, trial, load, NullTelemetry(reason="CPU test")).row
     finally:
         backend.close()

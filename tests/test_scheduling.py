@@ -16,7 +16,7 @@ from rich.console import Console
 
 from actors.backends import create_backend
 from actors.backends.base import ModelSpec
-from sweeper.core.backends import BACKENDS, canonical_options
+from sweeper.core.backends import BACKENDS
 from sweeper.core.errors import SweepFileError
 from sweeper.plan.expand import make_plan
 from sweeper.core.presets import PRESETS
@@ -56,7 +56,7 @@ workload: {input_len: 8, output_len: 4}
 def test_noop_loads_without_torch_and_generates_exact_timed_tokens():
     backend = create_backend("noop")
     options = BACKENDS["noop"].options.model_validate({"step_s": 0.01, "prefill_s": 0.03})
-    info = backend.load(ModelSpec("synthetic", "llama-3.1-8b", "bf16", canonical_options(options)))
+    info = backend.load(ModelSpec("synthetic", "llama-3.1-8b", "bf16", options))
     assert info.vocab_size == PRESETS["llama-3.1-8b"].config["vocab_size"] == 128256
     assert info.weight_memory_bytes == 0
     gen = backend.generate(np.zeros((3, 8), dtype=np.int64), output_len=6)

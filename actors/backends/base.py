@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+from pydantic import BaseModel
+
+Options = TypeVar("Options", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class ModelSpec:
     source: str  # synthetic | path | hub
     location: str  # preset name | directory | hub id
     precision: str
-    options_json: str
+    options: BaseModel  # the backend's validated options (its registry options model)
     seed: int = 0
     # GPUs to shard the model over (the trial's tensor_parallel); a backend that
     # cannot shard rejects more than 1.
@@ -76,6 +79,12 @@ class ModelSpec:
     # memory, so that two precisions hold the same weights (fidelity pass).
     # Quantized precisions always do.
     weights_on_disk: bool = False
+
+    def options_as(self, kind: type[Options]) -> Options:
+        """The options as the backend's own options model (the registry pairs them)."""
+        if not isinstance(self.options, kind):
+            raise TypeError(f"expected {kind.__name__} options, got {type(self.options).__name__}")
+        return self.options
 
 
 class Backend(ABC):

@@ -56,7 +56,7 @@ class NoopBackend(Backend):
         self.sleep = time.sleep
 
     def load(self, spec: ModelSpec) -> LoadInfo:
-        self.options = NoopOptions.model_validate_json(spec.options_json)
+        self.options = spec.options_as(NoopOptions)
         vocab_size = _vocab_size(spec)
         self.sleep(self.options.load_s)
         gpus = _visible_gpus()

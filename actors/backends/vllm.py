@@ -226,7 +226,7 @@ class VllmBackend(Backend):
     def load(self, spec: ModelSpec) -> LoadInfo:
         import vllm
 
-        self.options = VllmOptions.model_validate_json(spec.options_json)
+        self.options = spec.options_as(VllmOptions)
         gpus = self._open_gpus()
         if spec.tensor_parallel > len(gpus):
             raise RuntimeError(f"tensor_parallel {spec.tensor_parallel} needs {spec.tensor_parallel} GPUs; "

@@ -43,6 +43,7 @@ from actors.backends.base import Backend, LoadInfo, ModelSpec
 from actors.workload import RandomPrompts
 from sweeper.core.backends import BACKENDS
 from sweeper.core.precisions import PRECISIONS
+from sweeper.core.settings import FidelitySettings, canonical_json
 from sweeper.core.trial import Trial
 
 log = logging.getLogger(__name__)
@@ -54,21 +55,6 @@ PROMPT_ITERATION = -(2**19)
 CHUNK_BYTES = 256 * 2**20
 # The reference's cached log-probs are (prompts, continuation_len, vocab) float32.
 MAX_REFERENCE_BYTES = 8 * 2**30
-
-
-@dataclass(frozen=True)
-class FidelitySettings:
-    reference: str
-    prompts: int
-    prompt_len: int
-    continuation_len: int
-    perplexity: bool = False
-
-    @classmethod
-    def from_json(cls, text: str) -> FidelitySettings:
-        d = json.loads(text)
-        return cls(d["reference"], int(d["prompts"]), int(d["prompt_len"]), int(d["continuation_len"]),
-                   bool(d.get("perplexity", False)))
 
 
 @dataclass(frozen=True)
@@ -164,7 +150,7 @@ def reference_key(trial: Trial, settings: FidelitySettings, load: LoadInfo) -> s
     versions = {lib: _version(lib) for lib in ("torch", "transformers")}
     blob = json.dumps({
         "source": trial.model_source, "model": model, "backend": trial.backend,
-        "options": trial.backend_options, "reference": settings.reference,
+        "options": canonical_json(trial.backend_options), "reference": settings.reference,
         "settings": [settings.prompts, settings.prompt_len, settings.continuation_len],
         "seed": trial.seed, "device": load.device, "device_name": load.device_name, **versions,
     }, sort_keys=True)
@@ -229,7 +215,7 @@ def load_reference(trial: Trial, settings: FidelitySettings, load: LoadInfo,
         try:
             ref_load = backend.load(ModelSpec(
                 source=trial.model_source, location=trial.model_location, precision=settings.reference,
-                options_json=trial.backend_options, seed=trial.seed, tensor_parallel=trial.tensor_parallel,
+                options=trial.backend_options, seed=trial.seed, tensor_parallel=trial.tensor_parallel,
                 weights_on_disk=True,
             ))
             ref = reference_outputs(backend, settings, ref_load.vocab_size, trial.seed)
@@ -249,7 +235,9 @@ def _columns(settings: FidelitySettings, status: str, result: FidelityResult | N
 def fidelity_columns(trial: Trial, backend: Backend, load: LoadInfo,
                      open_backend: Callable[[], Backend]) -> dict[str, Any]:
     """The fidelity columns of ``trial`` (loaded in ``backend``); never raises."""
-    settings = FidelitySettings.from_json(trial.fidelity)
+    settings = trial.fidelity
+    if settings is None:
+        raise ValueError(f"trial {trial.trial_id} has no fidelity settings")
     if trial.precision == settings.reference:
         return _columns(settings, "reference")
     reason = (BACKENDS[trial.backend].unsupported_reason(settings.reference, load.device)

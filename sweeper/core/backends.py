@@ -7,7 +7,6 @@ its data-plane implementation lives (imported inside the actor only).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,7 +21,7 @@ class TransformersOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
-    # The fast path (issue 8): a static KV cache and torch.compile of the decode
+    # The fast path: a static KV cache and torch.compile of the decode
     # step; compile time is recorded as compile_s, outside the measured window.
     compile: bool = False
     compile_mode: Literal["reduce-overhead", "max-autotune", "default"] = "reduce-overhead"
@@ -102,13 +101,12 @@ class BackendSpec:
     # Why a precision it lacks is missing, where that helps the reader: (precision, why).
     precision_notes: tuple[tuple[str, str], ...] = ()
 
-    def default_options_json(self) -> str:
-        return canonical_options(self.options())
+    def default_options(self) -> BaseModel:
+        return self.options()
 
-    def unsupported_shape(self, options_json: str, input_len: int, output_len: int) -> str | None:
+    def unsupported_shape(self, options: BaseModel, input_len: int, output_len: int) -> str | None:
         """Why a trial of this shape cannot run with these options (options models that
         know their limits define ``unsupported_shape``), or None."""
-        options = self.options.model_validate_json(options_json)
         check = getattr(options, "unsupported_shape", None)
         return check(input_len, output_len) if check is not None else None
 
@@ -132,10 +130,6 @@ class BackendSpec:
 # compares across backends.
 _VLLM_NO_BNB = ("vLLM quantizes bitsandbytes formats only while reading real weight files "
                 "(4-bit) or from pre-quantized checkpoints (8-bit), not in flight from a synthetic model")
-
-
-def canonical_options(options: BaseModel) -> str:
-    return json.dumps(options.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
 
 BACKENDS: dict[str, BackendSpec] = {

@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
-from typing import Literal, get_args
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from sweeper.core.axes import (
+    AXES,
+    BACKEND,
+    MODEL,
+    AxisPoint,
+    BackendChoice,
+    ModelRef,
+    non_default_options,
+    non_default_values,
+)
+from sweeper.core.settings import (
+    LAYER_GRANULARITIES,
+    FidelitySettings,
+    LayerGranularity,
+    MeasureSettings,
+)
 
 # Bumped when the measurement method changes in a way that makes old results
 # incomparable: every trial id changes and a resumed sweep re-runs everything.
@@ -14,148 +33,200 @@ from typing import Literal, get_args
 #    at their defaults left out of the identity.
 METHOD_VERSION = 2
 
-# Layer-profiling granularities: decoder blocks, the attention / MLP / norms
-# inside each block, or every leaf module.
-LayerGranularity = Literal["block", "submodule", "leaf"]
-LAYER_GRANULARITIES: tuple[str, ...] = get_args(LayerGranularity)
+__all__ = ["LAYER_GRANULARITIES", "METHOD_VERSION", "LayerGranularity", "Trial", "variant_label"]
 
-
-@dataclass(frozen=True)
-class MeasureSettings:
-    warmup_iters: int = 1
-    # Warm-up lasts at least this long too: host-bound decode loops (CPU boost,
-    # allocator, caches) settle over seconds, not over one call.
-    warmup_s: float = 0.0
-    min_iters: int = 5
-    min_duration_s: float = 10.0
-    idle_s: float = 2.0
-    sample_interval_s: float = 0.1
-    min_window_s: float = 10.0
-    max_iteration_cv: float = 0.05
-    # Wall-clock limit of one trial on its actor (warm-up included), or None: no limit.
-    timeout_s: float | None = None
+# Axes the label spells out in its own words; any other axis away from its default
+# is appended as name=value.
+_LABELLED = frozenset({MODEL, BACKEND, "precision", "batch_size", "input_len", "output_len", "repeat"})
 
 
 @dataclass(frozen=True)
 class Trial:
     sweep: str
-    model: str
-    model_source: str  # synthetic | path | hub
-    model_location: str  # preset name, directory or hub id
-    backend: str
-    precision: str
-    batch_size: int
-    input_len: int
-    output_len: int
+    point: AxisPoint  # one value per axis of ``sweeper.core.axes.AXES``
     dataset: str
     seed: int
-    repeat: int
-    backend_options: str  # canonical JSON of the backend's validated options
     measure: MeasureSettings = MeasureSettings()
-    # Layer-profiling granularity (block | submodule | leaf), or None: no profiling pass.
-    layer_profile: str | None = None
-    # GPUs one trial holds, on one node; the backend shards the model over them.
-    tensor_parallel: int = 1
-    # Canonical JSON of the sweep's fidelity settings (reference precision, prompts),
-    # or None: no fidelity pass.
-    fidelity: str | None = None
+    # Layer-profiling granularity, or None: no profiling pass.
+    layer_profile: LayerGranularity | None = None
+    # Each precision against a reference precision, or None: no fidelity pass.
+    fidelity: FidelitySettings | None = None
     trial_id: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "trial_id", _content_hash(self.identity()))
 
-    def identity(self) -> dict:
-        """What makes two trials the same measurement.
+    @classmethod
+    def at(cls, *, sweep: str, dataset: str = "random", seed: int = 0, measure: MeasureSettings | None = None,
+           layer_profile: LayerGranularity | None = None, fidelity: FidelitySettings | None = None,
+           **values: Any) -> Trial:
+        """A trial from one value per axis by name (axes left out take their default)."""
+        items = []
+        for axis in AXES:
+            if axis.name in values:
+                items.append((axis.name, values.pop(axis.name)))
+            elif axis.has_default:
+                items.append((axis.name, axis.default))
+            else:
+                raise TypeError(f"no value for axis {axis.name!r}")
+        if values:
+            raise TypeError(f"not an axis: {', '.join(values)}")
+        return cls(sweep=sweep, point=AxisPoint(tuple(items)), dataset=dataset, seed=seed,
+                   measure=measure or MeasureSettings(), layer_profile=layer_profile, fidelity=fidelity)
 
-        The sweep's name and the model's on-disk location are left out: renaming
-        a sweep or moving a checkpoint does not make old results wrong.
-        """
-        skip = {"sweep", "model_location", "trial_id", "measure"}
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
-        d["measure"] = asdict(self.measure)
-        d["method_version"] = METHOD_VERSION
-        # Optional settings join the identity only when set, so that adding
-        # one never changes the ids of trials that do not use it (resume).
-        for name in ("layer_profile", "fidelity"):
-            if d[name] is None:
-                del d[name]
-        if d["tensor_parallel"] == 1:
-            del d["tensor_parallel"]
-        if d["measure"]["timeout_s"] is None:
-            del d["measure"]["timeout_s"]
-        if d["measure"]["warmup_s"] == 0:
-            del d["measure"]["warmup_s"]
-        # Likewise backend options at their defaults: a new option never
-        # changes the ids of trials that leave it alone.
-        d["backend_options"] = _non_default_options(self.backend, self.backend_options)
-        return d
+    def with_axes(self, **values: Any) -> Trial:
+        """This trial with other values for some of its axes (a new trial id)."""
+        unknown = set(values) - set(self.point)
+        if unknown:
+            raise TypeError(f"not an axis of this trial: {', '.join(sorted(unknown))}")
+        items = tuple((name, values.get(name, value)) for name, value in self.point.items_)
+        return dataclasses.replace(self, point=AxisPoint(items))
+
+    # -- the axes, typed -----------------------------------------------------------
+    @property
+    def model_ref(self) -> ModelRef:
+        ref: ModelRef = self.point[MODEL]
+        return ref
 
     @property
-    def load_key(self) -> tuple:
-        """Trials with the same load key share one loaded model on one actor."""
-        return (self.model, self.model_source, self.backend, self.precision, self.backend_options,
-                self.tensor_parallel)
+    def model(self) -> str:
+        return self.model_ref.name
+
+    @property
+    def model_source(self) -> str:
+        return self.model_ref.source
+
+    @property
+    def model_location(self) -> str:
+        return self.model_ref.location
+
+    @property
+    def backend_choice(self) -> BackendChoice:
+        choice: BackendChoice = self.point[BACKEND]
+        return choice
+
+    @property
+    def backend(self) -> str:
+        return self.backend_choice.name
+
+    @property
+    def backend_options(self) -> BaseModel:
+        """The backend's validated options (its ``options`` model of the backend registry)."""
+        return self.backend_choice.options
+
+    @property
+    def precision(self) -> str:
+        return str(self.point["precision"])
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.point["batch_size"])
+
+    @property
+    def input_len(self) -> int:
+        return int(self.point["input_len"])
+
+    @property
+    def output_len(self) -> int:
+        return int(self.point["output_len"])
+
+    @property
+    def tensor_parallel(self) -> int:
+        return int(self.point.get("tensor_parallel", 1))
+
+    @property
+    def repeat(self) -> int:
+        return int(self.point.get("repeat", 0))
 
     @property
     def num_gpus(self) -> int:
         return self.tensor_parallel
 
-    def axes(self) -> dict:
-        return {
-            "model": self.model, "backend": self.backend, "precision": self.precision,
-            "batch_size": self.batch_size, "input_len": self.input_len,
-            "output_len": self.output_len, "tensor_parallel": self.tensor_parallel,
-            "repeat": self.repeat,
-        }
+    # -- what identifies, groups and describes it ------------------------------------
+    def identity(self) -> dict[str, Any]:
+        """What makes two trials the same measurement.
 
-    def columns(self) -> dict:
+        The sweep's name and the model's on-disk location are left out: renaming
+        a sweep or moving a checkpoint does not make old results wrong. Optional
+        settings join only when set, so adding one never changes the ids of
+        trials that do not use it (resume).
+        """
+        d: dict[str, Any] = {}
+        for name, value in self.point.items_:
+            d.update(AXES[name].identity_part(value))
+        measure = self.measure.model_dump()
+        if measure["timeout_s"] is None:
+            del measure["timeout_s"]
+        if measure["warmup_s"] == 0:
+            del measure["warmup_s"]
+        d.update(dataset=self.dataset, seed=self.seed, measure=measure, method_version=METHOD_VERSION)
+        if self.layer_profile is not None:
+            d["layer_profile"] = self.layer_profile
+        if self.fidelity is not None:
+            d["fidelity"] = self.fidelity.canonical_json()
+        return d
+
+    @property
+    def load_key(self) -> tuple[Any, ...]:
+        """Trials with the same load key share one loaded model on one actor."""
+        return tuple(self.point[a.name] for a in AXES.load_key_axes() if a.name in self.point)
+
+    @property
+    def shape(self) -> tuple[Any, ...]:
+        """The workload's shape beside the batch size (prompt and output lengths)."""
+        return tuple(self.point[a.name] for a in AXES.shape_axes() if a.name in self.point)
+
+    def axes(self) -> dict[str, Any]:
+        """Each axis's plain value: what ``exclude`` rules and the plan table see."""
+        return self.point.keys_()
+
+    def columns(self) -> dict[str, Any]:
         """The trial's configuration as flat trials-table columns."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "measure"}
-        d.update(asdict(self.measure))
-        # A limit on the driver's patience, not a measurement setting: it never
-        # shapes an ok row's numbers, so it is no trials-table column.
-        del d["timeout_s"]
+        d: dict[str, Any] = {"trial_id": self.trial_id, "sweep": self.sweep}
+        for name, value in self.point.items_:
+            d.update(AXES[name].columns(name, value))
+        d.update(dataset=self.dataset, seed=self.seed, layer_profile=self.layer_profile,
+                 fidelity=self.fidelity.canonical_json() if self.fidelity is not None else None)
+        # timeout_s limits the driver's patience and never shapes an ok row's
+        # numbers, so it is no trials-table column.
+        d.update(self.measure.model_dump(exclude={"timeout_s"}))
         return d
 
     def variant(self) -> str:
         """What sets this trial apart beyond the main axes: tensor parallelism and
         backend options away from their defaults (e.g. ``tp=2 compile=True``)."""
-        return variant_label(self.backend, self.backend_options, self.tensor_parallel)
+        parts = [f"{a.title}={self.point[a.name]}" for a in AXES
+                 if a.in_variant and a.name in self.point and a.identity_part(self.point[a.name])]
+        options = non_default_options(self.backend_options)
+        return " ".join(parts + [f"{k}={v}" for k, v in sorted(options.items())])
 
     def label(self) -> str:
         variant = self.variant()
+        extra = [f"{name}={value}" for name, value in self.axes().items()
+                 if name not in _LABELLED and not AXES[name].in_variant
+                 and AXES[name].identity_part(self.point[name])]
         return (f"{self.model} {self.backend}/{self.precision} bs={self.batch_size} "
                 f"in={self.input_len} out={self.output_len}"
                 + (f" {variant}" if variant else "")
+                + "".join(f" {e}" for e in extra)
                 + (f" r{self.repeat}" if self.repeat else "")
                 + (f" layers={self.layer_profile}" if self.layer_profile else ""))
 
 
 def variant_label(backend: str, options_json: str | None, tensor_parallel: int | None = 1) -> str:
-    """``tp=2 compile=True``-style text for a trial's non-default options (also from table rows)."""
-    options = _non_default_options(backend, options_json) if options_json else {}
+    """``tp=2 compile=True``-style text for a trials-table row's non-default options."""
+    from sweeper.core.backends import BACKENDS
+
+    options: dict[str, Any] = json.loads(options_json) if options_json else {}
+    spec = BACKENDS.get(backend)
+    if spec is not None:
+        # Compared as JSON, not re-validated: rows may come from an older sweeper.
+        options = non_default_values(spec.options, options)
     parts = [f"tp={tensor_parallel}"] if tensor_parallel and tensor_parallel > 1 else []
     return " ".join(parts + [f"{k}={v}" for k, v in sorted(options.items())])
 
 
-@functools.cache
-def _default_options(backend: str) -> dict | None:
-    """The backend's options at their defaults (None: not a registered backend)."""
-    from sweeper.core.backends import BACKENDS
-
-    spec = BACKENDS.get(backend)
-    return None if spec is None else spec.options().model_dump(mode="json")
-
-
-def _non_default_options(backend: str, options_json: str) -> dict:
-    # Every trial's id goes through here: the defaults are built once per backend.
-    options = json.loads(options_json)
-    defaults = _default_options(backend)
-    if defaults is None:
-        return options
-    return {k: v for k, v in options.items() if defaults.get(k, object()) != v}
-
-
-def _content_hash(obj: dict) -> str:
+def _content_hash(obj: dict[str, Any]) -> str:
     blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import itertools
-import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sweeper.core.backends import BACKENDS, canonical_options
-from sweeper.plan.capabilities import Capabilities
+from sweeper.core.axes import AXES, AxisPoint, ModelRef
+from sweeper.core.backends import BACKENDS
 from sweeper.core.errors import ModelResolutionError, SweepFileError
-from sweeper.plan.models import ModelRef, resolve_model
 from sweeper.core.precisions import PRECISIONS
+from sweeper.core.trial import Trial
+from sweeper.plan.capabilities import Capabilities
+from sweeper.plan.models import resolve_model
 from sweeper.plan.spec import Sweep
-from sweeper.core.trial import MeasureSettings, Trial
 
 Device = Literal["cuda", "cpu"]
 
@@ -70,7 +70,7 @@ class Plan:
         # Small batches first: if a batch runs out of memory, larger ones of the
         # same group can be predicted to as well.
         return [
-            TrialGroup(k, tuple(sorted(v, key=lambda t: (t.batch_size, t.input_len, t.output_len, t.repeat))))
+            TrialGroup(k, tuple(sorted(v, key=lambda t: (t.batch_size, t.shape, t.repeat))))
             for k, v in by_key.items()
         ]
 
@@ -94,34 +94,30 @@ def resolve_models(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool
     return refs
 
 
+@dataclass(frozen=True)
+class Grid:
+    """What the axis table reads its values from (``sweeper.core.axes.GridSource``)."""
+
+    sweep: Sweep
+    models: list[ModelRef]
+
+
 def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True) -> tuple[list[Trial], int]:
     """The full grid as trials, less those matching an ``exclude`` rule.
 
-    Returns the trials and the number excluded.
+    One trial per point of the product of every axis's values (``AXES``, in
+    table order). Returns the trials and the number excluded.
     """
-    models = resolve_models(sweep, sweep_path=sweep_path, check_hub=check_hub)
-    measure = MeasureSettings(**sweep.measure.model_dump())
-    # A backend with several option variants is an axis of its own.
-    backend_variants = [(b, canonical_options(o)) for b in sweep.backends for o in sweep.options_for(b)]
+    grid = Grid(sweep, resolve_models(sweep, sweep_path=sweep_path, check_hub=check_hub))
+    names = AXES.names
     layer_profile = sweep.profile.layers if sweep.profile is not None else None
-    # perplexity (added later) joins the JSON, and so the trial ids, only when asked for.
-    fidelity = (json.dumps(sweep.fidelity.model_dump(
-        mode="json", exclude=None if sweep.fidelity.perplexity else {"perplexity"}),
-        sort_keys=True, separators=(",", ":")) if sweep.fidelity is not None else None)
     trials: list[Trial] = []
     excluded = 0
-    grid = itertools.product(
-        models, backend_variants, sweep.precisions, sweep.tensor_parallel, sweep.batch_sizes,
-        sweep.workload.input_len, sweep.workload.output_len, range(sweep.repeats),
-    )
-    for model, (backend, options), precision, tp, batch, in_len, out_len, repeat in grid:
+    for values in itertools.product(*(axis.values(grid) for axis in AXES)):
         trial = Trial(
-            sweep=sweep.name, model=model.name, model_source=model.source,
-            model_location=model.location, backend=backend, precision=precision,
-            batch_size=batch, input_len=in_len, output_len=out_len,
-            dataset=sweep.workload.dataset, seed=sweep.workload.seed, repeat=repeat,
-            backend_options=options, measure=measure, layer_profile=layer_profile,
-            tensor_parallel=tp, fidelity=fidelity,
+            sweep=sweep.name, point=AxisPoint(tuple(zip(names, values, strict=True))),
+            dataset=sweep.workload.dataset, seed=sweep.workload.seed, measure=sweep.measure,
+            layer_profile=layer_profile, fidelity=sweep.fidelity,
         )
         if any(_matches(rule, trial.axes()) for rule in sweep.exclude):
             excluded += 1

@@ -8,25 +8,13 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
+from sweeper.core.axes import ModelRef
 from sweeper.core.errors import ModelResolutionError
 from sweeper.core.presets import PRESETS
 
-ModelSource = Literal["synthetic", "path", "hub"]
-
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """A model as the actors see it: where its config (and weights) come from."""
-
-    name: str  # the entry exactly as written in the sweep file
-    source: ModelSource
-    location: str  # preset name, absolute directory, or hub repo id
 
 
 def resolve_model(entry: str, *, base_dir: Path | None = None, check_hub: bool = True) -> ModelRef:

@@ -20,10 +20,11 @@ from pydantic import (
     model_validator,
 )
 
+from sweeper.core.axes import AXES
 from sweeper.core.backends import BACKENDS
 from sweeper.core.errors import SweepFileError
-from sweeper.core.trial import LayerGranularity
 from sweeper.core.precisions import PRECISIONS
+from sweeper.core.settings import FidelitySettings, MeasureSettings, ProfileSettings
 
 T = TypeVar("T")
 
@@ -49,11 +50,6 @@ Axis = Annotated[list[T], BeforeValidator(_listify), Field(min_length=1)]
 
 PositiveInt = Annotated[int, Field(gt=0, strict=True)]
 
-# The axes a trial is made of, as ``exclude`` entries may name them.
-AXES = ("model", "backend", "precision", "batch_size", "input_len", "output_len",
-        "tensor_parallel", "repeat")
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -67,50 +63,6 @@ class Workload(_Strict):
     _dedupe = field_validator("input_len", "output_len")(_dedupe)
 
 
-class Measure(_Strict):
-    warmup_iters: int = Field(1, ge=0)
-    warmup_s: float = Field(0.0, ge=0, description="warm-up lasts at least this long as well as warmup_iters calls")
-    min_iters: int = Field(5, gt=0)
-    min_duration_s: float = Field(10.0, ge=0)
-    idle_s: float = Field(2.0, ge=0, description="idle-baseline window before the measured phase")
-    sample_interval_s: float = Field(0.1, gt=0, le=10)
-    min_window_s: float = Field(10.0, ge=0, description="shorter measured windows are flagged unstable")
-    max_iteration_cv: float = Field(0.05, gt=0, description="per-iteration energy CV above this is flagged unstable")
-    timeout_s: float | None = Field(None, gt=0, description="a trial running longer is recorded failed (timeout) and its actor replaced")
-
-
-
-
-class Profile(_Strict):
-    """Opt-in profiling passes, run after (never inside) a trial's headline measurement."""
-
-    layers: LayerGranularity = Field(
-        description="per-layer GPU time and energy at this granularity")
-
-
-class Fidelity(_Strict):
-    """Output fidelity of each precision against a reference precision of the same model.
-
-    Teacher-forced on the reference's own greedy continuation of fixed random
-    prompts: mean KL divergence of next-token distributions and top-1 agreement.
-    """
-
-    reference: str = Field("bf16", description="precision the others are compared with")
-    prompts: int = Field(8, gt=0, le=256, strict=True, description="prompts (sequences) compared")
-    prompt_len: int = Field(32, gt=0, strict=True, description="tokens per prompt")
-    continuation_len: int = Field(32, gt=0, le=4096, strict=True,
-                                  description="greedy reference tokens compared after each prompt")
-    perplexity: bool = Field(False, description="also each precision's perplexity on a bundled "
-                             "public-domain text (real checkpoints with a tokenizer)")
-
-    @field_validator("reference")
-    @classmethod
-    def _known(cls, reference: str) -> str:
-        if reference not in PRECISIONS:
-            raise ValueError(f"unknown precision {reference!r}; known: {', '.join(PRECISIONS)}")
-        return reference
-
-
 OptionVariants = Annotated[list[dict[str, Any]], BeforeValidator(_listify), Field(min_length=1)]
 
 
@@ -121,15 +73,15 @@ class Sweep(_Strict):
     precisions: Axis[str]
     batch_sizes: Axis[PositiveInt]
     workload: Workload
-    measure: Measure = Measure()
+    measure: MeasureSettings = MeasureSettings()
     exclude: list[dict[str, Any]] = []
     repeats: int = Field(1, gt=0, strict=True)
     tensor_parallel: Axis[PositiveInt] = [1]
     # Per backend, one mapping of options or a list of them: a list is an axis
     # (e.g. eager and compiled transformers side by side in one sweep).
     backend_options: dict[str, OptionVariants] = {}
-    profile: Profile | None = None
-    fidelity: Fidelity | None = None
+    profile: ProfileSettings | None = None
+    fidelity: FidelitySettings | None = None
 
     _dedupe = field_validator("models", "backends", "precisions", "batch_sizes",
                               "tensor_parallel")(_dedupe)
@@ -166,11 +118,17 @@ class Sweep(_Strict):
         for i, rule in enumerate(rules):
             if not rule:
                 raise ValueError(f"exclude[{i}] is empty (it would exclude every trial)")
-            for key in rule:
+            for key, wanted in rule.items():
                 if key not in AXES:
                     raise ValueError(
-                        f"exclude[{i}] names {key!r}, which is not an axis; axes: {', '.join(AXES)}"
+                        f"exclude[{i}] names {key!r}, which is not an axis; axes: {', '.join(AXES.names)}"
                     )
+                kind = AXES[key].type
+                for value in wanted if isinstance(wanted, list) else [wanted]:
+                    # bool is an int to Python, never an axis value to a user.
+                    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+                        raise ValueError(f"exclude[{i}].{key}: {value!r} is not a {kind.__name__}, "
+                                         f"so it could never match")
         return rules
 
     @model_validator(mode="after")

@@ -1,26 +1,126 @@
-"""Running a plan on Ray: one actor per trial group, results written as they arrive.
+"""Running a plan: one actor per trial group, results written as they arrive.
 
 Each group's actor holds one GPU (or, on a CPU-only cluster, a whole node's
-CPUs, so no two measured trials ever share a device). Ray queues actors whose
-resources are busy, so groups run concurrently up to what the cluster has. The
-driver receives every outcome and writes its shards itself: results land in
-the driver's output directory whatever filesystem the workers see.
+CPUs, so no two measured trials ever share a device). The cluster queues
+actors whose resources are busy, so groups run concurrently up to what it has.
+The driver receives every outcome and writes its shards itself: results land
+in the driver's output directory whatever filesystem the workers see.
+
+``SweepRun`` is the scheduler: its state lives in fields (one ``GroupRun`` per
+group, each with an explicit ``GroupState``), and each event — an actor placed,
+a model loaded, a trial done, an actor dead, a trial past its time limit — has
+one method. It talks to the cluster only through an ``ActorRunner``
+(``RayActorRunner`` in production), so it is tested without a cluster too.
 """
 
 from __future__ import annotations
 
+import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
+
+from rich.console import Console
 
 from sweeper.core.outcome import LoadResult, TrialOutcome
+from sweeper.core.trial import Trial
 from sweeper.plan.expand import Plan, TrialGroup
 from sweeper.run.cluster import ClusterInfo
 from sweeper.run.progress import Placement, ProgressView
 from sweeper.run.storage import ResultStore
-from sweeper.core.trial import Trial
 
+# The data plane's actor class, named by string as the backend registry names
+# backends: the control plane never imports the data plane.
+ACTOR_CLASS = "actors.actor:TrialRunner"
+
+# How long a finished group's actor may take to release its backend before it is killed.
+CLOSE_TIMEOUT_S = 60.0
+
+
+# -- the seam to the cluster -------------------------------------------------------------
+
+class ActorDied(Exception):
+    """The actor (or its node) died before the call returned."""
+
+
+class CallFailed(Exception):
+    """The call itself failed on the actor (e.g. an argument that did not deserialize)."""
+
+
+class CallKind(enum.Enum):
+    PING = "ping"  # answered once the actor is placed, before its load
+    LOAD = "load"
+    RUN = "run"
+
+
+class ActorRunner(Protocol):
+    """Starts actors and calls them; every call returns a future the runner can wait on."""
+
+    def start(self, resources: dict[str, Any]) -> Any:
+        """A new actor holding ``resources`` (it may wait for them); returns its handle."""
+
+    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None) -> Any:
+        """Submit ``ping``, ``load(trial)`` or ``run(trial)`` to ``actor``; returns a future."""
+
+    def wait(self, futures: Sequence[Any], timeout_s: float) -> list[Any]:
+        """The futures among ``futures`` that are done (at least one unless ``timeout_s`` passes)."""
+
+    def result(self, future: Any) -> Any:
+        """The call's value; raises ``ActorDied`` or ``CallFailed``."""
+
+    def close(self, actor: Any, timeout_s: float) -> None:
+        """Ask ``actor`` to release its backend (bounded by ``timeout_s``), then end it."""
+
+    def kill(self, actor: Any) -> None:
+        """End ``actor`` now (a dead one is already gone; a hung one must not hold its GPU)."""
+
+
+class RayActorRunner:
+    """``ActorRunner`` over Ray actors of the data plane's ``TrialRunner``."""
+
+    def __init__(self) -> None:
+        import importlib
+
+        import ray
+
+        module, _, name = ACTOR_CLASS.partition(":")
+        self._ray = ray
+        self._remote = ray.remote(getattr(importlib.import_module(module), name))
+
+    def start(self, resources: dict[str, Any]) -> Any:
+        return self._remote.options(**resources).remote()
+
+    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None) -> Any:
+        method = getattr(actor, kind.value)
+        return method.remote() if trial is None else method.remote(trial)
+
+    def wait(self, futures: Sequence[Any], timeout_s: float) -> list[Any]:
+        ready, _ = self._ray.wait(list(futures), num_returns=1, timeout=timeout_s)
+        return list(ready)
+
+    def result(self, future: Any) -> Any:
+        from ray.exceptions import RayActorError, RayError
+
+        try:
+            return self._ray.get(future)
+        except RayActorError as exc:
+            raise ActorDied(first_line(exc)) from exc
+        except RayError as exc:
+            raise CallFailed(first_line(exc)) from exc
+
+    def close(self, actor: Any, timeout_s: float) -> None:
+        # close() first: a backend whose engine runs in child processes (vLLM)
+        # must end them, or they keep the GPU after the actor is killed.
+        self._ray.wait([actor.close.remote()], timeout=timeout_s)
+        self._ray.kill(actor)
+
+    def kill(self, actor: Any) -> None:
+        self._ray.kill(actor)
+
+
+# -- records -----------------------------------------------------------------------------
 
 @dataclass
 class PlacementUse:
@@ -54,29 +154,22 @@ class RunSummary:
         return self.busy_s / (max(self.slots, 1) * self.wall_s)
 
 
-def _resume_filter(trials: list[Trial], store: ResultStore, retry_failed: bool) -> tuple[list[Trial], int, int]:
-    stored = store.stored_trials()
-    todo, have_ok, kept_failed = [], 0, 0
-    for t in trials:
-        s = stored.get(t.trial_id)
-        if s is not None and s.status == "ok":
-            have_ok += 1
-        elif s is not None and s.status == "failed" and not retry_failed:
-            kept_failed += 1
-        else:
-            todo.append(t)
-    return todo, have_ok, kept_failed
+@dataclass(frozen=True)
+class RunOptions:
+    retry_failed: bool = False  # re-run trials whose stored result is failed
+    max_retries: int = 2  # re-runs of a trial whose actor died, before it is recorded failed
+    oom_pruning: bool = True  # skip larger batches of a shape that ran out of memory
+    poll_s: float = 0.25  # how often the display refreshes and time limits are checked
 
 
-def _skipped_row(reason_code: str, text: str) -> dict:
+def skipped_row(reason_code: str, text: str) -> dict[str, Any]:
     now = datetime.now(timezone.utc)
     return {"status": "skipped", "reason": reason_code, "error": text, "started_at": now, "finished_at": now}
 
 
-def _failed_row(reason_code: str, text: str, extra: dict | None = None) -> dict:
+def failed_row(reason_code: str, text: str) -> dict[str, Any]:
     now = datetime.now(timezone.utc)
-    return {**(extra or {}), "status": "failed", "reason": reason_code, "error": text,
-            "started_at": now, "finished_at": now}
+    return {"status": "failed", "reason": reason_code, "error": text, "started_at": now, "finished_at": now}
 
 
 class Recorder:
@@ -85,7 +178,7 @@ class Recorder:
     def __init__(self, store: ResultStore):
         self.store = store
 
-    def record(self, trial: Trial, row: dict, tables: dict[str, Any] | None = None) -> None:
+    def record(self, trial: Trial, row: dict[str, Any], tables: dict[str, Any] | None = None) -> None:
         for kind, table in (tables or {}).items():
             self.store.write_shard(kind, trial.trial_id, table)
         self.store.write_shard("trials", trial.trial_id, [{**trial.columns(), **row}])
@@ -100,17 +193,55 @@ def predicted_oom(oom_trial: Trial, pending: list[Trial]) -> list[Trial]:
     """
     return [t for t in pending
             if t.load_key == oom_trial.load_key and t.batch_size > oom_trial.batch_size
-            and (t.input_len, t.output_len, t.layer_profile) == (oom_trial.input_len, oom_trial.output_len,
-                                                                 oom_trial.layer_profile)]
+            and (t.shape, t.layer_profile) == (oom_trial.shape, oom_trial.layer_profile)]
 
 
-@dataclass(eq=False)  # identity: a group's state is a key of the progress view
-class _GroupRun:
+def resume_filter(trials: list[Trial], store: ResultStore, retry_failed: bool) -> tuple[list[Trial], int, int]:
+    """The trials still to run, and how many are already ok or kept failed."""
+    stored = store.stored_trials()
+    todo, have_ok, kept_failed = [], 0, 0
+    for t in trials:
+        s = stored.get(t.trial_id)
+        if s is not None and s.status == "ok":
+            have_ok += 1
+        elif s is not None and s.status == "failed" and not retry_failed:
+            kept_failed += 1
+        else:
+            todo.append(t)
+    return todo, have_ok, kept_failed
+
+
+def first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _summary_text(row: dict[str, Any]) -> str:
+    if row.get("status") != "ok":
+        return str(row.get("error") or "")[:200]
+    parts = [f"{row['throughput_tok_s']:,.1f} tok/s", f"ttft {row['ttft_s'] * 1e3:,.1f} ms"]
+    if row.get("energy_per_token_j") is not None:
+        parts.append(f"{row['energy_per_token_j']:.4f} J/tok")
+    return "  ".join(parts)
+
+
+# -- the state machine -------------------------------------------------------------------
+
+class GroupState(enum.Enum):
+    WAITING = "waiting"  # its actor is requested; the cluster may be holding it back for resources
+    LOADING = "loading"  # the actor is placed and loading the group's model
+    RUNNING = "running"  # a trial is submitted (or about to be)
+    DONE = "done"  # every trial recorded; its actor is gone
+
+
+@dataclass(eq=False)  # identity: a group's run is a key of the progress view
+class GroupRun:
     """One group's progress: its actor (replaced when it dies or hangs) and its queue."""
 
     group: TrialGroup
-    options: dict[str, Any]  # Ray resources of the group's actor
+    resources: dict[str, Any]  # what the group's actor holds
     pending: list[Trial]
+    state: GroupState = GroupState.WAITING
     actor: Any = None
     load: LoadResult | None = None
     current: Trial | None = None  # submitted, or waiting for a fresh actor to retry it
@@ -121,23 +252,24 @@ class _GroupRun:
     attempt: int = 0  # actors started for this group; tells a stale actor's replies apart
     placement: Placement | None = None
 
+    @property
+    def label(self) -> str:
+        return self.group.label
+
     def timed_out(self, now_s: float) -> bool:
         limit_s = self.current.measure.timeout_s if self.current is not None else None
         return limit_s is not None and now_s - self.started_s > limit_s
 
 
-def _summary_text(row: dict) -> str:
-    if row.get("status") != "ok":
-        return (row.get("error") or "")[:200]
-    parts = [f"{row['throughput_tok_s']:,.1f} tok/s", f"ttft {row['ttft_s'] * 1e3:,.1f} ms"]
-    if row.get("energy_per_token_j") is not None:
-        parts.append(f"{row['energy_per_token_j']:.4f} J/tok")
-    return "  ".join(parts)
+@dataclass(frozen=True)
+class _Call:
+    group: GroupRun
+    kind: CallKind
+    attempt: int  # the group's actor attempt the call went to
 
 
-def run_plan(plan: Plan, store: ResultStore, cluster: ClusterInfo, *, retry_failed: bool = False,
-             quiet: bool = False, console=None, max_retries: int = 2, oom_pruning: bool = True) -> RunSummary:
-    """Run ``plan``'s missing trials, writing each one's shards as it ends.
+class SweepRun:
+    """The missing trials of a plan, run group by group on actors; each event one method.
 
     Faults end as rows, never as a stopped sweep: an actor that dies has its
     trial retried on a fresh actor up to ``max_retries`` times (then ``failed``,
@@ -146,205 +278,259 @@ def run_plan(plan: Plan, store: ResultStore, cluster: ClusterInfo, *, retry_fail
     interrupted from outside; an ``oom`` trial has the larger batches of its
     shape recorded ``skipped`` (``predicted_oom``) when ``oom_pruning``.
     """
-    import ray
-    from ray.exceptions import RayActorError, RayError
 
-    from actors.actor import TrialRunner
+    def __init__(self, plan: Plan, store: ResultStore, cluster: ClusterInfo, runner: ActorRunner, *,
+                 options: RunOptions = RunOptions(), console: Console | None = None, quiet: bool = False):
+        self.plan, self.cluster, self.runner, self.options = plan, cluster, runner, options
+        self.console, self.quiet = console, quiet
+        self.recorder = Recorder(store)
+        self.store = store
+        self.summary = RunSummary(planned=len(plan.trials), slots=cluster.slots)
+        self.groups: list[GroupRun] = []
+        self.calls: dict[Any, _Call] = {}  # future -> what it answers
+        self.view: ProgressView | None = None
 
-    t_begin = time.monotonic()
-    recorder = Recorder(store)
-    summary = RunSummary(planned=len(plan.trials), slots=cluster.slots)
-    for p in plan.skipped:
-        recorder.record(p.trial, _skipped_row("unsupported", p.skip_reason))
-        summary.skipped += 1
+    # -- driving -----------------------------------------------------------------------
+    def run(self) -> RunSummary:
+        t_begin = time.monotonic()
+        for p in self.plan.skipped:
+            self.recorder.record(p.trial, skipped_row("unsupported", p.skip_reason or ""))
+            self.summary.skipped += 1
+        todo = self._resume()
+        with ProgressView(len(todo), slots=self.cluster.slots, console=self.console, quiet=self.quiet) as view:
+            self.view = view
+            for group in self.plan.groups(todo):
+                g = GroupRun(group, self._resources(group), list(group.trials))
+                self.groups.append(g)
+                self.start_actor(g)
+            try:
+                while self.calls:
+                    self.step()
+            except KeyboardInterrupt:
+                # Running trials are dropped, not recorded: a second run finds them missing.
+                for g in self.groups:
+                    if g.actor is not None and g.state is not GroupState.DONE:
+                        self.runner.kill(g.actor)
+                raise
+        self.summary.wall_s = time.monotonic() - t_begin
+        return self.summary
 
-    todo, have_ok, kept_failed = _resume_filter(plan.runnable, store, retry_failed)
-    summary.resumed = have_ok + kept_failed
-    if console is not None and (have_ok or kept_failed):
-        msg = f"resuming: {have_ok} trial(s) already ok"
-        if kept_failed:
-            msg += f", {kept_failed} failed kept (use --retry-failed to re-run them)"
-        console.print(msg + f"; {len(todo)} to run")
+    def step(self) -> None:
+        """Handle the calls that have returned, then the trials past their time limit."""
+        ready = self.runner.wait(list(self.calls), self.options.poll_s)
+        self._view.refresh()
+        for future in ready:
+            call = self.calls.pop(future)
+            g = call.group
+            if call.kind is CallKind.PING:
+                self._answer_ping(g, future, call.attempt)
+            elif call.kind is CallKind.LOAD:
+                self._answer_load(g, future)
+            else:
+                self._answer_run(g, future)
+        now_s = time.monotonic()
+        for future, call in list(self.calls.items()):
+            if call.kind is CallKind.RUN and call.group.timed_out(now_s):
+                del self.calls[future]
+                self.on_timeout(call.group)
 
-    remote_runner = ray.remote(TrialRunner)
-    gpu = cluster.device == "cuda"
-    # object ref -> (group, "ping" | "load" | "run", the group's actor attempt)
-    runs: dict[Any, tuple[_GroupRun, str, int]] = {}
-    active: list[_GroupRun] = []
+    def _resume(self) -> list[Trial]:
+        todo, have_ok, kept_failed = resume_filter(self.plan.runnable, self.store, self.options.retry_failed)
+        self.summary.resumed = have_ok + kept_failed
+        if self.console is not None and (have_ok or kept_failed):
+            msg = f"resuming: {have_ok} trial(s) already ok"
+            if kept_failed:
+                msg += f", {kept_failed} failed kept (use --retry-failed to re-run them)"
+            self.console.print(msg + f"; {len(todo)} to run", highlight=False)
+        return todo
 
-    def start_actor(g: _GroupRun, view: ProgressView) -> None:
-        g.actor = remote_runner.options(**g.options).remote()
-        g.load, g.placement = None, None
+    def _resources(self, group: TrialGroup) -> dict[str, Any]:
+        # One GPU per group (tensor parallel: several) when there are GPUs; otherwise
+        # a whole node's CPUs, so no two measured trials share a device.
+        if self.cluster.device == "cuda":
+            return {"num_gpus": group.num_gpus, "num_cpus": 1}
+        return {"num_gpus": 0, "num_cpus": self.cluster.min_node_cpus}
+
+    @property
+    def _view(self) -> ProgressView:
+        if self.view is None:
+            raise RuntimeError("the sweep run has not started")
+        return self.view
+
+    # -- actions -------------------------------------------------------------------------
+    def start_actor(self, g: GroupRun) -> None:
+        g.actor = self.runner.start(g.resources)
+        g.load, g.placement, g.state = None, None, GroupState.WAITING
         g.attempt += 1
-        view.group_waiting(g, g.group.label, g.options["num_gpus"])
-        # Actor calls run in order: the ping answers as soon as Ray has placed the
-        # actor, before its load, so the display shows where it is loading.
-        runs[g.actor.ping.remote()] = (g, "ping", g.attempt)
-        runs[g.actor.load.remote(g.group.trials[0])] = (g, "load", g.attempt)
-        summary.model_loads += 1
+        self._view.group_waiting(g, g.label, g.resources["num_gpus"])
+        # Actor calls run in order: the ping answers as soon as the actor is placed,
+        # before its load, so the display shows where it is loading.
+        self._submit(g, CallKind.PING)
+        self._submit(g, CallKind.LOAD, g.group.trials[0])
+        self.summary.model_loads += 1
 
-    def replace_actor(g: _GroupRun, view: ProgressView) -> None:
-        ray.kill(g.actor)  # a dead one is already gone; a hung one must not hold its GPU
+    def _submit(self, g: GroupRun, kind: CallKind, trial: Trial | None = None) -> None:
+        self.calls[self.runner.call(g.actor, kind, trial)] = _Call(g, kind, g.attempt)
+
+    def replace_actor(self, g: GroupRun) -> None:
+        self.runner.kill(g.actor)
         if g.current is not None or g.pending:
-            start_actor(g, view)
+            self.start_actor(g)
         else:
-            view.group_done(g)
+            g.state = GroupState.DONE
+            self._view.group_done(g)
 
-    def submit(g: _GroupRun, view: ProgressView) -> None:
+    def submit_next(self, g: GroupRun) -> None:
+        """Run the group's current trial (a retry) or its next one; end the group when none is left."""
         if g.current is None:
             if not g.pending:
-                # close() first: a backend whose engine runs in child processes (vLLM)
-                # must end them, or they keep the GPU after the actor is killed.
-                ray.wait([g.actor.close.remote()], timeout=CLOSE_TIMEOUT_S)
-                ray.kill(g.actor)  # frees its GPU for a waiting group
-                view.group_done(g)
+                self._done(g, close=True)
                 return
             g.current, g.deaths = g.pending.pop(0), 0
-        view.trial_started(g.current, g)
+        g.state = GroupState.RUNNING
+        self._view.trial_started(g.current, g)
         g.started_s = time.monotonic()
-        runs[g.actor.run.remote(g.current)] = (g, "run", g.attempt)
+        self._submit(g, CallKind.RUN, g.current)
 
-    def finish(g: _GroupRun, row: dict, tables: dict[str, Any], view: ProgressView) -> None:
+    def _done(self, g: GroupRun, *, close: bool) -> None:
+        if close:
+            self.runner.close(g.actor, CLOSE_TIMEOUT_S)  # frees its GPU for a waiting group
+        else:
+            self.runner.kill(g.actor)
+        g.state = GroupState.DONE
+        self._view.group_done(g)
+
+    def finish(self, g: GroupRun, row: dict[str, Any], tables: dict[str, Any]) -> None:
         """Record the current trial's final row; prune what its OOM predicts."""
         trial, g.current = g.current, None
+        if trial is None:
+            raise RuntimeError(f"{g.label}: a result arrived with no trial running")
         row.setdefault("load_s", g.load.load_s if g.load else None)
-        recorder.record(trial, row, tables)
-        summary.ran += 1
+        self.recorder.record(trial, row, tables)
+        self.summary.ran += 1
         if row["status"] == "ok":
-            summary.ok += 1
+            self.summary.ok += 1
         else:
-            summary.failed += 1
-            summary.failures.append(f"{trial.label()}: {row.get('error')}")
-        view.trial_finished(trial, row["status"], _summary_text(row))
-        if oom_pruning and row.get("reason") == "oom":
+            self.summary.failed += 1
+            self.summary.failures.append(f"{trial.label()}: {row.get('error')}")
+        self._view.trial_finished(trial, row["status"], _summary_text(row))
+        if self.options.oom_pruning and row.get("reason") == "oom":
             for t in predicted_oom(trial, g.pending):
                 g.pending.remove(t)
-                text = f"predicted out of memory: batch {trial.batch_size} of the same shape ran out ({trial.trial_id})"
-                recorder.record(t, _skipped_row("predicted_oom", text))
-                summary.skipped += 1
-                view.trial_finished(t, "skipped", text)
+                text = (f"predicted out of memory: batch {trial.batch_size} of the same shape ran out "
+                        f"({trial.trial_id})")
+                self.recorder.record(t, skipped_row("predicted_oom", text))
+                self.summary.skipped += 1
+                self._view.trial_finished(t, "skipped", text)
 
-    def fail_rest(g: _GroupRun, reason: str, text: str, view: ProgressView) -> None:
+    def fail_rest(self, g: GroupRun, reason: str, text: str) -> None:
         queue = ([g.current] if g.current is not None else []) + g.pending
         g.current, g.pending = None, []
         for t in queue:
-            recorder.record(t, _failed_row(reason, text))
-            summary.failed += 1
-            summary.failures.append(f"{t.label()}: {text}")
-            view.trial_finished(t, "failed", text)
+            self.recorder.record(t, failed_row(reason, text))
+            self.summary.failed += 1
+            self.summary.failures.append(f"{t.label()}: {text}")
+            self._view.trial_finished(t, "failed", text)
 
-    def on_ping(g: _GroupRun, ref: Any, attempt: int, view: ProgressView) -> None:
-        try:
-            info = ray.get(ref)
-        except RayError:
-            return  # the actor died before it answered: its load reports that
-        if attempt != g.attempt:
-            return
-        g.placement = Placement(info["hostname"], info["ray_node_id"] or "", info.get("ray_gpu_ids"))
-        use = summary.placements.setdefault(str(g.placement), PlacementUse())
-        use.model_loads += 1
-        view.group_placed(g, g.placement)
-
-    def on_load(g: _GroupRun, ref: Any, view: ProgressView) -> None:
-        try:
-            g.load = ray.get(ref)
-        except RayActorError as exc:
-            # Like a death mid-trial (a node lost, the OOM killer): retry on a fresh actor.
-            g.deaths += 1
-            if g.deaths <= max_retries:
-                summary.retries += 1
-                view.console.print(f"retry {g.deaths}/{max_retries}: actor died loading {g.group.label}: "
-                                   f"{_first_line(exc)}", highlight=False, markup=False)
-                replace_actor(g, view)
-                return
-            g.load = LoadResult(ok=False, reason="actor_died",
-                                error=f"actor died {g.deaths} time(s) loading it: {_first_line(exc)}")
-        except RayError as exc:
-            g.load = LoadResult(ok=False, reason="load_failed", error=_first_line(exc))
-        view.group_loaded(g)
-        if g.load.ok:
-            submit(g, view)
-            return
-        fail_rest(g, g.load.reason or "load_failed", f"model load failed: {g.load.error}", view)
-        ray.kill(g.actor)
-        view.group_done(g)
-
-    def on_run(g: _GroupRun, ref: Any, view: ProgressView) -> None:
-        add_busy(g, time.monotonic() - g.started_s)
-        try:
-            outcome: TrialOutcome = ray.get(ref)
-        except RayActorError as exc:
-            on_actor_death(g, _first_line(exc), view)
-            return
-        except RayError as exc:  # the call itself failed (e.g. an argument that did not deserialize)
-            finish(g, _failed_row("exception", _first_line(exc)), {}, view)
-        else:
-            finish(g, outcome.row, outcome.tables, view)
-        submit(g, view)
-
-    def on_actor_death(g: _GroupRun, text: str, view: ProgressView) -> None:
-        g.deaths += 1
-        if g.deaths <= max_retries:
-            summary.retries += 1  # g.current stays: it re-runs once the fresh actor has loaded
-            view.console.print(f"retry {g.deaths}/{max_retries}: actor died running {g.current.label()}: {text}",
-                               highlight=False, markup=False)
-        else:
-            finish(g, _failed_row("actor_died", f"actor died {g.deaths} time(s) running this trial: {text}"),
-                   {}, view)
-        replace_actor(g, view)
-
-    def add_busy(g: _GroupRun, busy_s: float) -> None:
-        summary.busy_s += busy_s
+    def add_busy(self, g: GroupRun, busy_s: float) -> None:
+        self.summary.busy_s += busy_s
         if g.placement is not None:
-            use = summary.placements.setdefault(str(g.placement), PlacementUse())
+            use = self.summary.placements.setdefault(str(g.placement), PlacementUse())
             use.trials += 1
             use.busy_s += busy_s
 
-    def on_timeout(ref: Any, g: _GroupRun, view: ProgressView) -> None:
-        runs.pop(ref)
-        add_busy(g, time.monotonic() - g.started_s)
-        limit_s = g.current.measure.timeout_s
-        finish(g, _failed_row("timeout", f"trial ran past measure.timeout_s = {limit_s:g} s; actor replaced"),
-               {}, view)
-        replace_actor(g, view)
-
-    groups = plan.groups(todo)
-    with ProgressView(len(todo), slots=cluster.slots, console=console, quiet=quiet) as view:
-        for group in groups:
-            # One GPU per group when there are GPUs; otherwise a whole node's CPUs.
-            options = ({"num_gpus": group.num_gpus, "num_cpus": 1} if gpu
-                       else {"num_gpus": 0, "num_cpus": cluster.min_node_cpus})
-            g = _GroupRun(group, options, list(group.trials))
-            active.append(g)
-            start_actor(g, view)
+    # -- replies -------------------------------------------------------------------------
+    def _answer_ping(self, g: GroupRun, future: Any, attempt: int) -> None:
         try:
-            while runs:
-                ready, _ = ray.wait(list(runs), num_returns=1, timeout=0.25)
-                view.refresh()
-                for ref in ready:
-                    g, what, attempt = runs.pop(ref)
-                    if what == "ping":
-                        on_ping(g, ref, attempt, view)
-                    else:
-                        (on_load if what == "load" else on_run)(g, ref, view)
-                now_s = time.monotonic()
-                for ref, (g, what, _) in list(runs.items()):
-                    if what == "run" and g.timed_out(now_s):
-                        on_timeout(ref, g, view)
-        except KeyboardInterrupt:
-            # Running trials are dropped, not recorded: a second run finds them missing.
-            for g in active:
-                if g.actor is not None:
-                    ray.kill(g.actor)
-            raise
-    summary.wall_s = time.monotonic() - t_begin
-    return summary
+            info = self.runner.result(future)
+        except (ActorDied, CallFailed):
+            return  # the actor died before it answered: its load reports that
+        if attempt == g.attempt:
+            self.on_placed(g, info)
+
+    def _answer_load(self, g: GroupRun, future: Any) -> None:
+        try:
+            result = self.runner.result(future)
+        except ActorDied as exc:
+            self.on_load_died(g, str(exc))
+        except CallFailed as exc:
+            self.on_loaded(g, LoadResult(ok=False, reason="load_failed", error=str(exc)))
+        else:
+            self.on_loaded(g, result)
+
+    def _answer_run(self, g: GroupRun, future: Any) -> None:
+        self.add_busy(g, time.monotonic() - g.started_s)
+        try:
+            outcome: TrialOutcome = self.runner.result(future)
+        except ActorDied as exc:
+            self.on_actor_died(g, str(exc))
+        except CallFailed as exc:
+            self.on_trial_done(g, TrialOutcome(g.current.trial_id if g.current else "",
+                                               failed_row("exception", str(exc))))
+        else:
+            self.on_trial_done(g, outcome)
+
+    # -- events --------------------------------------------------------------------------
+    def on_placed(self, g: GroupRun, info: dict[str, Any]) -> None:
+        """The group's actor got its resources and answered: show where it runs."""
+        g.placement = Placement(info["hostname"], info["ray_node_id"] or "", info.get("ray_gpu_ids"))
+        g.state = GroupState.LOADING
+        use = self.summary.placements.setdefault(str(g.placement), PlacementUse())
+        use.model_loads += 1
+        self._view.group_placed(g, g.placement)
+
+    def on_loaded(self, g: GroupRun, load: LoadResult) -> None:
+        """The model load ended: run the group's trials, or fail them all with the load's error."""
+        g.load = load
+        self._view.group_loaded(g)
+        if load.ok:
+            self.submit_next(g)
+            return
+        self.fail_rest(g, load.reason or "load_failed", f"model load failed: {load.error}")
+        self._done(g, close=False)
+
+    def on_load_died(self, g: GroupRun, text: str) -> None:
+        """The actor died while loading (a node lost, the OOM killer): retry on a fresh actor."""
+        g.deaths += 1
+        if g.deaths <= self.options.max_retries:
+            self.summary.retries += 1
+            self._view.console.print(f"retry {g.deaths}/{self.options.max_retries}: actor died loading "
+                                     f"{g.label}: {text}", highlight=False, markup=False)
+            self.replace_actor(g)
+            return
+        self.on_loaded(g, LoadResult(ok=False, reason="actor_died",
+                                     error=f"actor died {g.deaths} time(s) loading it: {text}"))
+
+    def on_trial_done(self, g: GroupRun, outcome: TrialOutcome) -> None:
+        self.finish(g, outcome.row, outcome.tables)
+        self.submit_next(g)
+
+    def on_actor_died(self, g: GroupRun, text: str) -> None:
+        """The actor died running a trial: retry it on a fresh actor, or record it failed."""
+        g.deaths += 1
+        if g.deaths <= self.options.max_retries:
+            self.summary.retries += 1  # g.current stays: it re-runs once the fresh actor has loaded
+            label = g.current.label() if g.current is not None else g.label
+            self._view.console.print(f"retry {g.deaths}/{self.options.max_retries}: actor died running "
+                                     f"{label}: {text}", highlight=False, markup=False)
+        else:
+            self.finish(g, failed_row("actor_died", f"actor died {g.deaths} time(s) running this trial: {text}"),
+                        {})
+        self.replace_actor(g)
+
+    def on_timeout(self, g: GroupRun) -> None:
+        """The current trial ran past ``measure.timeout_s``: fail it, replace the hung actor."""
+        self.add_busy(g, time.monotonic() - g.started_s)
+        limit_s = g.current.measure.timeout_s if g.current is not None else None
+        self.finish(g, failed_row("timeout", f"trial ran past measure.timeout_s = {limit_s:g} s; actor replaced"),
+                    {})
+        self.replace_actor(g)
 
 
-# How long a finished group's actor may take to release its backend before it is killed.
-CLOSE_TIMEOUT_S = 60.0
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+def run_plan(plan: Plan, store: ResultStore, cluster: ClusterInfo, *, retry_failed: bool = False,
+             quiet: bool = False, console: Console | None = None, max_retries: int = 2,
+             oom_pruning: bool = True, runner: ActorRunner | None = None) -> RunSummary:
+    """Run ``plan``'s missing trials on Ray actors (see ``SweepRun``), writing each one's shards as it ends."""
+    options = RunOptions(retry_failed=retry_failed, max_retries=max_retries, oom_pruning=oom_pruning)
+    return SweepRun(plan, store, cluster, runner or RayActorRunner(), options=options, console=console,
+                    quiet=quiet).run()

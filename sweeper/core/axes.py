@@ -1,0 +1,242 @@
+"""The axis table: the one list of what a sweep's grid is made of.
+
+A trial is one point of the grid, a value for every axis below. Everything
+that needs to know the axes reads this table: the sweep file's ``exclude``
+rules, the grid expansion, a trial's identity and load key, its row's
+columns, the plan table, the report's comparison keys and the plots' series.
+Adding an axis is one ``Axis`` entry (plus the sweep-file field its values
+come from, and whatever uses it); nothing else lists axis names.
+
+An axis at its default value stays out of trial ids, so adding an axis never
+changes the ids (and so never re-runs the stored results) of trials that leave
+it alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel
+
+from sweeper.core.settings import canonical_json
+
+ModelSource = Literal["synthetic", "path", "hub"]
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model as the actors see it: where its config (and weights) come from."""
+
+    name: str  # the entry exactly as written in the sweep file
+    source: ModelSource
+    location: str  # preset name, absolute directory, or hub repo id
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """A backend with one variant of its validated options (a list of variants is an axis)."""
+
+    name: str
+    options: BaseModel
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class GridSource(Protocol):
+    """What axis values are read from: the validated sweep and its resolved models."""
+
+    @property
+    def sweep(self) -> Any: ...
+
+    @property
+    def models(self) -> Sequence[ModelRef]: ...
+
+
+_ALWAYS = object()  # an axis whose every value is part of trial ids
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str  # trial attribute, trials-table column, ``exclude`` key
+    type: type  # type of the value ``exclude`` rules and reports see (``key``)
+    values: Callable[[GridSource], Sequence[Any]]  # this sweep's values, in order
+    default: Any = _ALWAYS  # at this value the axis stays out of trial ids
+    load_key: bool = False  # trials that differ here need a model load of their own
+    shape: bool = False  # part of the workload's shape beside the batch size
+    # Shown inside a trial's variant label (``tp=2 compile=True``) rather than as a column.
+    in_variant: bool = False
+    header: str = ""  # plan-table header ("" : the name)
+    # The plain value rules, reports and labels use (a model's name, a backend's name).
+    key: Callable[[Any], Any] = lambda value: value
+    # The trials-table columns this axis fills, from its value.
+    columns: Callable[[str, Any], dict[str, Any]] = lambda name, value: {name: value}
+    # Its part of a trial's identity, from its value (before the default rule).
+    identity: Callable[[str, Any], dict[str, Any]] = lambda name, value: {name: value}
+    # Columns reports and plots group series by (default: the axis's own column).
+    series: tuple[str, ...] = field(default=())
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not _ALWAYS
+
+    @property
+    def title(self) -> str:
+        return self.header or self.name
+
+    def identity_part(self, value: Any) -> dict[str, Any]:
+        if self.default is not _ALWAYS and self.key(value) == self.default:
+            return {}
+        return self.identity(self.name, value)
+
+    def series_columns(self) -> tuple[str, ...]:
+        return self.series or (self.name,)
+
+
+def _model_columns(name: str, ref: ModelRef) -> dict[str, Any]:
+    return {"model": ref.name, "model_source": ref.source, "model_location": ref.location}
+
+
+def _model_identity(name: str, ref: ModelRef) -> dict[str, Any]:
+    # The on-disk location is left out: moving a checkpoint does not make old results wrong.
+    return {"model": ref.name, "model_source": ref.source}
+
+
+def _backend_columns(name: str, choice: BackendChoice) -> dict[str, Any]:
+    return {"backend": choice.name, "backend_options": canonical_json(choice.options)}
+
+
+def _backend_identity(name: str, choice: BackendChoice) -> dict[str, Any]:
+    # Options at their defaults are left out: a new option never changes the ids
+    # of trials that leave it alone.
+    return {"backend": choice.name, "backend_options": non_default_options(choice.options)}
+
+
+def non_default_options(options: BaseModel) -> dict[str, Any]:
+    """An options model's fields that differ from the model's defaults, as JSON values."""
+    return non_default_values(type(options), options.model_dump(mode="json"))
+
+
+def non_default_values(options_type: type[BaseModel], values: Mapping[str, Any]) -> dict[str, Any]:
+    """Those of ``values`` (JSON values of ``options_type``'s fields) away from its defaults."""
+    defaults = _defaults(options_type)
+    return {k: v for k, v in values.items() if defaults.get(k, _ALWAYS) != v}
+
+
+_DEFAULTS: dict[type, dict[str, Any]] = {}
+
+
+def _defaults(options_type: type[BaseModel]) -> dict[str, Any]:
+    # Every trial's id goes through here: the defaults are built once per options type.
+    if options_type not in _DEFAULTS:
+        _DEFAULTS[options_type] = options_type().model_dump(mode="json")
+    return _DEFAULTS[options_type]
+
+
+class AxisTable:
+    """The axes, in grid order (the order trials are expanded and listed in)."""
+
+    def __init__(self, axes: Sequence[Axis]):
+        self._axes = tuple(axes)
+
+    def __iter__(self) -> Iterator[Axis]:
+        return iter(self._axes)
+
+    def __len__(self) -> int:
+        return len(self._axes)
+
+    def __getitem__(self, name: str) -> Axis:
+        for axis in self._axes:
+            if axis.name == name:
+                return axis
+        raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        return any(axis.name == name for axis in self._axes)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(axis.name for axis in self._axes)
+
+    def load_key_axes(self) -> tuple[Axis, ...]:
+        return tuple(a for a in self._axes if a.load_key)
+
+    def shape_axes(self) -> tuple[Axis, ...]:
+        return tuple(a for a in self._axes if a.shape)
+
+    def series_columns(self) -> tuple[str, ...]:
+        """Trials-table columns that tell one loaded configuration (a plot series) from another."""
+        return tuple(c for a in self._axes if a.load_key for c in a.series_columns())
+
+    def shape_columns(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self._axes if a.shape)
+
+    def compare_keys(self) -> tuple[str, ...]:
+        """Columns two sweeps' rows are matched on: each axis's own column, with the
+        variant (non-default options, tensor parallelism) as one column after the backend."""
+        keys: list[str] = []
+        for a in self._axes:
+            if a.in_variant:
+                continue
+            keys.append(a.name)
+            if a.name == BACKEND:
+                keys.append("variant")
+        return tuple(keys)
+
+    @contextmanager
+    def extended(self, *axes: Axis) -> Iterator[AxisTable]:
+        """The table with more axes for the duration of a block (tests, experiments)."""
+        saved = self._axes
+        self._axes = saved + tuple(axes)
+        try:
+            yield self
+        finally:
+            self._axes = saved
+
+
+MODEL, BACKEND = "model", "backend"
+
+AXES = AxisTable([
+    Axis(MODEL, str, lambda g: g.models, load_key=True, key=lambda ref: ref.name,
+         columns=_model_columns, identity=_model_identity),
+    # One value per backend and option variant: options belong to their backend.
+    Axis(BACKEND, str, lambda g: [BackendChoice(b, o) for b in g.sweep.backends for o in g.sweep.options_for(b)],
+         load_key=True, key=lambda choice: choice.name, columns=_backend_columns, identity=_backend_identity,
+         series=("backend", "backend_options")),
+    Axis("precision", str, lambda g: g.sweep.precisions, load_key=True),
+    Axis("tensor_parallel", int, lambda g: g.sweep.tensor_parallel, default=1, load_key=True,
+         in_variant=True, header="tp"),
+    Axis("batch_size", int, lambda g: g.sweep.batch_sizes, header="batch"),
+    Axis("input_len", int, lambda g: g.sweep.workload.input_len, shape=True, header="in"),
+    Axis("output_len", int, lambda g: g.sweep.workload.output_len, shape=True, header="out"),
+    Axis("repeat", int, lambda g: range(g.sweep.repeats), header="rep"),
+])
+
+
+@dataclass(frozen=True)
+class AxisPoint(Mapping[str, Any]):
+    """One value per axis: a grid point, immutable and hashable."""
+
+    items_: tuple[tuple[str, Any], ...]
+
+    def __getitem__(self, name: str) -> Any:
+        for key, value in self.items_:
+            if key == name:
+                return value
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key, _ in self.items_)
+
+    def __len__(self) -> int:
+        return len(self.items_)
+
+    def keys_(self) -> dict[str, Any]:
+        """Each axis's plain value (``Axis.key``): what rules, reports and labels see."""
+        return {name: AXES[name].key(value) if name in AXES else value for name, value in self.items_}

@@ -1,0 +1,84 @@
+"""Validated settings a trial carries: how it is measured, profiled and scored.
+
+These are the sweep file's ``measure``, ``profile`` and ``fidelity`` blocks,
+validated once by pydantic and then carried as these frozen models, through
+the plan, to the actor and into the trials-table columns; text (canonical
+JSON) appears only in a trial's identity and its row.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sweeper.core.precisions import PRECISIONS
+
+
+class Settings(BaseModel):
+    """Unknown keys are errors; values never change after validation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MeasureSettings(Settings):
+    warmup_iters: int = Field(1, ge=0)
+    # Warm-up lasts at least this long too: host-bound decode loops (CPU boost,
+    # allocator, caches) settle over seconds, not over one call.
+    warmup_s: float = Field(0.0, ge=0, description="warm-up lasts at least this long as well as warmup_iters calls")
+    min_iters: int = Field(5, gt=0)
+    min_duration_s: float = Field(10.0, ge=0)
+    idle_s: float = Field(2.0, ge=0, description="idle-baseline window before the measured phase")
+    sample_interval_s: float = Field(0.1, gt=0, le=10)
+    min_window_s: float = Field(10.0, ge=0, description="shorter measured windows are flagged unstable")
+    max_iteration_cv: float = Field(0.05, gt=0, description="per-iteration energy CV above this is flagged unstable")
+    # A limit on the driver's patience, not a measurement setting: it never
+    # shapes an ok row's numbers.
+    timeout_s: float | None = Field(None, gt=0, description="a trial running longer is recorded failed (timeout) and its actor replaced")
+
+
+# Layer-profiling granularities: decoder blocks, the attention / MLP / norms
+# inside each block, or every leaf module.
+LayerGranularity = Literal["block", "submodule", "leaf"]
+LAYER_GRANULARITIES: tuple[str, ...] = get_args(LayerGranularity)
+
+
+class ProfileSettings(Settings):
+    """Opt-in profiling passes, run after (never inside) a trial's headline measurement."""
+
+    layers: LayerGranularity = Field(description="per-layer GPU time and energy at this granularity")
+
+
+class FidelitySettings(Settings):
+    """Output fidelity of each precision against a reference precision of the same model.
+
+    Teacher-forced on the reference's own greedy continuation of fixed random
+    prompts: mean KL divergence of next-token distributions and top-1 agreement.
+    """
+
+    reference: str = Field("bf16", description="precision the others are compared with")
+    prompts: int = Field(8, gt=0, le=256, strict=True, description="prompts (sequences) compared")
+    prompt_len: int = Field(32, gt=0, strict=True, description="tokens per prompt")
+    continuation_len: int = Field(32, gt=0, le=4096, strict=True,
+                                  description="greedy reference tokens compared after each prompt")
+    perplexity: bool = Field(False, description="also each precision's perplexity on a bundled "
+                             "public-domain text (real checkpoints with a tokenizer)")
+
+    @field_validator("reference")
+    @classmethod
+    def _known(cls, reference: str) -> str:
+        if reference not in PRECISIONS:
+            raise ValueError(f"unknown precision {reference!r}; known: {', '.join(PRECISIONS)}")
+        return reference
+
+    def canonical_json(self) -> str:
+        # perplexity joined the settings later: it is in the text (and so in trial
+        # ids) only when asked for, so older trials keep their ids.
+        exclude = None if self.perplexity else {"perplexity"}
+        return json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True, separators=(",", ":"))
+
+
+def canonical_json(options: BaseModel) -> str:
+    """A validated options model as canonical JSON: stable key order, no spaces."""
+    return json.dumps(options.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
