@@ -73,6 +73,9 @@ class Axis:
     # Shown inside a trial's variant label (``tp=2 compile=True``) rather than as a column.
     in_variant: bool = False
     header: str = ""  # plan-table header ("" : the name)
+    doc: str = ""  # what a value means, for the trials-table schema
+    # The trials-table columns it fills: (name, Python type, meaning); () : its own column.
+    schema: tuple[tuple[str, type, str], ...] = ()
     # The plain value rules, reports and labels use (a model's name, a backend's name).
     key: Callable[[Any], Any] = lambda value: value
     # The trials-table columns this axis fills, from its value.
@@ -97,6 +100,9 @@ class Axis:
 
     def series_columns(self) -> tuple[str, ...]:
         return self.series or (self.name,)
+
+    def column_schema(self) -> tuple[tuple[str, type, str], ...]:
+        return self.schema or ((self.name, self.type, self.doc),)
 
 
 def _model_columns(name: str, ref: ModelRef) -> dict[str, Any]:
@@ -204,18 +210,26 @@ MODEL, BACKEND = "model", "backend"
 
 AXES = AxisTable([
     Axis(MODEL, str, lambda g: g.models, load_key=True, key=lambda ref: ref.name,
-         columns=_model_columns, identity=_model_identity),
+         columns=_model_columns, identity=_model_identity,
+         schema=(("model", str, "model entry as written in the sweep file"),
+                 ("model_source", str, "synthetic (preset, random weights) | path | hub"),
+                 ("model_location", str, "preset name, directory or hub id the model was loaded from"))),
     # One value per backend and option variant: options belong to their backend.
     Axis(BACKEND, str, lambda g: [BackendChoice(b, o) for b in g.sweep.backends for o in g.sweep.options_for(b)],
          load_key=True, key=lambda choice: choice.name, columns=_backend_columns, identity=_backend_identity,
-         series=("backend", "backend_options")),
-    Axis("precision", str, lambda g: g.sweep.precisions, load_key=True),
+         series=("backend", "backend_options"),
+         schema=(("backend", str, "inference backend"),
+                 ("backend_options", str, "the backend's validated options, canonical JSON"))),
+    Axis("precision", str, lambda g: g.sweep.precisions, load_key=True,
+         doc="numeric format (fp32, fp16, bf16, ...)"),
     Axis("tensor_parallel", int, lambda g: g.sweep.tensor_parallel, default=1, load_key=True,
-         in_variant=True, header="tp"),
-    Axis("batch_size", int, lambda g: g.sweep.batch_sizes, header="batch"),
-    Axis("input_len", int, lambda g: g.sweep.workload.input_len, shape=True, header="in"),
-    Axis("output_len", int, lambda g: g.sweep.workload.output_len, shape=True, header="out"),
-    Axis("repeat", int, lambda g: range(g.sweep.repeats), header="rep"),
+         in_variant=True, header="tp", doc="GPUs the trial holds on one node, the model sharded over them"),
+    Axis("batch_size", int, lambda g: g.sweep.batch_sizes, header="batch", doc="sequences per generate call"),
+    Axis("input_len", int, lambda g: g.sweep.workload.input_len, shape=True, header="in",
+         doc="prompt tokens per sequence"),
+    Axis("output_len", int, lambda g: g.sweep.workload.output_len, shape=True, header="out",
+         doc="generated tokens per sequence (exact)"),
+    Axis("repeat", int, lambda g: range(g.sweep.repeats), header="rep", doc="repeat index (0-based)"),
 ])
 
 

@@ -26,22 +26,25 @@ def _c(name: str, type_: pa.DataType, doc: str) -> Column:
 S, I, F, B = pa.string(), pa.int64(), pa.float64(), pa.bool_()  # noqa: E741 - short type aliases keep the table readable
 TS = pa.timestamp("us", tz="UTC")
 
-TRIALS: tuple[Column, ...] = (
-    # identity and configuration
+_IDENTITY: tuple[Column, ...] = (
     _c("trial_id", S, "content hash of the trial's configuration (stable across runs)"),
     _c("sweep", S, "sweep name"),
-    _c("model", S, "model entry as written in the sweep file"),
-    _c("model_source", S, "synthetic (preset, random weights) | path | hub"),
-    _c("model_location", S, "preset name, directory or hub id the model was loaded from"),
-    _c("backend", S, "inference backend"),
-    _c("precision", S, "numeric format (fp32, fp16, bf16, ...)"),
-    _c("batch_size", I, "sequences per generate call"),
-    _c("input_len", I, "prompt tokens per sequence"),
-    _c("output_len", I, "generated tokens per sequence (exact)"),
+)
+
+_ARROW = {str: S, int: I, float: F, bool: B}
+
+
+def _axis_columns() -> tuple[Column, ...]:
+    """The columns of the grid's axes, from the axis table (each axis declares its own)."""
+    from sweeper.core.axes import AXES
+
+    return tuple(_c(name, _ARROW[kind], doc) for axis in AXES for name, kind, doc in axis.column_schema())
+
+
+_RESULT: tuple[Column, ...] = (
+    # configuration beyond the axes
     _c("dataset", S, "prompt source"),
     _c("seed", I, "prompt seed"),
-    _c("repeat", I, "repeat index (0-based)"),
-    _c("backend_options", S, "the backend's validated options, canonical JSON"),
     _c("warmup_iters", I, "unrecorded generate calls before measuring"),
     _c("warmup_s", F, "warm-up lasted at least this long (seconds)"),
     _c("min_iters", I, "measured generate calls, at least"),
@@ -51,7 +54,6 @@ TRIALS: tuple[Column, ...] = (
     _c("min_window_s", F, "windows shorter than this are flagged unstable"),
     _c("max_iteration_cv", F, "per-iteration energy CV above this is flagged unstable"),
     _c("layer_profile", S, "layer-profiling granularity (block | submodule | leaf); null: no profiling pass"),
-    _c("tensor_parallel", I, "GPUs the trial holds on one node, the model sharded over them"),
     _c("fidelity", S, "fidelity-pass settings (reference precision, prompts), canonical JSON; null: no fidelity pass"),
     # outcome
     _c("status", S, "ok | failed | skipped"),
@@ -196,6 +198,15 @@ LAYERS: tuple[Column, ...] = (
     _c("method", S, "energy attribution method: gpu_time_share_of_phase_energy | gpu_time_share_of_window_energy"),
 )
 
+
+
+def trials_columns() -> tuple[Column, ...]:
+    """The trials table: identity, one column set per axis of the axis table, then results."""
+    return _IDENTITY + _axis_columns() + _RESULT
+
+
+TRIALS = trials_columns()  # as built in; ``columns("trials")`` also sees axes added since
+
 TABLES: dict[str, tuple[Column, ...]] = {
     "trials": TRIALS,
     "requests": REQUESTS,
@@ -204,8 +215,12 @@ TABLES: dict[str, tuple[Column, ...]] = {
 }
 
 
+def columns(kind: str) -> tuple[Column, ...]:
+    return trials_columns() if kind == "trials" else TABLES[kind]
+
+
 def arrow_schema(kind: str) -> pa.Schema:
-    return pa.schema([pa.field(c.name, c.type) for c in TABLES[kind]])
+    return pa.schema([pa.field(c.name, c.type) for c in columns(kind)])
 
 
 def to_table(kind: str, rows: list[dict[str, Any]] | pa.Table) -> pa.Table:

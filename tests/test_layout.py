@@ -1,0 +1,103 @@
+"""The layout's import rules, checked on the source: each layer imports only the layers below it.
+
+- ``sweeper.core`` imports nothing else of sweeper's (and no data plane);
+- ``sweeper.plan`` imports core; ``sweeper.run`` imports core, plan; ``sweeper.analysis``
+  imports core; the CLI may import them all;
+- ``actors`` (the data plane) imports ``sweeper.core`` and nothing else of the control plane;
+- the control plane never imports ``actors``: the scheduler names the actor class by string;
+- no cycle among the modules' top-level imports.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+ALLOWED = {
+    "sweeper.core": {"sweeper.core"},
+    "sweeper.plan": {"sweeper.core", "sweeper.plan"},
+    "sweeper.run": {"sweeper.core", "sweeper.plan", "sweeper.run"},
+    "sweeper.analysis": {"sweeper.core", "sweeper.analysis"},
+    "sweeper.cli": {"sweeper.core", "sweeper.plan", "sweeper.run", "sweeper.analysis"},
+    "actors": {"sweeper.core", "actors"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in ("sweeper", "actors"):
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+def _imports(path: Path, *, top_level_only: bool) -> set[str]:
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    names: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return {n for n in names if n.split(".")[0] in ("sweeper", "actors")}
+
+
+def _layer(module: str) -> str:
+    for layer in sorted(ALLOWED, key=len, reverse=True):
+        if module == layer or module.startswith(layer + "."):
+            return layer
+    return module  # sweeper itself, sweeper.__main__
+
+
+def _within(name: str, layers: set[str]) -> bool:
+    return any(name == layer or name.startswith(layer + ".") for layer in layers)
+
+
+@pytest.mark.parametrize("module", sorted(_modules()))
+def test_each_module_imports_only_the_layers_below_it(module):
+    allowed = ALLOWED.get(_layer(module))
+    if allowed is None:
+        return  # the package roots: sweeper/__init__ (the version), sweeper/__main__ (the CLI)
+    path = _modules()[module]
+    # Every import counts, lazy ones inside functions too: a lazy import still couples the layers.
+    bad = sorted(n for n in _imports(path, top_level_only=False)
+                 if not _within(n, allowed) and n not in ("sweeper", "actors"))
+    assert not bad, f"{module} ({_layer(module)}) imports {bad}; allowed: {sorted(allowed)}"
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph = {m: {n for n in (_imports(p, top_level_only=True)) if n in modules and n != m}
+             for m, p in modules.items()}
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(m: str, path: list[str]) -> None:
+        seen[m] = 1
+        for n in sorted(graph[m]):
+            if seen.get(n) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
+            if n not in seen:
+                visit(n, path + [n])
+        seen[m] = 2
+
+    for m in sorted(graph):
+        if m not in seen:
+            visit(m, [m])
+
+
+def test_the_control_plane_loads_without_torch():
+    code = ("import sys, sweeper.cli, sweeper.plan.expand, sweeper.run.sweep_run, sweeper.run.storage, "
+            "sweeper.analysis.query, actors.actor;"
+            "heavy = [m for m in ('torch', 'transformers', 'vllm') if m in sys.modules];"
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -1,0 +1,187 @@
+"""The sweep run's state machine, event by event, without a cluster.
+
+A scripted in-process ``ActorRunner`` stands in for Ray here: it answers each
+call from a script (ok, out of memory, the actor dies, a hang), so every
+fault path is exercised exactly and fast. The same ``SweepRun`` over real Ray
+actors is tested in test_e2e.py, test_faults.py and test_scheduling.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.parquet as pq
+from rich.console import Console
+
+from sweeper.core.outcome import LoadResult, TrialOutcome
+from sweeper.core.trial import Trial
+from sweeper.plan.expand import make_plan
+from sweeper.plan.spec import parse_sweep
+from sweeper.run.cluster import ClusterInfo
+from sweeper.run.storage import ResultStore
+from sweeper.run.sweep_run import ActorDied, CallKind, GroupState, RunOptions, SweepRun
+
+CPU = ClusterInfo(gpus=0, cpus=2, nodes=1, min_node_cpus=2)
+HANG = object()  # a call that never returns
+
+
+def _sweep(**over: Any):
+    return parse_sweep({"name": "fake", "models": "tiny-llama", "backends": "noop",
+                        "precisions": ["fp32", "bf16"], "batch_sizes": [1, 2, 4],
+                        "workload": {"input_len": 8, "output_len": 4},
+                        "measure": {"min_iters": 1, "min_duration_s": 0, "idle_s": 0}, **over})
+
+
+def ok_row(trial: Trial) -> dict[str, Any]:
+    return {"status": "ok", "throughput_tok_s": 100.0 * trial.batch_size, "ttft_s": 0.01}
+
+
+@dataclass(eq=False)  # hashable by identity, as a future is
+class _Future:
+    value: Any
+    order: int
+
+
+@dataclass
+class ScriptedRunner:
+    """Answers ``run(trial)`` with ``script(trial, attempt)``: a row, an exception to raise, or HANG."""
+
+    script: Callable[[Trial, int], Any] = lambda trial, attempt: ok_row(trial)
+    load: Callable[[Trial], Any] = lambda trial: LoadResult(ok=True, load_s=0.5)
+    started: list[dict[str, Any]] = field(default_factory=list)
+    killed: list[int] = field(default_factory=list)
+    closed: list[int] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)
+    _counter: Any = field(default_factory=itertools.count)
+    _attempts: dict[str, int] = field(default_factory=dict)
+
+    def start(self, resources: dict[str, Any]) -> int:
+        self.started.append(resources)
+        return len(self.started)
+
+    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None) -> _Future:
+        if kind is CallKind.PING:
+            value: Any = {"hostname": "fake", "ray_node_id": f"node{actor}", "ray_gpu_ids": None}
+        elif kind is CallKind.LOAD:
+            value = self.load(trial)
+        else:
+            attempt = self._attempts.get(trial.trial_id, 0)
+            self._attempts[trial.trial_id] = attempt + 1
+            self.runs.append(trial.trial_id)
+            result = self.script(trial, attempt)
+            value = result if result is HANG or isinstance(result, BaseException) else TrialOutcome(
+                trial.trial_id, result)
+        return _Future(value, next(self._counter))
+
+    def wait(self, futures: Sequence[_Future], timeout_s: float) -> list[_Future]:
+        ready = [f for f in futures if f.value is not HANG]
+        return [min(ready, key=lambda f: f.order)] if ready else []
+
+    def result(self, future: _Future) -> Any:
+        if isinstance(future.value, BaseException):
+            raise future.value
+        return future.value
+
+    def close(self, actor: Any, timeout_s: float) -> None:
+        self.closed.append(actor)
+
+    def kill(self, actor: Any) -> None:
+        self.killed.append(actor)
+
+
+def _run(tmp_path, runner: ScriptedRunner, sweep=None, **options: Any) -> tuple[SweepRun, list[dict]]:
+    plan = make_plan(sweep or _sweep(), "cpu")
+    store = ResultStore(str(tmp_path / "out"))
+    sweep_run = SweepRun(plan, store, CPU, runner, options=RunOptions(poll_s=0.01, **options),
+                         console=Console(file=open("/dev/null", "w")), quiet=True)
+    sweep_run.run()
+    store.aggregate()
+    return sweep_run, pq.read_table(tmp_path / "out" / "trials.parquet").to_pylist()
+
+
+def test_every_trial_runs_once_on_one_actor_per_group(tmp_path):
+    runner = ScriptedRunner()
+    run, rows = _run(tmp_path, runner)
+    assert sorted(r["status"] for r in rows) == ["ok"] * 6
+    assert len(runner.runs) == len(set(runner.runs)) == 6
+    assert run.summary.model_loads == 2 and len(runner.started) == 2
+    assert all(g.state is GroupState.DONE for g in run.groups)
+    assert sorted(runner.closed) == [1, 2]  # a finished group's actor is closed, freeing its device
+    # small batches first within a group: an OOM can then predict the larger ones
+    fp32 = [r for r in rows if r["precision"] == "fp32"]
+    assert [r["batch_size"] for r in sorted(fp32, key=lambda r: runner.runs.index(r["trial_id"]))] == [1, 2, 4]
+
+
+def test_an_actor_death_retries_the_trial_on_a_fresh_actor(tmp_path):
+    def script(trial: Trial, attempt: int) -> Any:
+        return ActorDied("node lost") if trial.batch_size == 2 and attempt == 0 else ok_row(trial)
+
+    runner = ScriptedRunner(script)
+    run, rows = _run(tmp_path, runner, _sweep(precisions="fp32"))
+    assert [r["status"] for r in rows] == ["ok"] * 3
+    assert run.summary.retries == 1 and run.summary.model_loads == 2
+    assert runner.killed[0] == 1  # the dead actor's handle is released before the fresh one starts
+
+
+def test_a_trial_whose_actor_keeps_dying_is_failed_and_the_group_goes_on(tmp_path):
+    def script(trial: Trial, attempt: int) -> Any:
+        return ActorDied("segfault") if trial.batch_size == 2 else ok_row(trial)
+
+    run, rows = _run(tmp_path, ScriptedRunner(script), _sweep(precisions="fp32"), max_retries=1)
+    by_batch = {r["batch_size"]: r for r in rows}
+    assert by_batch[2]["status"] == "failed" and by_batch[2]["reason"] == "actor_died"
+    assert "2 time(s)" in by_batch[2]["error"]
+    assert by_batch[1]["status"] == by_batch[4]["status"] == "ok"
+    assert run.summary.retries == 1 and run.summary.failed == 1
+
+
+def test_a_failed_load_fails_every_trial_of_its_group_only(tmp_path):
+    def load(trial: Trial) -> LoadResult:
+        return LoadResult(ok=False, reason="load_failed", error="no such weights") if trial.precision == "bf16" \
+            else LoadResult(ok=True, load_s=0.1)
+
+    run, rows = _run(tmp_path, ScriptedRunner(load=load))
+    assert {(r["precision"], r["status"]) for r in rows} == {("fp32", "ok"), ("bf16", "failed")}
+    assert all("no such weights" in r["error"] for r in rows if r["status"] == "failed")
+
+
+def test_out_of_memory_prunes_larger_batches_of_the_same_shape(tmp_path):
+    def script(trial: Trial, attempt: int) -> Any:
+        return {"status": "failed", "reason": "oom", "error": "CUDA out of memory"} if trial.batch_size == 2 \
+            else ok_row(trial)
+
+    runner = ScriptedRunner(script)
+    run, rows = _run(tmp_path, runner, _sweep(precisions="fp32"))
+    by_batch = {r["batch_size"]: (r["status"], r["reason"]) for r in rows}
+    assert by_batch == {1: ("ok", None), 2: ("failed", "oom"), 4: ("skipped", "predicted_oom")}
+    assert len(runner.runs) == 2  # batch 4 never reached an actor
+
+    runner = ScriptedRunner(script)
+    _, rows = _run(tmp_path / "no-pruning", runner, _sweep(precisions="fp32"), oom_pruning=False)
+    assert {r["batch_size"]: r["status"] for r in rows}[4] == "ok"
+
+
+def test_a_hung_trial_times_out_and_its_actor_is_replaced(tmp_path):
+    def script(trial: Trial, attempt: int) -> Any:
+        return HANG if trial.batch_size == 2 else ok_row(trial)
+
+    runner = ScriptedRunner(script)
+    run, rows = _run(tmp_path, runner, _sweep(precisions="fp32", measure={
+        "min_iters": 1, "min_duration_s": 0, "idle_s": 0, "timeout_s": 0.05}))
+    by_batch = {r["batch_size"]: (r["status"], r["reason"]) for r in rows}
+    assert by_batch == {1: ("ok", None), 2: ("failed", "timeout"), 4: ("ok", None)}
+    assert 1 in runner.killed and len(runner.started) == 2  # the hung actor killed, a fresh one loaded
+    assert run.summary.model_loads == 2
+
+
+def test_a_resumed_run_submits_only_missing_trials(tmp_path):
+    first = ScriptedRunner(lambda t, a: ok_row(t) if t.precision == "fp32" else ActorDied("x"))
+    _run(tmp_path, first, max_retries=0)
+    second = ScriptedRunner()
+    run, rows = _run(tmp_path, second, retry_failed=True)
+    assert len(second.runs) == 3 and run.summary.resumed == 3
+    # a retried trial's new shard replaces its failed one: one row per trial
+    assert sorted(r["status"] for r in rows) == ["ok"] * 6
