@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sweeper.core.errors import UserInputError
@@ -31,7 +32,8 @@ class DeviceChoice(str, Enum):
 
 
 def _fail(exc: UserInputError) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    # soft_wrap: one message, one line, whatever the terminal's width (logs and tests grep it).
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     return typer.Exit(code=2)
 
 
@@ -262,8 +264,6 @@ def query(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON records")] = False,
 ) -> None:
     """Run DuckDB SQL over a results directory's aggregated tables (each one a view of its name)."""
-    from rich.markup import escape
-
     from sweeper.analysis.query import QueryError, run_query, to_csv, to_json
 
     try:
@@ -296,5 +296,5 @@ def main() -> None:
     try:
         app()
     except UserInputError as exc:  # safety net: no traceback for bad input
-        err.print(f"error: {exc}", highlight=False)
+        err.print(f"error: {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)

@@ -194,13 +194,18 @@ def test_an_actor_killed_while_loading_is_retried_like_one_killed_mid_trial(ray_
 
 # -- Ctrl-C and resume ---------------------------------------------------------------------
 
+# Every generate call waits while GATE is absent: the test lets the first trial
+# finish, then closes the gate, so the interrupt lands mid-sweep whatever the
+# machine's speed (only the trial already past its last call can still finish).
 SIGINT_SWEEP = """
 name: interrupted
 models: [tiny-llama]
+backends: noop
 precisions: fp32
 batch_sizes: [1, 2, 3, 4]
-workload: {input_len: 8, output_len: 4}
-measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 1.5, idle_s: 0}
+workload: {{input_len: 8, output_len: 4}}
+measure: {{warmup_iters: 0, min_iters: 1, min_duration_s: 1.0, idle_s: 0}}
+backend_options: {{noop: {{gate_file: "{gate}"}}}}
 """
 
 
@@ -210,13 +215,16 @@ def _shards(out: Path) -> dict[str, int]:
 
 
 def test_ctrl_c_keeps_finished_shards_and_a_second_run_completes_exactly_the_rest(write_sweep, tmp_path):
-    sweep_path, out = write_sweep(SIGINT_SWEEP), tmp_path / "out"
+    gate = tmp_path / "gate"
+    sweep_path, out = write_sweep(SIGINT_SWEEP.format(gate=gate)), tmp_path / "out"
+    gate.touch()  # the first trial runs ...
     all_ids = {t.trial_id for t in make_plan(load_sweep(sweep_path), "cpu").runnable}
     cmd = [sys.executable, "-m", "sweeper", "run", str(sweep_path), "-o", str(out), "-q"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not _shards(out) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
+    gate.unlink()  # ... and every later generate call waits
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr[-3000:]
@@ -226,6 +234,7 @@ def test_ctrl_c_keeps_finished_shards_and_a_second_run_completes_exactly_the_res
     assert set(first) <= all_ids
     assert all(r["status"] == "ok" for r in ResultStore(str(out)).read_shards("trials").to_pylist())
 
+    gate.touch()
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"{len(first)} trial(s) already ok; {len(all_ids) - len(first)} to run" in again.stderr

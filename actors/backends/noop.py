@@ -71,6 +71,8 @@ class NoopBackend(Backend):
         if o.oom_batch_size is not None and batch >= o.oom_batch_size:
             raise SimulatedOutOfMemory(f"simulated out of memory: batch {batch} >= oom_batch_size {o.oom_batch_size}")
         prefill_s = o.step_s if o.prefill_s is None else o.prefill_s
+        while o.gate_file is not None and not os.path.exists(o.gate_file):
+            self.sleep(0.02)
         t_start = self.clock()
         # Sleep to absolute deadlines: the sleeps' own overshoot does not accumulate.
         _sleep_until(t_start + prefill_s, self.clock, self.sleep)

@@ -43,6 +43,10 @@ class NoopOptions(BaseModel):
     load_s: float = Field(0.0, ge=0)
     # Batch sizes at or above this fail as out of memory, to exercise OOM handling.
     oom_batch_size: int | None = Field(None, gt=0)
+    # Every generate call waits until this file exists: holds a trial mid-run until a
+    # test (or an operator) releases it, so interrupts and node losses land mid-trial
+    # by construction rather than by timing.
+    gate_file: str | None = None
 
 
 class VllmOptions(BaseModel):
