@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from sweeper.core.errors import UserInputError
+from sweeper.core.settings import Device
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -73,6 +74,7 @@ def plan(
 
     try:
         sweep = load_sweep(sweep_file)
+        found: Device
         if address:
             from sweeper.run.cluster import connect
 
@@ -80,8 +82,9 @@ def plan(
             capabilities, found = probe_cluster(), cluster.device
         else:
             gpus = _local_gpus()
-            capabilities, found = local_capabilities(gpus), "cuda" if gpus else "cpu"
-        target = found if device is DeviceChoice.auto else device.value
+            found = "cuda" if gpus else "cpu"
+            capabilities = local_capabilities(gpus)
+        target: Device = found if device is DeviceChoice.auto else ("cuda" if device is DeviceChoice.cuda else "cpu")
         p = make_plan(sweep, target, sweep_path=str(sweep_file), capabilities=capabilities)
     except UserInputError as exc:
         raise _fail(exc) from None
@@ -109,7 +112,7 @@ def plan(
     shown = [a for a in AXES if not a.in_variant]
     table.add_column("trial_id")
     for axis in shown:
-        table.add_column(axis.title, justify="right" if axis.type is int else "left")
+        table.add_column(axis.title, justify="right" if axis.value_type is int else "left")
         if axis.name == BACKEND and with_variant:
             table.add_column("variant")
     table.add_column("status")
@@ -142,10 +145,10 @@ def run(
     """Run every trial of a sweep (resuming: trials with an ok result are not run again)."""
     from sweeper.plan.capabilities import local_capabilities, probe_cluster
     from sweeper.plan.expand import expand, make_plan
-    from sweeper.run.cluster import connect
-    from sweeper.run.sweep_run import run_plan
     from sweeper.plan.spec import load_sweep
+    from sweeper.run.cluster import connect
     from sweeper.run.storage import ResultStore
+    from sweeper.run.sweep_run import run_plan
 
     try:
         sweep = load_sweep(sweep_file)

@@ -65,7 +65,7 @@ _ALWAYS = object()  # an axis whose every value is part of trial ids
 @dataclass(frozen=True)
 class Axis:
     name: str  # trial attribute, trials-table column, ``exclude`` key
-    type: type  # type of the value ``exclude`` rules and reports see (``key``)
+    value_type: type  # type of the value ``exclude`` rules and reports see (``key``)
     values: Callable[[GridSource], Sequence[Any]]  # this sweep's values, in order
     default: Any = _ALWAYS  # at this value the axis stays out of trial ids
     load_key: bool = False  # trials that differ here need a model load of their own
@@ -102,7 +102,7 @@ class Axis:
         return self.series or (self.name,)
 
     def column_schema(self) -> tuple[tuple[str, type, str], ...]:
-        return self.schema or ((self.name, self.type, self.doc),)
+        return self.schema or ((self.name, self.value_type, self.doc),)
 
 
 def _model_columns(name: str, ref: ModelRef) -> dict[str, Any]:

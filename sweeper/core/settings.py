@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sweeper.core.precisions import PRECISIONS
 
+# Where a trial runs: an NVIDIA GPU, or the CPU (no GPU on the node).
+Device = Literal["cuda", "cpu"]
+
 
 class Settings(BaseModel):
     """Unknown keys are errors; values never change after validation."""

@@ -101,7 +101,7 @@ class Capabilities:
 
     def versions(self, library: str, device: str, num_gpus: int) -> list[str]:
         nodes, _ = self.candidates(device, num_gpus)
-        return sorted({n.libraries[library] for n in nodes if n.has(library)})
+        return sorted({v for n in nodes if n.has(library) and (v := n.libraries[library]) is not None})
 
 
 LOCAL = "local environment"

@@ -6,18 +6,17 @@ import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from sweeper.core.axes import AXES, AxisPoint, ModelRef
 from sweeper.core.backends import BACKENDS
 from sweeper.core.errors import ModelResolutionError, SweepFileError
 from sweeper.core.precisions import PRECISIONS
+from sweeper.core.settings import Device
 from sweeper.core.trial import Trial
 from sweeper.plan.capabilities import Capabilities
 from sweeper.plan.models import resolve_model
 from sweeper.plan.spec import Sweep
-
-Device = Literal["cuda", "cpu"]
 
 
 @dataclass(frozen=True)
@@ -150,7 +149,8 @@ def compatibility(trial: Trial, device: Device, capabilities: Capabilities | Non
         if where:
             return f"{who} needs {library}, {where}"
     versions = capabilities.versions(precision.library, device, trial.num_gpus) if precision.library else []
-    reasons = [precision.unsupported_reason(device, v) for v in versions or [None]]
+    candidates: list[str | None] = list(versions) or [None]
+    reasons = [precision.unsupported_reason(device, v) for v in candidates]
     # Runnable if any node's version accepts it: the trial can be placed there.
     return None if any(r is None for r in reasons) else reasons[0]
 

@@ -123,7 +123,7 @@ class Sweep(_Strict):
                     raise ValueError(
                         f"exclude[{i}] names {key!r}, which is not an axis; axes: {', '.join(AXES.names)}"
                     )
-                kind = AXES[key].type
+                kind = AXES[key].value_type
                 for value in wanted if isinstance(wanted, list) else [wanted]:
                     # bool is an int to Python, never an axis value to a user.
                     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):

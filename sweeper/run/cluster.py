@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from sweeper.core.settings import Device
+
 
 @dataclass(frozen=True)
 class ClusterInfo:
@@ -15,7 +17,7 @@ class ClusterInfo:
     min_node_cpus: int
 
     @property
-    def device(self) -> str:
+    def device(self) -> Device:
         return "cuda" if self.gpus > 0 else "cpu"
 
     @property
