@@ -33,8 +33,9 @@ class DeviceChoice(str, Enum):
 
 
 def _fail(exc: UserInputError) -> typer.Exit:
-    # soft_wrap: one message, one line, whatever the terminal's width (logs and tests grep it).
-    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    # soft_wrap: one problem, one line, whatever the terminal's width (logs and tests grep it).
+    for line in str(exc).splitlines() or [type(exc).__name__]:
+        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
     return typer.Exit(code=2)
 
 
@@ -299,5 +300,6 @@ def main() -> None:
     try:
         app()
     except UserInputError as exc:  # safety net: no traceback for bad input
-        err.print(f"error: {escape(str(exc))}", highlight=False, soft_wrap=True)
+        for line in str(exc).splitlines() or [type(exc).__name__]:
+            err.print(f"error: {escape(line)}", highlight=False, soft_wrap=True)
         sys.exit(2)

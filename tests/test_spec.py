@@ -6,6 +6,7 @@ import pytest
 
 from sweeper.core.errors import SweepFileError
 from sweeper.plan.spec import load_sweep, parse_sweep
+from tests.conftest import run_cli
 
 MINIMAL = {
     "name": "s", "models": "tiny-llama", "precisions": "fp32", "batch_sizes": 4,
@@ -104,3 +105,63 @@ def test_backend_option_variants_and_fidelity_defaults():
     # a single mapping is one variant, as before
     one = parse_sweep({**MINIMAL, "backend_options": {"transformers": {"attn_implementation": "eager"}}})
     assert [v.attn_implementation for v in one.options_for("transformers")] == ["eager"]
+
+
+# -- bad input: bounds, strict YAML, every problem at once ---------------------------------
+
+GOOD = ("name: b\nmodels: tiny-llama\nprecisions: fp32\nbatch_sizes: 1\n"
+        "workload: {input_len: 8, output_len: 4}\n")
+
+
+@pytest.mark.parametrize(("extra", "field", "message"), [
+    ("batch_sizes: [9223372036854775808]", "batch_sizes[0]", "less than or equal to 65536"),
+    ("batch_sizes: [1000000000000]", "batch_sizes[0]", "less than or equal to 65536"),
+    ("workload: {input_len: 8, output_len: 4, seed: -1}", "workload.seed", "greater than or equal to 0"),
+    ("workload: {input_len: 8, output_len: 4, seed: 18446744073709551616}", "workload.seed", "less than"),
+    ("measure: {min_duration_s: .inf}", "measure.min_duration_s", "finite"),
+    ("measure: {timeout_s: .nan}", "measure.timeout_s", "finite"),
+    ("repeats: 100000", "repeats", "less than or equal to 1000"),
+    ("tensor_parallel: 1000", "tensor_parallel[0]", "less than or equal to 64"),
+    ("backend_options: {noop: {step_s: 0.1}}", "backend_options.noop", "not among this sweep's backends"),
+])
+def test_values_that_could_not_be_stored_or_would_hang_are_refused(write_sweep, extra, field, message):
+    key = extra.split(":", 1)[0]
+    text = "\n".join(line for line in GOOD.splitlines() if not line.startswith(key + ":")) + "\n" + extra + "\n"
+    with pytest.raises(SweepFileError) as info:
+        load_sweep(write_sweep(text))
+    text = str(info.value)
+    assert len(text.splitlines()) == 1 and f": {field}: " in text and message in text, text
+
+
+def test_a_duplicate_key_is_an_error_not_last_wins(write_sweep):
+    with pytest.raises(SweepFileError, match=r"malformed YAML: line 6, column 1: duplicate key 'batch_sizes'"):
+        load_sweep(write_sweep(GOOD + "batch_sizes: 2\n"))
+    with pytest.raises(SweepFileError, match="duplicate key 'input_len'"):
+        load_sweep(write_sweep(GOOD.replace("{input_len: 8,", "{input_len: 8, input_len: 9,")))
+
+
+def test_yaml_nested_too_deep_is_one_line_not_a_recursion_error(write_sweep):
+    r = run_cli("plan", str(write_sweep("a: " + "[" * 500 + "]" * 500 + "\n")))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "nested more than 32 levels deep" in r.stderr
+
+
+def test_every_problem_of_a_sweep_file_at_once_one_per_line(write_sweep):
+    path = write_sweep("name: b\nmodels: tiny-llama\nprecisions: fp32\nbatch_sizes: [0, 2]\n"
+                       "workload: {input_len: -1, output_len: 4}\nmeasure: {min_iters: 0}\ncolour: red\n")
+    r = run_cli("plan", str(path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert [line.split(": ", 3)[2] for line in lines] == [
+        "batch_sizes[0]", "workload.input_len[0]", "measure.min_iters", "colour"], lines
+    assert all(line.startswith(f"error: {path}: ") for line in lines)
+
+
+def test_a_grid_past_the_limit_is_refused_with_its_size(write_sweep):
+    from sweeper.plan.expand import expand
+
+    text = GOOD.replace("batch_sizes: 1", f"batch_sizes: {list(range(1, 1001))}").replace(
+        "input_len: 8", f"input_len: {list(range(1, 1002))}")
+    with pytest.raises(SweepFileError, match="the grid has 1,001,000 trials, more than the 1,000,000"):
+        expand(load_sweep(write_sweep(text)))

@@ -17,14 +17,15 @@ class UserInputError(SweeperError):
 
 
 class SweepFileError(UserInputError):
-    """A sweep file that cannot be read, parsed or validated."""
+    """A sweep file that cannot be read, parsed or validated: every problem found, one per line."""
 
-    def __init__(self, path: str, field: str | None, message: str):
+    def __init__(self, path: str, field: str | None, message: str,
+                 more: tuple[tuple[str | None, str], ...] = ()):
         self.path = path
         self.field = field
         self.message = message
-        where = f"{path}: {field}" if field else path
-        super().__init__(f"{where}: {message}")
+        self.problems: tuple[tuple[str | None, str], ...] = ((field, message), *more)
+        super().__init__("\n".join(f"{path}: {f}: {m}" if f else f"{path}: {m}" for f, m in self.problems))
 
 
 class ModelResolutionError(UserInputError):

@@ -22,23 +22,28 @@ Device = Literal["cuda", "cpu"]
 class Settings(BaseModel):
     """Unknown keys are errors; values never change after validation."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# A day: a longer window or limit can only be a typo, and would hold a GPU for it.
+MAX_SECONDS = 86_400.0
+MAX_ITERS = 1_000_000
 
 
 class MeasureSettings(Settings):
-    warmup_iters: int = Field(1, ge=0)
+    warmup_iters: int = Field(1, ge=0, le=MAX_ITERS)
     # Warm-up lasts at least this long too: host-bound decode loops (CPU boost,
     # allocator, caches) settle over seconds, not over one call.
-    warmup_s: float = Field(0.0, ge=0, description="warm-up lasts at least this long as well as warmup_iters calls")
-    min_iters: int = Field(5, gt=0)
-    min_duration_s: float = Field(10.0, ge=0)
-    idle_s: float = Field(2.0, ge=0, description="idle-baseline window before the measured phase")
+    warmup_s: float = Field(0.0, ge=0, le=MAX_SECONDS, description="warm-up lasts at least this long as well as warmup_iters calls")
+    min_iters: int = Field(5, gt=0, le=MAX_ITERS)
+    min_duration_s: float = Field(10.0, ge=0, le=MAX_SECONDS)
+    idle_s: float = Field(2.0, ge=0, le=MAX_SECONDS, description="idle-baseline window before the measured phase")
     sample_interval_s: float = Field(0.1, gt=0, le=10)
-    min_window_s: float = Field(10.0, ge=0, description="shorter measured windows are flagged unstable")
+    min_window_s: float = Field(10.0, ge=0, le=MAX_SECONDS, description="shorter measured windows are flagged unstable")
     max_iteration_cv: float = Field(0.05, gt=0, description="per-iteration energy CV above this is flagged unstable")
     # A limit on the driver's patience, not a measurement setting: it never
     # shapes an ok row's numbers.
-    timeout_s: float | None = Field(None, gt=0, description="a trial running longer is recorded failed (timeout) and its actor replaced")
+    timeout_s: float | None = Field(None, gt=0, le=7 * MAX_SECONDS, description="a trial running longer is recorded failed (timeout) and its actor replaced")
 
 
 # Layer-profiling granularities: decoder blocks, the attention / MLP / norms

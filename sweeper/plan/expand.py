@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,10 @@ def resolve_models(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool
     return refs
 
 
+# Past this many trials a grid is refused at plan time, before it costs memory or minutes.
+MAX_TRIALS = 1_000_000
+
+
 @dataclass(frozen=True)
 class Grid:
     """What the axis table reads its values from (``sweeper.core.axes.GridSource``)."""
@@ -108,13 +113,18 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
     table order). Returns the trials and the number excluded.
     """
     grid = Grid(sweep, resolve_models(sweep, sweep_path=sweep_path, check_hub=check_hub))
+    values = [list(axis.values(grid)) for axis in AXES]
+    size = math.prod(len(v) for v in values)
+    if size > MAX_TRIALS:
+        raise SweepFileError(sweep_path, None, f"the grid has {size:,} trials, more than the {MAX_TRIALS:,} one "
+                             "sweep may plan; split it into several sweeps or add exclude rules")
     names = AXES.names
     layer_profile = sweep.profile.layers if sweep.profile is not None else None
     trials: list[Trial] = []
     excluded = 0
-    for values in itertools.product(*(axis.values(grid) for axis in AXES)):
+    for point in itertools.product(*values):
         trial = Trial(
-            sweep=sweep.name, point=AxisPoint(tuple(zip(names, values, strict=True))),
+            sweep=sweep.name, point=AxisPoint(tuple(zip(names, point, strict=True))),
             dataset=sweep.workload.dataset, seed=sweep.workload.seed, measure=sweep.measure,
             layer_profile=layer_profile, fidelity=sweep.fidelity,
         )

@@ -1,7 +1,14 @@
-"""The sweep file: a pydantic schema, loaded with ``yaml.safe_load``.
+"""The sweep file: a pydantic schema, loaded with a strict YAML loader.
 
-Every list axis also takes a scalar. Unknown keys are errors. Any problem is
-raised as ``SweepFileError`` naming the file and the field.
+Every list axis also takes a scalar. Unknown keys, duplicate keys, values past
+their bounds and non-finite numbers are errors. Every problem of a file is
+raised at once, as one ``SweepFileError`` naming the file and each field.
+
+Bounds: every value must fit the trials-table column it is stored in (int64),
+and sizes are capped where larger values can only be mistakes or hangs:
+batch sizes up to 65,536 sequences, lengths up to 1,048,576 tokens, seeds in
+[0, 2**32), up to 1,000 repeats, tensor parallelism up to 64 GPUs, and YAML
+nested at most 32 levels deep.
 """
 
 from __future__ import annotations
@@ -46,19 +53,28 @@ def _dedupe(values: list) -> list:
 
 
 # A grid axis: a scalar or a non-empty list, duplicates dropped in order.
-Axis = Annotated[list[T], BeforeValidator(_listify), Field(min_length=1)]
+AxisValues = Annotated[list[T], BeforeValidator(_listify), Field(min_length=1)]
 
-PositiveInt = Annotated[int, Field(gt=0, strict=True)]
+MAX_BATCH_SIZE = 65_536
+MAX_TOKENS = 1_048_576
+MAX_SEED = 2**32 - 1
+MAX_REPEATS = 1_000
+MAX_TENSOR_PARALLEL = 64
+MAX_YAML_DEPTH = 32
+
+BatchSize = Annotated[int, Field(gt=0, le=MAX_BATCH_SIZE, strict=True)]
+Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS, strict=True)]
+GpuCount = Annotated[int, Field(gt=0, le=MAX_TENSOR_PARALLEL, strict=True)]
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Workload(_Strict):
-    input_len: Axis[PositiveInt]
-    output_len: Axis[PositiveInt]
+    input_len: AxisValues[Tokens]
+    output_len: AxisValues[Tokens]
     dataset: Literal["random"] = "random"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED, strict=True)
 
     _dedupe = field_validator("input_len", "output_len")(_dedupe)
 
@@ -68,15 +84,15 @@ OptionVariants = Annotated[list[dict[str, Any]], BeforeValidator(_listify), Fiel
 
 class Sweep(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", max_length=100)
-    models: Axis[str]
-    backends: Axis[str] = ["transformers"]
-    precisions: Axis[str]
-    batch_sizes: Axis[PositiveInt]
+    models: AxisValues[str]
+    backends: AxisValues[str] = ["transformers"]
+    precisions: AxisValues[str]
+    batch_sizes: AxisValues[BatchSize]
     workload: Workload
     measure: MeasureSettings = MeasureSettings()
     exclude: list[dict[str, Any]] = []
-    repeats: int = Field(1, gt=0, strict=True)
-    tensor_parallel: Axis[PositiveInt] = [1]
+    repeats: int = Field(1, gt=0, le=MAX_REPEATS, strict=True)
+    tensor_parallel: AxisValues[GpuCount] = [1]
     # Per backend, one mapping of options or a list of them: a list is an axis
     # (e.g. eager and compiled transformers side by side in one sweep).
     backend_options: dict[str, OptionVariants] = {}
@@ -138,6 +154,9 @@ class Sweep(_Strict):
                 raise ValueError(
                     f"backend_options names unknown backend {backend!r}; known: {', '.join(sorted(BACKENDS))}"
                 )
+            if backend not in self.backends:
+                raise ValueError(f"backend_options.{backend}: {backend} is not among this sweep's backends "
+                                 f"({', '.join(self.backends)}); add it there or remove its options")
             for i, options in enumerate(variants):
                 where = f"backend_options.{backend}" + (f"[{i}]" if len(variants) > 1 else "")
                 if not isinstance(options, dict):
@@ -168,25 +187,59 @@ def _field_path(loc: tuple) -> str:
     return out
 
 
+def _problem(err: Any) -> tuple[str | None, str]:
+    field = _field_path(err["loc"]) or None
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "missing":
+        msg = "required field is missing"
+    elif err["type"] == "too_short":
+        msg = "must not be empty (give at least one value)"
+    elif err["type"] == "finite_number":
+        msg = "must be a finite number"
+    return field, msg
+
+
 def parse_sweep(data: Any, path: str = "<sweep>") -> Sweep:
     if not isinstance(data, dict):
         raise SweepFileError(path, None, "expected a mapping of sweep fields at the top level")
     try:
         return Sweep.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = _field_path(err["loc"]) or None
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif err["type"] == "missing":
-            msg = "required field is missing"
-        elif err["type"] == "too_short":
-            msg = "must not be empty (give at least one value)"
-        more = len(exc.errors()) - 1
-        if more:
-            msg += f" (and {more} more problem{'s' if more > 1 else ''})"
-        raise SweepFileError(path, field, msg) from None
+        problems = [_problem(err) for err in exc.errors()]
+        raise SweepFileError(path, *problems[0], more=tuple(problems[1:])) from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with a key given twice (the last would win silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (given twice; the last would silently win)",
+                    key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
+
+
+def _depth(node: yaml.Node) -> int:
+    """How deep a YAML document nests (iteratively: a hostile file cannot exhaust the stack here)."""
+    deepest, stack = 0, [(node, 1)]
+    while stack:
+        n, d = stack.pop()
+        deepest = max(deepest, d)
+        if isinstance(n, yaml.MappingNode):
+            stack.extend((child, d + 1) for pair in n.value for child in pair)
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend((child, d + 1) for child in n.value)
+    return deepest
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -194,7 +247,13 @@ def load_sweep(path: str | Path) -> Sweep:
     if not p.is_file():
         raise SweepFileError(str(path), None, "no such file")
     try:
-        data = yaml.safe_load(p.read_text())
+        text = p.read_text()
+        node = yaml.compose(text, Loader=_StrictLoader)
+        if node is not None and _depth(node) > MAX_YAML_DEPTH:
+            raise SweepFileError(str(path), None, f"YAML nested more than {MAX_YAML_DEPTH} levels deep")
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise SweepFileError(str(path), None, f"YAML nested more than {MAX_YAML_DEPTH} levels deep") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
