@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sys
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -144,38 +148,94 @@ def run(
     no_oom_pruning: Annotated[bool, typer.Option("--no-oom-pruning", help="run larger batches of a shape that ran out of memory instead of skipping them as predicted_oom")] = False,
 ) -> None:
     """Run every trial of a sweep (resuming: trials with an ok result are not run again)."""
-    from sweeper.plan.capabilities import local_capabilities, probe_cluster
-    from sweeper.plan.expand import expand, make_plan
+    from sweeper.plan.expand import expand
     from sweeper.plan.spec import load_sweep
-    from sweeper.run.cluster import connect
-    from sweeper.run.storage import ResultStore
-    from sweeper.run.sweep_run import run_plan
+    from sweeper.run.lock import RunLock
+    from sweeper.run.storage import ResultStore, check_destination
 
     try:
         sweep = load_sweep(sweep_file)
         expand(sweep, sweep_path=str(sweep_file))  # every model resolves before Ray starts
+        store = ResultStore(output or str(Path("results") / sweep.name),
+                            on_quarantine=lambda line: err.print(f"warning: {line}", highlight=False,
+                                                                 soft_wrap=True))
+        # The destination is checked, and taken, before a cluster starts or a GPU spins.
+        low_space = check_destination(store)
+        lock = RunLock(store)
+        lock.acquire()
     except UserInputError as exc:
         raise _fail(exc) from None
+    if low_space:
+        err.print(f"warning: {low_space}", highlight=False, soft_wrap=True)
+    if lock.took_over is not None:
+        err.print(f"sweeper: took over a stale lock of {store.uri} (pid {lock.took_over.get('pid')} on "
+                  f"{lock.took_over.get('host')} is gone)", highlight=False, soft_wrap=True)
+    try:
+        with _signals_as_interrupts():
+            store.remove_stale_temporaries()
+            summary, counts = _run_sweep(sweep, sweep_file, store, address, retry_failed=retry_failed,
+                                         quiet=quiet, max_retries=max_retries, oom_pruning=not no_oom_pruning)
+    finally:
+        lock.release()
+    _print_summary(sweep.name, summary, counts, store, address)
+    if summary.failed:
+        raise typer.Exit(code=1)
 
-    store = ResultStore(output or str(Path("results") / sweep.name))
-    err.print(f"sweeper: starting Ray{' at ' + address if address else ' (local)'} ...", highlight=False)
-    cluster = connect(address)
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is: finished trials kept, a one-line message, exit 143."""
+
+
+@contextlib.contextmanager
+def _signals_as_interrupts() -> Iterator[None]:
+    def on_term(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        # A second signal while the cluster shuts down exits at once, quietly.
+        signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+        what = "terminated" if isinstance(exc, _Terminated) else "interrupted"
+        err.print(f"[yellow]{what}[/]: every finished trial is saved; run the same command again to resume",
+                  highlight=False)
+        raise typer.Exit(code=143 if isinstance(exc, _Terminated) else 130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_sweep(sweep: Any, sweep_file: Path, store: Any, address: str | None, **options: Any) -> tuple[Any, dict[str, int]]:
+    from sweeper.plan.capabilities import local_capabilities, probe_cluster
+    from sweeper.plan.expand import make_plan
+    from sweeper.run.cluster import connect
+    from sweeper.run.sweep_run import ResultsWriteError, run_plan
+
+    err.print(f"sweeper: {'connecting to ' + address if address else 'starting Ray (local)'} ...", highlight=False)
+    try:
+        cluster = connect(address)
+    except UserInputError as exc:
+        raise _fail(exc) from None
     # The embedded local Ray's workers share this interpreter: no probe needed there.
     capabilities = probe_cluster() if address else local_capabilities(cluster.gpus)
     p = make_plan(sweep, cluster.device, sweep_path=str(sweep_file), check_hub=False,
                   capabilities=capabilities)
+    store.write_plan(sweep.name, [pt.trial.trial_id for pt in p.trials])
     err.print(f"sweeper: {sweep.name}: {len(p.runnable)} trials to run in {len(p.groups())} group(s), "
               f"{len(p.skipped)} skipped, on {cluster.nodes} node(s) with {cluster.gpus} GPU(s), "
               f"{cluster.cpus} CPU(s); results in {store.uri}", highlight=False)
     try:
-        summary = run_plan(p, store, cluster, retry_failed=retry_failed, quiet=quiet, console=err,
-                           max_retries=max_retries, oom_pruning=not no_oom_pruning)
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/]: every finished trial is saved; run the same command again to resume")
-        raise typer.Exit(code=130) from None
+        summary = run_plan(p, store, cluster, console=err, **options)
+    except ResultsWriteError as exc:
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1) from None
     counts = store.aggregate()
+    return summary, counts
 
-    table = Table(title=f"{sweep.name}: done in {summary.wall_s:,.1f} s", title_justify="left")
+
+def _print_summary(name: str, summary: Any, counts: dict[str, int], store: Any, address: str | None) -> None:
+    table = Table(title=f"{name}: done in {summary.wall_s:,.1f} s", title_justify="left")
     busy = summary.busy_fraction
     for col in ("ran", "ok", "failed", "skipped", "already done", "retries", "model loads", "busy",
                 "trials.parquet rows"):
@@ -185,8 +245,7 @@ def run(
                   f"{busy:.2f}" if busy is not None else "-", str(counts["trials"]))
     err.print(table)
     if busy is not None:
-        unit = "GPU(s)" if cluster.gpus else "node(s)"
-        err.print(f"busy fraction {busy:.2f}: {summary.busy_s:,.1f} s of trials over {summary.slots} {unit} "
+        err.print(f"busy fraction {busy:.2f}: {summary.busy_s:,.1f} s of trials over {summary.slots} {summary.slot_unit} "
                   f"x {summary.wall_s:,.1f} s wall; {summary.model_loads} model load(s)", highlight=False)
     if len(summary.placements) > 1:
         where = Table(title="per node and GPU", title_justify="left")
@@ -198,10 +257,11 @@ def run(
         err.print(where)
     for line in summary.failures[:10]:
         err.print(f"  [red]failed[/] {line}", highlight=False)
+    if store.superseded:
+        err.print(f"{store.superseded} stored result(s) of trials this sweep no longer has are kept in "
+                  f"{store.uri}/superseded/", highlight=False, soft_wrap=True)
     err.print(f"results: {store.uri}/trials.parquet (query with DuckDB, e.g. "
               f"SELECT * FROM '{store.uri}/trials.parquet')", highlight=False)
-    if summary.failed:
-        raise typer.Exit(code=1)
 
 
 @app.command()

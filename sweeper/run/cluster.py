@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
+from sweeper.core.errors import UserInputError
 from sweeper.core.settings import Device
 
 
@@ -25,6 +27,35 @@ class ClusterInfo:
         return self.gpus if self.gpus else self.nodes
 
 
+# How long the head's port may take to answer before the address is reported unreachable.
+CONNECT_TIMEOUT_S = 10.0
+
+
+class ClusterUnreachable(UserInputError):
+    """``--address`` names no Ray cluster that answers."""
+
+
+def check_address(address: str) -> None:
+    """Fail in seconds, in one line, for an address that is malformed or where nothing listens.
+
+    Ray itself retries an unreachable head for minutes; a TCP connect to the head's
+    port answers at once (refused) or within ``CONNECT_TIMEOUT_S``.
+    """
+    if address == "auto":
+        return  # Ray finds the local node's cluster itself, or says at once that there is none
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClusterUnreachable(f"--address {address}: expected auto, HOST:PORT (a head's GCS port, "
+                                 f"6379 by default) or ray://HOST:PORT (Ray Client, 10001)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise ClusterUnreachable(f"--address {address}: no Ray head answers there ({exc.strerror or exc}); "
+                                 f"start one with `ray start --head` or check the host and port") from None
+
+
 def connect(address: str | None) -> ClusterInfo:
     """Join ``address`` or start the embedded local Ray; describe what is there."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -35,7 +66,13 @@ def connect(address: str | None) -> ClusterInfo:
     if not ray.is_initialized():
         common: dict[str, Any] = dict(logging_level=logging.ERROR, log_to_driver=False)
         if address:
-            ray.init(address=address, **common)
+            check_address(address)
+            try:
+                ray.init(address=address, **common)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                lines = str(exc).strip().splitlines()
+                raise ClusterUnreachable(f"--address {address}: {lines[0] if lines else type(exc).__name__}") \
+                    from None
         else:
             # "local": always a fresh in-process Ray. Without it, ray.init() joins
             # whatever cluster /tmp/ray/ray_current_cluster names, even a dead one.

@@ -3,28 +3,50 @@
 Layout under the output root (a local path or any pyarrow.fs URI)::
 
     shards/<kind>/<trial_id>.parquet     one shard per trial per table kind
-    <kind>.parquet                       aggregated by ``aggregate``
+    plan.json                            the trial ids of the sweep last run here
+    <kind>.parquet                       aggregated: the results of that sweep
+    superseded/<kind>.parquet            aggregated: every other stored result
+    quarantine/<kind>/<name>             shards that could not be read, moved aside
 
 A shard becomes visible only whole: locally it is written under a hidden
-temporary name and renamed; on object stores a single put is atomic already.
-A trial's ``trials`` shard is written last, so its presence means the trial's
-other shards are complete.
+temporary name, flushed to disk (fsync), renamed, and its directory flushed;
+on object stores a single put is atomic already. A trial's ``trials`` shard is
+written last, so its presence means the trial's other shards are complete;
+a shard of another kind without one (a run killed between the two) is an
+orphan and never aggregated.
+
+The aggregated tables answer for the sweep as it is now: ``sweeper run``
+records its plan, and ``trials.parquet`` holds one row per trial of that plan.
+Results of trials the sweep no longer has (a removed batch size, a changed
+measurement setting) stay on disk and in ``superseded/``; nothing measured is
+ever deleted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import posixpath
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sweeper.core.errors import ResultsError
+from sweeper.core.errors import ResultsError, UserInputError
 from sweeper.core.schema import TABLES, arrow_schema, to_table
+
+TRIALS = "trials"
+PLAN_FILE = "plan.json"
+
+
+class StorageError(UserInputError):
+    """The results destination cannot be used (not a directory, not writable, unknown scheme, full)."""
 
 _SORT = {
     "trials": [("started_at", "ascending"), ("trial_id", "ascending")],
@@ -52,18 +74,41 @@ def _single_put(uri: str) -> str:
 class StoredTrial:
     trial_id: str
     status: str
+    reason: str | None = None
+
+
+def _stem(path: str) -> str:
+    return posixpath.basename(path).removesuffix(".parquet")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class ResultStore:
-    def __init__(self, root: str):
+    def __init__(self, root: str, *, on_quarantine: Callable[[str], None] | None = None):
         self.uri = root
         if "://" in root:
-            self.fs, self.root = pafs.FileSystem.from_uri(_single_put(root))
+            try:
+                self.fs, self.root = pafs.FileSystem.from_uri(_single_put(root))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError, OSError) as exc:
+                raise StorageError(f"--output {root}: not a usable results location: {_first_line(exc)}") from None
         else:
-            import os
-
             self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(root)
-        self._atomic_rename = isinstance(self.fs, pafs.LocalFileSystem)
+        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        self._atomic_rename = self.local
+        # Told one line per shard moved aside (the CLI prints it); default: silent.
+        self.on_quarantine = on_quarantine or (lambda line: None)
+        self.superseded = 0  # trials left out of the last aggregation: not in the recorded plan
 
     # -- writing ---------------------------------------------------------------
     def _shard_dir(self, kind: str) -> str:
@@ -88,11 +133,15 @@ class ResultStore:
         directory, name = posixpath.split(final)
         tmp = posixpath.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
         try:
-            pq.write_table(table, tmp, filesystem=self.fs)
-            self.fs.move(tmp, final)  # rename(2): atomic on one filesystem
+            with open(tmp, "wb") as f:
+                pq.write_table(table, f)
+                f.flush()
+                os.fsync(f.fileno())  # the bytes are on disk before the name is
+            os.replace(tmp, final)  # rename(2): atomic on one filesystem
+            _fsync_dir(directory)  # ... and the rename itself survives a power loss
         except BaseException:
             with contextlib.suppress(OSError):
-                self.fs.delete_file(tmp)
+                os.unlink(tmp)
             raise
 
     # -- reading ---------------------------------------------------------------
@@ -113,33 +162,175 @@ class ResultStore:
             and not info.base_name.startswith(".")
         )
 
-    def read_shards(self, kind: str) -> pa.Table:
+    def read_shards(self, kind: str, *, trial_ids: Iterable[str] | None = None,
+                    columns: list[str] | None = None) -> pa.Table:
+        """Every readable shard of ``kind`` (only those of ``trial_ids``, if given), in the current schema.
+
+        A shard that cannot be read (truncated, empty, not Parquet) is moved to
+        ``quarantine/`` and reported, never read again: its trial has no result
+        and runs again. Shards of other kinds than ``trials`` count only when their
+        trial has a ``trials`` shard (the commit marker).
+        """
         paths = self.shard_paths(kind)
+        if trial_ids is not None:
+            wanted = set(trial_ids)
+            paths = [p for p in paths if _stem(p) in wanted]
+        elif kind != TRIALS:
+            committed = {_stem(p) for p in self.shard_paths(TRIALS)}
+            paths = [p for p in paths if _stem(p) in committed]
         schema = arrow_schema(kind)
         if not paths:
-            return schema.empty_table()
+            return schema.empty_table() if columns is None else schema.empty_table().select(columns)
         # The current schema is imposed, so shards written before a column was
         # added read back with nulls in it.
-        dataset = ds.dataset(paths, schema=schema, format="parquet", filesystem=self.fs)
-        return dataset.to_table()
+        try:
+            return ds.dataset(paths, schema=schema, format="parquet", filesystem=self.fs).to_table(columns=columns)
+        except (pa.ArrowInvalid, OSError):
+            pass  # one bad file fails the whole read: find it, move it aside, read the rest
+        good = [p for p in paths if self._readable(kind, p)]
+        if not good:
+            return schema.empty_table() if columns is None else schema.empty_table().select(columns)
+        return ds.dataset(good, schema=schema, format="parquet", filesystem=self.fs).to_table(columns=columns)
+
+    def _readable(self, kind: str, path: str) -> bool:
+        try:
+            with self.fs.open_input_file(path) as f:
+                pq.ParquetFile(f).read()
+            return True
+        except (pa.ArrowInvalid, OSError) as exc:
+            self.quarantine(kind, path, _first_line(exc))
+            return False
+
+    def quarantine(self, kind: str, path: str, why: str) -> None:
+        """Move an unreadable shard aside (never delete it) and say so in one line."""
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+        directory = posixpath.join(self.root, "quarantine", kind)
+        self.fs.create_dir(directory, recursive=True)
+        target = posixpath.join(directory, f"{posixpath.basename(path)}.{stamp}")
+        self.fs.move(path, target)
+        self.on_quarantine(f"moved aside unreadable {kind} shard {posixpath.basename(path)} ({why}) "
+                           f"to {target}; its trial will run again")
 
     def stored_trials(self) -> dict[str, StoredTrial]:
-        table = self.read_shards("trials").select(["trial_id", "status"])
-        return {r["trial_id"]: StoredTrial(r["trial_id"], r["status"]) for r in table.to_pylist()}
+        """Each stored trial's status and reason: all a resume needs (two columns, not a hundred)."""
+        table = self.read_shards(TRIALS, columns=["trial_id", "status", "reason"])
+        ids, statuses, reasons = (table.column(c).to_pylist() for c in ("trial_id", "status", "reason"))
+        return {i: StoredTrial(i, s, r) for i, s, r in zip(ids, statuses, reasons, strict=True)}
+
+    # -- the plan ---------------------------------------------------------------
+    def write_plan(self, sweep: str, trial_ids: Iterable[str]) -> None:
+        """Record which trials the sweep now has: what the aggregated tables answer for."""
+        record = {"sweep": sweep, "written_at": datetime.now(timezone.utc).isoformat(),
+                  "trial_ids": sorted(set(trial_ids))}
+        self.fs.create_dir(self.root, recursive=True)
+        data = json.dumps(record, indent=0).encode()
+        path = posixpath.join(self.root, PLAN_FILE)
+        if self.local:
+            tmp = path + f".{uuid.uuid4().hex}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(self.root)
+        else:
+            with self.fs.open_output_stream(path) as out:
+                out.write(data)
+
+    def planned_ids(self) -> set[str] | None:
+        """The trial ids of the sweep last run here, or None (no plan recorded: every result counts)."""
+        path = posixpath.join(self.root, PLAN_FILE)
+        try:
+            with self.fs.open_input_stream(path) as f:
+                record = json.loads(f.read())
+        except (FileNotFoundError, OSError, ValueError):
+            return None
+        ids = record.get("trial_ids") if isinstance(record, dict) else None
+        return set(ids) if isinstance(ids, list) else None
 
     # -- aggregation -----------------------------------------------------------
     def aggregate(self) -> dict[str, int]:
-        """Merge every kind's shards into ``<root>/<kind>.parquet``; return row counts."""
-        if not self.shard_paths("trials"):
+        """Merge the shards into ``<root>/<kind>.parquet`` (the plan's trials) and
+        ``<root>/superseded/<kind>.parquet`` (every other stored trial); return row counts."""
+        if not self.shard_paths(TRIALS):
             raise ResultsError(f"{self.uri}: no trial shards found (is this a sweeper output directory?)")
+        stored = {_stem(p) for p in self.shard_paths(TRIALS)}
+        planned = self.planned_ids()
+        current = stored if planned is None else stored & planned
+        superseded = stored - current
         counts = {}
         for kind in TABLES:
-            table = self.read_shards(kind)
-            if table.num_rows:
-                table = table.sort_by(_SORT[kind])
-            self._write_atomic(table, posixpath.join(self.root, f"{kind}.parquet"))
-            counts[kind] = table.num_rows
+            counts[kind] = self._aggregate(kind, current, posixpath.join(self.root, f"{kind}.parquet"))
+            target = posixpath.join(self.root, "superseded", f"{kind}.parquet")
+            if superseded:
+                self.fs.create_dir(posixpath.join(self.root, "superseded"), recursive=True)
+                self._aggregate(kind, superseded, target)
+            elif self.fs.get_file_info(target).type == pafs.FileType.File:
+                self.fs.delete_file(target)  # an aggregate, not a result: the shards stay
+        self.superseded = len(superseded)
         return counts
+
+    def _aggregate(self, kind: str, trial_ids: set[str], target: str) -> int:
+        table = self.read_shards(kind, trial_ids=trial_ids)
+        if table.num_rows:
+            table = table.sort_by(_SORT[kind])
+        self._write_atomic(table, target)
+        return int(table.num_rows)
+
+    def remove_stale_temporaries(self) -> int:
+        """Delete the hidden temporary files a killed run left in the shard directories.
+
+        Safe only while this process holds the run lock: no other writer's temporary can be there.
+        """
+        if not self.local:
+            return 0
+        removed = 0
+        for kind in TABLES:
+            directory = self._shard_dir(kind)
+            with contextlib.suppress(FileNotFoundError):
+                for name in os.listdir(directory):
+                    if name.startswith(".") and name.endswith(".tmp"):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(os.path.join(directory, name))
+                            removed += 1
+        return removed
 
     def exists(self) -> bool:
         return self.fs.get_file_info(self.root).type != pafs.FileType.NotFound
+
+
+# Below this much free space the run says so before it starts: shards are small, but
+# timelines of long GPU trials are not.
+LOW_SPACE_BYTES = 1 << 30
+
+
+def check_destination(store: ResultStore) -> str | None:
+    """Fail now, before a cluster starts or a GPU spins, if results cannot be written there.
+
+    Returns a warning line when free space is low, else None.
+    """
+    if not store.local:
+        try:
+            info = store.fs.get_file_info(store.root)
+        except OSError as exc:
+            raise StorageError(f"--output {store.uri}: cannot reach it: {_first_line(exc)}") from None
+        if info.type == pafs.FileType.File:
+            raise StorageError(f"--output {store.uri}: is an object, not a prefix")
+        return None
+    root = store.root
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise StorageError(f"--output {root}: is a file, not a directory")
+    try:
+        os.makedirs(root, exist_ok=True)
+        probe = os.path.join(root, f".write-probe.{uuid.uuid4().hex}")
+        with open(probe, "wb") as f:
+            f.write(b"sweeper")
+        os.unlink(probe)
+    except OSError as exc:
+        raise StorageError(f"--output {root}: not writable: {exc.strerror or _first_line(exc)}") from None
+    import shutil
+
+    free = shutil.disk_usage(root).free
+    if free < LOW_SPACE_BYTES:
+        return f"only {free / 2**20:,.0f} MiB free under {root}: a full disk stops the sweep (resume completes it)"
+    return None

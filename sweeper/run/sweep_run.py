@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from rich.console import Console
 
+from sweeper.core.errors import SweeperError
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import Plan, TrialGroup
@@ -47,6 +48,10 @@ class ActorDied(Exception):
 
 class CallFailed(Exception):
     """The call itself failed on the actor (e.g. an argument that did not deserialize)."""
+
+
+class ResultsWriteError(SweeperError):
+    """A shard could not be written (a full disk, a lost mount): the sweep stops, what was written stays."""
 
 
 class CallKind(enum.Enum):
@@ -142,6 +147,7 @@ class RunSummary:
     retries: int = 0  # trial attempts re-run after their actor died
     busy_s: float = 0.0  # sum over trials of the time an actor spent running them
     slots: int = 1  # GPUs (or, CPU-only, nodes) the sweep could use at once
+    slot_unit: str = "GPU(s)"
     failures: list[str] = field(default_factory=list)
     # Per node and GPU set (as placed): trials run there and their busy seconds.
     placements: dict[str, PlacementUse] = field(default_factory=dict)
@@ -197,18 +203,20 @@ def predicted_oom(oom_trial: Trial, pending: list[Trial]) -> list[Trial]:
 
 
 def resume_filter(trials: list[Trial], store: ResultStore, retry_failed: bool) -> tuple[list[Trial], int, int]:
-    """The trials still to run, and how many are already ok or kept failed."""
+    """The trials still to run, and how many are already ok or kept (failed, or skipped as predicted
+    out of memory: a result too, re-run only with ``retry_failed``)."""
     stored = store.stored_trials()
-    todo, have_ok, kept_failed = [], 0, 0
+    todo, have_ok, kept = [], 0, 0
     for t in trials:
         s = stored.get(t.trial_id)
         if s is not None and s.status == "ok":
             have_ok += 1
-        elif s is not None and s.status == "failed" and not retry_failed:
-            kept_failed += 1
+        elif s is not None and not retry_failed and (
+                s.status == "failed" or (s.status == "skipped" and s.reason == "predicted_oom")):
+            kept += 1
         else:
             todo.append(t)
-    return todo, have_ok, kept_failed
+    return todo, have_ok, kept
 
 
 def first_line(exc: BaseException) -> str:
@@ -285,7 +293,8 @@ class SweepRun:
         self.console, self.quiet = console, quiet
         self.recorder = Recorder(store)
         self.store = store
-        self.summary = RunSummary(planned=len(plan.trials), slots=cluster.slots)
+        self.summary = RunSummary(planned=len(plan.trials), slots=cluster.slots,
+                                  slot_unit="GPU(s)" if cluster.gpus else "node(s)")
         self.groups: list[GroupRun] = []
         self.calls: dict[Any, _Call] = {}  # future -> what it answers
         self.view: ProgressView | None = None
@@ -308,12 +317,21 @@ class SweepRun:
                     self.step()
             except KeyboardInterrupt:
                 # Running trials are dropped, not recorded: a second run finds them missing.
-                for g in self.groups:
-                    if g.actor is not None and g.state is not GroupState.DONE:
-                        self.runner.kill(g.actor)
+                self._kill_all()
                 raise
+            except OSError as exc:
+                self._kill_all()
+                raise ResultsWriteError(
+                    f"writing results to {self.store.uri} failed ({exc.strerror or first_line(exc)}); the sweep "
+                    f"stopped; the {self.summary.ran} trial(s) it finished are kept: free space (or fix the "
+                    f"destination) and run the same command again to resume") from None
         self.summary.wall_s = time.monotonic() - t_begin
         return self.summary
+
+    def _kill_all(self) -> None:
+        for g in self.groups:
+            if g.actor is not None and g.state is not GroupState.DONE:
+                self.runner.kill(g.actor)
 
     def step(self) -> None:
         """Handle the calls that have returned, then the trials past their time limit."""
@@ -340,7 +358,7 @@ class SweepRun:
         if self.console is not None and (have_ok or kept_failed):
             msg = f"resuming: {have_ok} trial(s) already ok"
             if kept_failed:
-                msg += f", {kept_failed} failed kept (use --retry-failed to re-run them)"
+                msg += f", {kept_failed} failed or predicted out of memory kept (use --retry-failed to re-run them)"
             self.console.print(msg + f"; {len(todo)} to run", highlight=False)
         return todo
 
