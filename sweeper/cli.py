@@ -157,8 +157,7 @@ def run(
         sweep = load_sweep(sweep_file)
         expand(sweep, sweep_path=str(sweep_file))  # every model resolves before Ray starts
         store = ResultStore(output or str(Path("results") / sweep.name),
-                            on_quarantine=lambda line: err.print(f"warning: {line}", highlight=False,
-                                                                 soft_wrap=True))
+                            on_quarantine=_warn)
         # The destination is checked, and taken, before a cluster starts or a GPU spins.
         low_space = check_destination(store)
         lock = RunLock(store)
@@ -166,7 +165,7 @@ def run(
     except UserInputError as exc:
         raise _fail(exc) from None
     if low_space:
-        err.print(f"warning: {low_space}", highlight=False, soft_wrap=True)
+        _warn(low_space)
     if lock.took_over is not None:
         err.print(f"sweeper: took over a stale lock of {store.uri} (pid {lock.took_over.get('pid')} on "
                   f"{lock.took_over.get('host')} is gone)", highlight=False, soft_wrap=True)
@@ -180,6 +179,10 @@ def run(
     _print_summary(sweep.name, summary, counts, store, address)
     if summary.failed:
         raise typer.Exit(code=1)
+
+
+def _warn(line: str) -> None:
+    err.print(f"warning: {line}", highlight=False, soft_wrap=True)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -271,8 +274,8 @@ def aggregate(
     """Merge a results directory's shards into trials.parquet, requests.parquet, timeline.parquet, layers.parquet."""
     from sweeper.run.storage import ResultStore
 
-    store = ResultStore(output)
     try:
+        store = ResultStore(output, on_quarantine=_warn)
         counts = store.aggregate()
     except UserInputError as exc:
         raise _fail(exc) from None

@@ -154,9 +154,8 @@ class Trial:
         d: dict[str, Any] = {}
         for name, value in self.point.items_:
             d.update(AXES[name].identity_part(value))
-        measure = self.measure.model_dump()
-        if measure["timeout_s"] is None:
-            del measure["timeout_s"]
+        # timeout_s limits the driver's patience, never the numbers: changing it re-runs nothing.
+        measure = self.measure.model_dump(exclude={"timeout_s"})
         if measure["warmup_s"] == 0:
             del measure["warmup_s"]
         d.update(dataset=self.dataset, seed=self.seed, measure=measure, method_version=METHOD_VERSION)

@@ -1,0 +1,182 @@
+"""The results directory's promises, tried as a demanding user would: faults injected on purpose.
+
+Real CLI runs (noop backend: fast and deterministic), real Parquet files truncated
+or emptied by hand, a real second process holding the lock, a real tmpfs that fills.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from sweeper.run.lock import LOCK_FILE, RunLock
+from sweeper.run.storage import ResultStore
+from tests.conftest import ROOT, run_cli
+
+SWEEP = """
+name: results
+models: [tiny-llama]
+backends: noop
+precisions: fp32
+batch_sizes: {batches}
+workload: {{input_len: 8, output_len: 4}}
+measure: {{warmup_iters: 0, min_iters: {min_iters}, min_duration_s: 0, idle_s: 0{extra}}}
+backend_options: {{noop: {{step_s: 0.001}}}}
+"""
+
+pytestmark = pytest.mark.slow
+
+
+def _sweep(write_sweep, batches=(1, 2, 4), min_iters=1, extra=""):
+    return write_sweep(SWEEP.format(batches=list(batches), min_iters=min_iters, extra=extra))
+
+
+def _rows(out: Path, name: str = "trials.parquet") -> list[dict]:
+    return pq.read_table(out / name).to_pylist()
+
+
+def _config(row: dict) -> tuple:
+    return tuple(v for k, v in sorted(row.items()) if k in {
+        "model", "backend", "backend_options", "precision", "tensor_parallel", "batch_size", "input_len",
+        "output_len", "repeat", "dataset", "seed", "warmup_iters", "warmup_s", "min_iters", "min_duration_s",
+        "idle_s", "sample_interval_s", "min_window_s", "max_iteration_cv", "layer_profile", "fidelity"})
+
+
+def test_editing_the_sweep_leaves_one_row_per_configuration_and_deletes_nothing(write_sweep, tmp_path):
+    out = tmp_path / "out"
+    assert run_cli("run", str(_sweep(write_sweep)), "-o", str(out), "-q").returncode == 0
+    # a measurement setting changes: every trial re-runs; the old rows are superseded, not mixed in
+    r = run_cli("run", str(_sweep(write_sweep, min_iters=2)), "-o", str(out), "-q")
+    assert r.returncode == 0, r.stderr
+    rows = _rows(out)
+    assert len(rows) == 3 and {row["min_iters"] for row in rows} == {2}
+    assert len({_config(row) for row in rows}) == len(rows)  # no two rows alike
+    assert len(_rows(out, "superseded/trials.parquet")) == 3  # nothing measured is deleted
+    assert "3 stored result(s) of trials this sweep no longer has are kept" in r.stderr
+    # a batch size removed: its row leaves trials.parquet too
+    assert run_cli("run", str(_sweep(write_sweep, batches=(1, 2), min_iters=2)), "-o", str(out),
+                   "-q").returncode == 0
+    assert sorted(row["batch_size"] for row in _rows(out)) == [1, 2]
+    # only the driver's patience changes: nothing re-runs
+    again = run_cli("run", str(_sweep(write_sweep, batches=(1, 2), min_iters=2, extra=", timeout_s: 99")),
+                    "-o", str(out), "-q")
+    assert again.returncode == 0 and "2 trial(s) already ok; 0 to run" in again.stderr
+
+
+def test_a_corrupt_shard_is_moved_aside_and_its_trial_runs_again(write_sweep, tmp_path):
+    out = tmp_path / "out"
+    sweep = _sweep(write_sweep)
+    assert run_cli("run", str(sweep), "-o", str(out), "-q").returncode == 0
+    shards = sorted((out / "shards" / "trials").glob("*.parquet"))
+    victim = shards[0]
+    victim.write_bytes(victim.read_bytes()[:100])  # truncated, as a power loss could leave it
+    (out / "shards" / "requests" / f"{shards[1].stem}.parquet").write_bytes(b"")  # zero bytes
+    orphan = out / "shards" / "requests" / "0000000000000000.parquet"  # no trials shard: an orphan
+    shutil.copy(out / "shards" / "requests" / f"{shards[2].stem}.parquet", orphan)
+
+    agg = run_cli("aggregate", str(out))
+    assert agg.returncode == 0, agg.stderr
+    assert f"moved aside unreadable trials shard {victim.name}" in agg.stderr + agg.stdout
+    assert (out / "quarantine" / "trials").exists() and not victim.exists()
+    assert len(_rows(out)) == 2
+    assert "0000000000000000" not in {r["trial_id"] for r in _rows(out, "requests.parquet")}
+
+    rerun = run_cli("run", str(sweep), "-o", str(out), "-q")
+    assert rerun.returncode == 0, rerun.stderr
+    assert "1 to run" in rerun.stderr
+    assert sorted(r["status"] for r in _rows(out)) == ["ok"] * 3
+    assert len(list((out / "quarantine" / "trials").iterdir())) == 1  # kept, never deleted
+
+
+def test_a_second_run_into_the_same_directory_is_refused_and_a_stale_lock_taken_over(write_sweep, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from sweeper.run.storage import ResultStore; from sweeper.run.lock import RunLock;"
+        f"lock = RunLock(ResultStore({str(out)!r})); lock.acquire(); print('held', flush=True); time.sleep(60)")],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r = run_cli("run", str(_sweep(write_sweep)), "-o", str(out), "-q")
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert r.stderr.strip().splitlines() == [
+            line for line in r.stderr.strip().splitlines() if "in use by another sweeper run" in line]
+        assert f"pid {holder.pid} on" in r.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder was killed: its lock is stale (its pid is gone) and the next run takes it over
+    assert (out / LOCK_FILE).exists()
+    r = run_cli("run", str(_sweep(write_sweep)), "-o", str(out), "-q")
+    assert r.returncode == 0, r.stderr
+    assert "took over a stale lock" in r.stderr and not (out / LOCK_FILE).exists()
+
+
+def test_a_lock_not_refreshed_for_long_is_stale_on_any_host(tmp_path):
+    store = ResultStore(str(tmp_path))
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"host": "elsewhere", "pid": 1, "started_at": "then"}))
+    old = time.time() - 3600
+    os.utime(tmp_path / LOCK_FILE, (old, old))
+    lock = RunLock(store)
+    lock.acquire()
+    assert lock.took_over is not None and lock.took_over["host"] == "elsewhere"
+    lock.release()
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"host": "elsewhere", "pid": 1, "started_at": "now"}))
+    with pytest.raises(Exception, match="in use by another sweeper run .pid 1 on elsewhere"):
+        RunLock(store).acquire()
+
+
+@pytest.mark.parametrize("make_output", [
+    lambda tmp: (tmp / "a-file").write_text("x") and str(tmp / "a-file"),
+    lambda tmp: "foo://bar",
+])
+def test_a_bad_destination_is_one_line_before_ray_starts(write_sweep, tmp_path, make_output):
+    t0 = time.monotonic()
+    r = run_cli("run", str(_sweep(write_sweep)), "-o", make_output(tmp_path), "-q")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "starting Ray" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("error: --output ")
+    assert time.monotonic() - t0 < 60
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_read_only_destination_is_refused_before_ray(write_sweep, small_tmpfs):
+    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    r = run_cli("run", str(_sweep(write_sweep)), "-o", str(small_tmpfs / "out"), "-q")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "not writable: Read-only file system" in r.stderr
+
+
+def test_a_disk_that_fills_stops_the_sweep_in_one_line_and_a_resume_completes_it(write_sweep, small_tmpfs,
+                                                                                   tmp_path):
+    out = small_tmpfs / "out"
+    sweep = _sweep(write_sweep, batches=list(range(1, 41)))
+    r = run_cli("run", str(sweep), "-o", str(out), "-q")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "failed (No space left on device); the sweep stopped" in r.stderr
+    kept = len(list((out / "shards" / "trials").glob("*.parquet")))
+    assert 0 < kept < 40
+    # more room (the same results moved to a bigger disk): the resume runs only the rest
+    bigger = tmp_path / "bigger"
+    shutil.copytree(out, bigger, ignore=shutil.ignore_patterns(".sweeper.lock"))
+    again = run_cli("run", str(sweep), "-o", str(bigger), "-q")
+    assert again.returncode == 0, again.stderr
+    assert f"{kept} trial(s) already ok; {40 - kept} to run" in again.stderr
+    assert len(_rows(bigger)) == 40
