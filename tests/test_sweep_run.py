@@ -185,3 +185,29 @@ def test_a_resumed_run_submits_only_missing_trials(tmp_path):
     assert len(second.runs) == 3 and run.summary.resumed == 3
     # a retried trial's new shard replaces its failed one: one row per trial
     assert sorted(r["status"] for r in rows) == ["ok"] * 6
+
+
+def test_a_hung_load_is_retried_on_fresh_actors_then_its_group_fails_as_load_timeout(tmp_path):
+    def load(trial: Trial) -> Any:
+        return HANG if trial.precision == "bf16" else LoadResult(ok=True, load_s=0.1)
+
+    runner = ScriptedRunner(load=load)
+    run, rows = _run(tmp_path, runner, _sweep(measure={"min_iters": 1, "min_duration_s": 0, "idle_s": 0,
+                                                         "load_timeout_s": 0.05}), max_retries=1)
+    by_precision = {(r["precision"], r["status"], r["reason"]) for r in rows}
+    assert by_precision == {("fp32", "ok", None), ("bf16", "failed", "load_timeout")}
+    assert all("load ran past measure.load_timeout_s = 0.05 s, 2 time(s)" in r["error"]
+               for r in rows if r["status"] == "failed")
+    assert run.summary.retries == 1 and len(runner.started) == 3  # fp32, bf16, bf16's fresh actor
+    assert {2, 3} <= set(runner.killed)  # both hung bf16 actors were ended
+
+
+def test_a_queued_actor_is_not_loading_yet(tmp_path):
+    """The load's clock starts when the actor is placed, not while it waits for a device."""
+    from sweeper.run.sweep_run import GroupRun, GroupState
+
+    plan = make_plan(_sweep(measure={"load_timeout_s": 1.0}), "cpu")
+    g = GroupRun(plan.groups()[0], {}, [])
+    assert g.state is GroupState.WAITING and not g.load_timed_out(now_s=1e9)
+    g.state, g.placed_s = GroupState.LOADING, 100.0
+    assert not g.load_timed_out(now_s=100.5) and g.load_timed_out(now_s=101.5)

@@ -9,7 +9,7 @@ JSON) appears only in a trial's identity and its row.
 from __future__ import annotations
 
 import json
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -44,6 +44,13 @@ class MeasureSettings(Settings):
     # A limit on the driver's patience, not a measurement setting: it never
     # shapes an ok row's numbers.
     timeout_s: float | None = Field(None, gt=0, le=7 * MAX_SECONDS, description="a trial running longer is recorded failed (timeout) and its actor replaced")
+    # Likewise for a model load (engine start, weight download and conversion included),
+    # counted from the moment the actor holds its resources.
+    load_timeout_s: float = Field(1800.0, gt=0, le=7 * MAX_SECONDS, description="a model load taking longer is abandoned: its actor is replaced (retried like a death), then the group's trials are recorded failed (load_timeout)")
+
+    # Settings that bound the driver's patience, not the measurement: no part of
+    # trial ids or rows, so changing them re-runs nothing.
+    PATIENCE: ClassVar[frozenset[str]] = frozenset({"timeout_s", "load_timeout_s"})
 
 
 # Layer-profiling granularities: decoder blocks, the attention / MLP / norms

@@ -155,7 +155,7 @@ class Trial:
         for name, value in self.point.items_:
             d.update(AXES[name].identity_part(value))
         # timeout_s limits the driver's patience, never the numbers: changing it re-runs nothing.
-        measure = self.measure.model_dump(exclude={"timeout_s"})
+        measure = self.measure.model_dump(exclude=set(MeasureSettings.PATIENCE))
         if measure["warmup_s"] == 0:
             del measure["warmup_s"]
         d.update(dataset=self.dataset, seed=self.seed, measure=measure, method_version=METHOD_VERSION)
@@ -186,9 +186,9 @@ class Trial:
             d.update(AXES[name].columns(name, value))
         d.update(dataset=self.dataset, seed=self.seed, layer_profile=self.layer_profile,
                  fidelity=self.fidelity.canonical_json() if self.fidelity is not None else None)
-        # timeout_s limits the driver's patience and never shapes an ok row's
-        # numbers, so it is no trials-table column.
-        d.update(self.measure.model_dump(exclude={"timeout_s"}))
+        # The time limits bound the driver's patience and never shape an ok row's
+        # numbers, so they are no trials-table columns.
+        d.update(self.measure.model_dump(exclude=set(MeasureSettings.PATIENCE)))
         return d
 
     def variant(self) -> str:

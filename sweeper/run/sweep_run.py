@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -257,6 +257,7 @@ class GroupRun:
     # the first trial, deaths while loading the group's model.
     deaths: int = 0
     started_s: float = 0.0  # monotonic time the current attempt was submitted
+    placed_s: float = 0.0  # monotonic time the actor got its resources (its load's clock starts)
     attempt: int = 0  # actors started for this group; tells a stale actor's replies apart
     placement: Placement | None = None
 
@@ -267,6 +268,11 @@ class GroupRun:
     def timed_out(self, now_s: float) -> bool:
         limit_s = self.current.measure.timeout_s if self.current is not None else None
         return limit_s is not None and now_s - self.started_s > limit_s
+
+    def load_timed_out(self, now_s: float) -> bool:
+        # Only once placed: an actor queued behind other groups for a GPU is not loading yet.
+        limit_s = self.group.trials[0].measure.load_timeout_s
+        return self.state is GroupState.LOADING and now_s - self.placed_s > limit_s
 
 
 @dataclass(frozen=True)
@@ -351,6 +357,9 @@ class SweepRun:
             if call.kind is CallKind.RUN and call.group.timed_out(now_s):
                 del self.calls[future]
                 self.on_timeout(call.group)
+            elif call.kind is CallKind.LOAD and call.group.load_timed_out(now_s):
+                del self.calls[future]
+                self.on_load_timeout(call.group)
 
     def _resume(self) -> list[Trial]:
         todo, have_ok, kept_failed = resume_filter(self.plan.runnable, self.store, self.options.retry_failed)
@@ -492,7 +501,7 @@ class SweepRun:
     def on_placed(self, g: GroupRun, info: dict[str, Any]) -> None:
         """The group's actor got its resources and answered: show where it runs."""
         g.placement = Placement(info["hostname"], info["ray_node_id"] or "", info.get("ray_gpu_ids"))
-        g.state = GroupState.LOADING
+        g.state, g.placed_s = GroupState.LOADING, time.monotonic()
         use = self.summary.placements.setdefault(str(g.placement), PlacementUse())
         use.model_loads += 1
         self._view.group_placed(g, g.placement)
@@ -509,15 +518,26 @@ class SweepRun:
 
     def on_load_died(self, g: GroupRun, text: str) -> None:
         """The actor died while loading (a node lost, the OOM killer): retry on a fresh actor."""
+        self._load_lost(g, "actor_died", f"actor died loading {g.label}: {text}",
+                        lambda n: f"actor died {n} time(s) loading it: {text}")
+
+    def on_load_timeout(self, g: GroupRun) -> None:
+        """The model load ran past ``measure.load_timeout_s``: a hung load is handled as a death."""
+        limit_s = g.group.trials[0].measure.load_timeout_s
+        self._load_lost(g, "load_timeout", f"load of {g.label} ran past measure.load_timeout_s = {limit_s:g} s",
+                        lambda n: f"load ran past measure.load_timeout_s = {limit_s:g} s, {n} time(s); actor "
+                                  f"replaced each time")
+
+    def _load_lost(self, g: GroupRun, reason: str, retry_text: str, error: Callable[[int], str]) -> None:
         g.deaths += 1
         if g.deaths <= self.options.max_retries:
             self.summary.retries += 1
-            self._view.console.print(f"retry {g.deaths}/{self.options.max_retries}: actor died loading "
-                                     f"{g.label}: {text}", highlight=False, markup=False)
+            self._view.console.print(f"retry {g.deaths}/{self.options.max_retries}: {retry_text}",
+                                     highlight=False, markup=False)
             self.replace_actor(g)
             return
-        self.on_loaded(g, LoadResult(ok=False, reason="actor_died",
-                                     error=f"actor died {g.deaths} time(s) loading it: {text}"))
+        # on_loaded ends the group and kills its actor: a hung one must not hold its GPU.
+        self.on_loaded(g, LoadResult(ok=False, reason=reason, error=error(g.deaths)))
 
     def on_trial_done(self, g: GroupRun, outcome: TrialOutcome) -> None:
         self.finish(g, outcome.row, outcome.tables)
