@@ -215,6 +215,10 @@ def _run_sweep(sweep: Any, sweep_file: Path, store: Any, address: str | None, **
     from sweeper.run.cluster import connect
     from sweeper.run.sweep_run import ResultsWriteError, run_plan
 
+    if not address:
+        done = _nothing_to_run(sweep, sweep_file, store, retry_failed=options["retry_failed"])
+        if done is not None:
+            return done
     err.print(f"sweeper: {'connecting to ' + address if address else 'starting Ray (local)'} ...", highlight=False)
     try:
         cluster = connect(address)
@@ -235,6 +239,31 @@ def _run_sweep(sweep: Any, sweep_file: Path, store: Any, address: str | None, **
         raise typer.Exit(code=1) from None
     counts = store.aggregate()
     return summary, counts
+
+
+def _nothing_to_run(sweep: Any, sweep_file: Path, store: Any, *, retry_failed: bool
+                    ) -> tuple[Any, dict[str, int]] | None:
+    """When every trial of the sweep already has its result here, the summary without starting Ray.
+
+    Only for the embedded cluster: this machine is the whole cluster, so a trial
+    skipped here as unsupported would be skipped again.
+    """
+    from sweeper.plan.expand import expand
+    from sweeper.run.sweep_run import RunSummary, is_settled
+
+    trials, _ = expand(sweep, sweep_path=str(sweep_file), check_hub=False)
+    stored = store.stored_trials()
+    if not trials or not all(is_settled(stored.get(t.trial_id), retry_failed) for t in trials):
+        return None
+    store.write_plan(sweep.name, [t.trial_id for t in trials])
+    statuses = [stored[t.trial_id].status for t in trials]
+    ok, skipped = statuses.count("ok"), statuses.count("skipped")
+    kept = len(trials) - ok - skipped
+    err.print(f"resuming: {ok} trial(s) already ok" + (f", {kept} failed kept" if kept else "")
+              + (f", {skipped} skipped" if skipped else "") + "; 0 to run (Ray not started)",
+              highlight=False, soft_wrap=True)
+    summary = RunSummary(planned=len(trials), resumed=len(trials))
+    return summary, store.aggregate()
 
 
 def _print_summary(name: str, summary: Any, counts: dict[str, int], store: Any, address: str | None) -> None:

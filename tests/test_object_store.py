@@ -87,7 +87,9 @@ def test_a_sweep_writes_to_s3_and_aggregate_reads_it_back(s3_env, tmp_path):
     assert len([p for p in seen if "/shards/trials/" in p]) == 6
 
     keys = [i.path for i in _objects(fs, f"{BUCKET}/results/s3")]
-    assert all(k.endswith(".parquet") and not k.rsplit("/", 1)[-1].startswith(".") for k in keys), keys
+    # Parquet objects and the plan record only: no temporary object, no lock left behind.
+    assert all((k.endswith(".parquet") or k.endswith("/plan.json")) and not k.rsplit("/", 1)[-1].startswith(".")
+               for k in keys), keys
     assert f"{BUCKET}/results/s3/trials.parquet" in keys
     assert not any(os.path.exists(p) for p in ("s3:", f"s3:/{BUCKET}"))  # nothing went to a local dir
 

@@ -30,7 +30,7 @@ from sweeper.core.trial import Trial
 from sweeper.plan.expand import Plan, TrialGroup
 from sweeper.run.cluster import ClusterInfo
 from sweeper.run.progress import Placement, ProgressView
-from sweeper.run.storage import ResultStore
+from sweeper.run.storage import ResultStore, StoredTrial
 
 # The data plane's actor class, named by string as the backend registry names
 # backends: the control plane never imports the data plane.
@@ -200,6 +200,16 @@ def predicted_oom(oom_trial: Trial, pending: list[Trial]) -> list[Trial]:
     return [t for t in pending
             if t.load_key == oom_trial.load_key and t.batch_size > oom_trial.batch_size
             and (t.shape, t.layer_profile) == (oom_trial.shape, oom_trial.layer_profile)]
+
+
+def is_settled(stored: StoredTrial | None, retry_failed: bool) -> bool:
+    """Whether a stored result stands (the trial is not run again): ok, skipped, or — unless
+    ``retry_failed`` — failed or skipped as predicted out of memory."""
+    if stored is None:
+        return False
+    if stored.status == "ok" or (stored.status == "skipped" and stored.reason != "predicted_oom"):
+        return True
+    return not retry_failed and stored.status in ("failed", "skipped")
 
 
 def resume_filter(trials: list[Trial], store: ResultStore, retry_failed: bool) -> tuple[list[Trial], int, int]:
