@@ -150,3 +150,18 @@ def test_embedded_cluster_skips_trials_wider_than_the_machine():
     reasons = {p.trial.tensor_parallel: p.skip_reason for p in plan.trials}
     assert reasons[1] is None
     assert reasons[2] == "needs 2 GPUs on one node; this machine has 1"
+
+
+def test_every_model_that_resolves_to_nothing_is_named_at_once(tmp_path):
+    with pytest.raises(SweepFileError) as info:
+        expand(sweep(models=["tiny-llama", "synthetic:nope", str(tmp_path / "missing"), "not a model"]))
+    assert [field for field, _ in info.value.problems] == ["models[1]", "models[2]", "models[3]"]
+    assert len(str(info.value).splitlines()) == 3
+
+
+@pytest.mark.parametrize(("text", "message"), [("{not json", "is not valid JSON"),
+                                               ('{"hidden_size": 8}', 'has no "model_type"')])
+def test_a_malformed_checkpoint_config_fails_at_plan_time(tmp_path, text, message):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(SweepFileError, match=message):
+        expand(sweep(models=[str(tmp_path)]))

@@ -85,12 +85,14 @@ def _matches(rule: dict[str, Any], axes: dict[str, Any]) -> bool:
 
 def resolve_models(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True) -> list[ModelRef]:
     base = Path(sweep_path).parent if sweep_path != "<sweep>" else None
-    refs = []
+    refs, problems = [], []
     for i, entry in enumerate(sweep.models):
         try:
             refs.append(resolve_model(entry, base_dir=base, check_hub=check_hub))
         except ModelResolutionError as exc:
-            raise SweepFileError(sweep_path, f"models[{i}]", str(exc)) from None
+            problems.append((f"models[{i}]", str(exc)))
+    if problems:  # every entry that names nothing, at once
+        raise SweepFileError(sweep_path, *problems[0], more=tuple(problems[1:]))
     return refs
 
 

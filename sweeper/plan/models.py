@@ -6,6 +6,7 @@ nothing fails before any GPU is touched.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -37,8 +38,10 @@ def resolve_model(entry: str, *, base_dir: Path | None = None, check_hub: bool =
     if not path.is_absolute() and base_dir is not None and (base_dir / path).exists():
         path = base_dir / path
     if path.is_dir():
-        if not (path / "config.json").is_file():
+        config = path / "config.json"
+        if not config.is_file():
             raise ModelResolutionError(f"directory {name!r} has no config.json")
+        _check_config(config)
         return ModelRef(name, "path", str(path.resolve()))
 
     if not _HUB_ID.match(name):
@@ -52,6 +55,17 @@ def resolve_model(entry: str, *, base_dir: Path | None = None, check_hub: bool =
             "(no network, a typo, or a gated model without a token?)"
         )
     return ModelRef(name, "hub", name)
+
+
+def _check_config(path: Path) -> None:
+    """A checkpoint's config.json must be a JSON object naming its architecture, found at plan time
+    rather than on a GPU worker after the sweep has started."""
+    try:
+        config = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ModelResolutionError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ModelResolutionError(f"{path} has no \"model_type\": not a transformers model config")
 
 
 def _hub_config_reachable(repo_id: str) -> bool:
