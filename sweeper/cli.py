@@ -263,7 +263,8 @@ def _nothing_to_run(sweep: Any, sweep_file: Path, store: Any, *, retry_failed: b
               + (f", {skipped} skipped" if skipped else "") + "; 0 to run (Ray not started)",
               highlight=False, soft_wrap=True)
     summary = RunSummary(planned=len(trials), resumed=len(trials))
-    return summary, store.aggregate()
+    counts = {"trials": len(trials)} if store.up_to_date() else store.aggregate()
+    return summary, counts
 
 
 def _print_summary(name: str, summary: Any, counts: dict[str, int], store: Any, address: str | None) -> None:

@@ -43,6 +43,9 @@ from sweeper.core.schema import TABLES, arrow_schema, to_table
 
 TRIALS = "trials"
 PLAN_FILE = "plan.json"
+INDEX_FILE = "trials.index"
+# Shards read per batch while aggregating: memory stays flat in the number of trials.
+BATCH_FILES = 256
 
 
 class StorageError(UserInputError):
@@ -120,6 +123,28 @@ class ResultStore:
         self.fs.create_dir(directory, recursive=True)
         final = posixpath.join(directory, f"{trial_id}.parquet")
         self._write_atomic(table, final)
+        if kind == TRIALS and self.local and table.num_rows:
+            self._index(trial_id, table)
+
+    def _index(self, trial_id: str, table: pa.Table) -> None:
+        """Note a committed trial's status in ``shards/trials.index`` (one JSON line, appended).
+
+        A resume then learns every stored status from one small file instead of
+        parsing thousands of Parquet footers. The index only ever speeds reading
+        up: the shard listing stays the authority (a line whose shard is gone is
+        ignored; a shard a killed run never indexed is read itself).
+        """
+        status, reason = (table.column(c)[0].as_py() for c in ("status", "reason"))
+        self._append_index([StoredTrial(trial_id, status, reason)])
+
+    def _append_index(self, stored: Iterable[StoredTrial]) -> None:
+        lines = "".join(json.dumps({"trial_id": t.trial_id, "status": t.status, "reason": t.reason}) + "\n"
+                        for t in stored)
+        if not self.local or not lines:
+            return
+        os.makedirs(posixpath.join(self.root, "shards"), exist_ok=True)
+        with open(posixpath.join(self.root, "shards", INDEX_FILE), "a", encoding="utf-8") as f:
+            f.write(lines)
 
     def _write_atomic(self, table: pa.Table, final: str) -> None:
         if not self._atomic_rename:
@@ -179,8 +204,16 @@ class ResultStore:
             committed = {_stem(p) for p in self.shard_paths(TRIALS)}
             paths = [p for p in paths if _stem(p) in committed]
         schema = arrow_schema(kind)
-        if not paths:
-            return schema.empty_table() if columns is None else schema.empty_table().select(columns)
+        empty = schema.empty_table() if columns is None else schema.empty_table().select(columns)
+        # A batch of files at a time: a dataset over thousands of small files costs far
+        # more memory than the rows it holds.
+        tables = [self._read_batch(kind, paths[i:i + BATCH_FILES], schema, columns)
+                  for i in range(0, len(paths), BATCH_FILES)]
+        tables = [t for t in tables if t is not None]
+        return pa.concat_tables(tables).combine_chunks() if tables else empty
+
+    def _read_batch(self, kind: str, paths: list[str], schema: pa.Schema,
+                    columns: list[str] | None) -> pa.Table | None:
         # The current schema is imposed, so shards written before a column was
         # added read back with nulls in it.
         try:
@@ -189,7 +222,7 @@ class ResultStore:
             pass  # one bad file fails the whole read: find it, move it aside, read the rest
         good = [p for p in paths if self._readable(kind, p)]
         if not good:
-            return schema.empty_table() if columns is None else schema.empty_table().select(columns)
+            return None
         return ds.dataset(good, schema=schema, format="parquet", filesystem=self.fs).to_table(columns=columns)
 
     def _readable(self, kind: str, path: str) -> bool:
@@ -212,16 +245,44 @@ class ResultStore:
                            f"to {target}; its trial will run again")
 
     def stored_trials(self) -> dict[str, StoredTrial]:
-        """Each stored trial's status and reason: all a resume needs (two columns, not a hundred)."""
-        table = self.read_shards(TRIALS, columns=["trial_id", "status", "reason"])
-        ids, statuses, reasons = (table.column(c).to_pylist() for c in ("trial_id", "status", "reason"))
-        return {i: StoredTrial(i, s, r) for i, s, r in zip(ids, statuses, reasons, strict=True)}
+        """Each stored trial's status and reason: all a resume needs.
+
+        From the index where it has the trial, else from the shard's own two columns.
+        """
+        listed = {_stem(p) for p in self.shard_paths(TRIALS)}
+        indexed = {k: v for k, v in self._read_index().items() if k in listed}
+        missing = listed - set(indexed)
+        if missing:
+            table = self.read_shards(TRIALS, trial_ids=missing, columns=["trial_id", "status", "reason"])
+            ids, statuses, reasons = (table.column(c).to_pylist() for c in ("trial_id", "status", "reason"))
+            found = {i: StoredTrial(i, s, r) for i, s, r in zip(ids, statuses, reasons, strict=True)}
+            indexed.update(found)
+            self._append_index(found.values())  # read once: the next resume finds them indexed
+        return indexed
+
+    def _read_index(self) -> dict[str, StoredTrial]:
+        if not self.local:
+            return {}
+        out: dict[str, StoredTrial] = {}
+        try:
+            with open(posixpath.join(self.root, "shards", INDEX_FILE), encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        d = json.loads(line)
+                        out[d["trial_id"]] = StoredTrial(d["trial_id"], d["status"], d.get("reason"))
+                    except (ValueError, KeyError, TypeError):
+                        continue  # a line cut short by a crash: that shard is read instead
+        except FileNotFoundError:
+            pass
+        return out
 
     # -- the plan ---------------------------------------------------------------
     def write_plan(self, sweep: str, trial_ids: Iterable[str]) -> None:
         """Record which trials the sweep now has: what the aggregated tables answer for."""
-        record = {"sweep": sweep, "written_at": datetime.now(timezone.utc).isoformat(),
-                  "trial_ids": sorted(set(trial_ids))}
+        ids = sorted(set(trial_ids))
+        if self.planned_ids() == set(ids):
+            return  # unchanged: left as it is, so the aggregates stay up to date
+        record = {"sweep": sweep, "written_at": datetime.now(timezone.utc).isoformat(), "trial_ids": ids}
         self.fs.create_dir(self.root, recursive=True)
         data = json.dumps(record, indent=0).encode()
         path = posixpath.join(self.root, PLAN_FILE)
@@ -271,11 +332,54 @@ class ResultStore:
         return counts
 
     def _aggregate(self, kind: str, trial_ids: set[str], target: str) -> int:
-        table = self.read_shards(kind, trial_ids=trial_ids)
-        if table.num_rows:
-            table = table.sort_by(_SORT[kind])
-        self._write_atomic(table, target)
-        return int(table.num_rows)
+        if kind == TRIALS:
+            # One row per trial: small enough to sort whole (by start time).
+            table = self.read_shards(kind, trial_ids=trial_ids)
+            if table.num_rows:
+                table = table.sort_by(_SORT[kind])
+            self._write_atomic(table, target)
+            return int(table.num_rows)
+        # The per-trial tables can be large (timelines): read and written a batch of
+        # shards at a time, in trial-id order, so memory stays flat in the number of trials.
+        ids = sorted(trial_ids & {_stem(p) for p in self.shard_paths(kind)})
+        schema = arrow_schema(kind)
+        tmp = posixpath.join(posixpath.dirname(target), f".{posixpath.basename(target)}.{uuid.uuid4().hex}.tmp")
+        rows = 0
+        sink = open(tmp, "wb") if self.local else self.fs.open_output_stream(tmp)  # noqa: SIM115 - closed below
+        try:
+            with pq.ParquetWriter(sink, schema) as writer:
+                for start in range(0, len(ids), BATCH_FILES):
+                    batch = self.read_shards(kind, trial_ids=ids[start:start + BATCH_FILES])
+                    if batch.num_rows:
+                        writer.write_table(batch.sort_by(_SORT[kind]))
+                        rows += batch.num_rows
+                if not ids:
+                    writer.write_table(schema.empty_table())
+            if self.local:
+                sink.flush()
+                os.fsync(sink.fileno())
+            sink.close()
+            self.fs.move(tmp, target)
+        except BaseException:
+            sink.close()
+            with contextlib.suppress(OSError):
+                self.fs.delete_file(tmp)
+            raise
+        return rows
+
+    def up_to_date(self) -> bool:
+        """Whether the aggregated tables already hold every shard and the current plan
+        (nothing written since the last aggregation): a resume with nothing to run skips it."""
+        target = self.fs.get_file_info(posixpath.join(self.root, f"{TRIALS}.parquet"))
+        if target.type != pafs.FileType.File or target.mtime is None:
+            return False
+        newest = self.fs.get_file_info(posixpath.join(self.root, PLAN_FILE)).mtime
+        for kind in TABLES:
+            selector = pafs.FileSelector(self._shard_dir(kind), allow_not_found=True)
+            for info in self.fs.get_file_info(selector):
+                if info.mtime is not None and (newest is None or info.mtime > newest):
+                    newest = info.mtime
+        return newest is not None and newest <= target.mtime
 
     def remove_stale_temporaries(self) -> int:
         """Delete the hidden temporary files a killed run left in the shard directories.
