@@ -191,8 +191,8 @@ LAYERS: tuple[Column, ...] = (
                         "duration of the GPU kernels (and memcpy/memset) launched inside its forward, "
                         "idle gaps between them excluded"),
     _c("gpu_time_method", S, "cuda_kernel_time (torch.profiler/CUPTI kernel durations, the CUDA default) | "
-                             "cuda_event_interval (GPU timeline between CUDA events at entry and exit, launch "
-                             "gaps included) | host_clock (CPU runs: synchronous there) | cpu_op_time"),
+                             "host_clock (CPU runs: synchronous there) | cpu_op_time (the profiler's CPU op "
+                             "durations, a kernel-time pass run on a CPU)"),
     _c("time_share", F, "gpu_time_s / the phase's summed gpu_time_s over all its rows (rests included)"),
     _c("energy_j", F, "energy attributed to the module in this phase (null on CPU-only runs)"),
     _c("method", S, "energy attribution method: gpu_time_share_of_phase_energy | gpu_time_share_of_window_energy"),
