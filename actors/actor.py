@@ -12,15 +12,18 @@ import os
 import time
 import traceback
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actors import environment
 from actors.backends import create_backend
 from actors.backends.base import Backend, LoadInfo, ModelSpec
-from actors.measure import Measurement, measure_trial
 from actors.layers.profile_pass import failed_columns, profile_layers
+from actors.measure import Measurement, measure_trial
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.trial import Trial
+
+if TYPE_CHECKING:
+    from actors.telemetry import TelemetryBase
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ class TrialRunner:
         self.backend: Backend | None = None
         self.load_info: LoadInfo | None = None
         self.load_s: float | None = None
-        self.telemetry: Any = None
+        self.telemetry: TelemetryBase | None = None
         self.env = environment.capture()
         self._fidelity: dict[str, Any] | None = None  # the group's fidelity columns, once per load
 
@@ -57,7 +60,7 @@ class TrialRunner:
             t0 = time.monotonic()
             self.load_info = self.backend.load(ModelSpec(
                 source=trial.model_source, location=trial.model_location,
-                precision=trial.precision, options_json=trial.backend_options, seed=trial.seed,
+                precision=trial.precision, options=trial.backend_options, seed=trial.seed,
                 tensor_parallel=trial.tensor_parallel,
                 # A fidelity pass compares precisions: they must hold the same weights.
                 weights_on_disk=trial.fidelity is not None,
@@ -73,14 +76,20 @@ class TrialRunner:
             "weight_memory_bytes": self.load_info.weight_memory_bytes,
         })
 
-    def _open_telemetry(self, trial: Trial) -> Any:
+    def _open_telemetry(self, trial: Trial) -> TelemetryBase:
         from actors.telemetry import NullTelemetry, Telemetry
 
-        if self.load_info.device != "cuda":
+        backend, load_info = self._loaded()
+        if load_info.device != "cuda":
             return NullTelemetry(reason="CPU-only trial: no GPU energy to measure")
-        telemetry = Telemetry.open(interval_s=trial.measure.sample_interval_s, sync=self.backend.sync)
+        telemetry = Telemetry.open(interval_s=trial.measure.sample_interval_s, sync=backend.sync)
         telemetry.start()
         return telemetry
+
+    def _loaded(self) -> tuple[Backend, LoadInfo]:
+        if self.backend is None or self.load_info is None:
+            raise RuntimeError("run() before a successful load()")
+        return self.backend, self.load_info
 
     def _is_oom(self, exc: BaseException) -> bool:
         return self.backend is not None and self.backend.is_out_of_memory(exc)
@@ -108,9 +117,10 @@ class TrialRunner:
         if self.telemetry is not None:
             base.update(self.telemetry.environment())
         try:
-            if self.backend is None or self.load_info is None:
+            backend, load_info = self._loaded()
+            if self.telemetry is None:
                 raise RuntimeError("run() before a successful load()")
-            measured = measure_trial(self.backend, trial, self.load_info, self.telemetry)
+            measured = measure_trial(backend, trial, load_info, self.telemetry)
         except Exception as exc:
             oom = self._is_oom(exc)
             if self.backend is not None:
@@ -125,7 +135,7 @@ class TrialRunner:
         row = {**base, **measured.row, "status": "ok"}
         if trial.layer_profile is not None:
             # After the headline window has closed: hooks never touch the headline numbers.
-            row.update(self._profile_layers(trial, measured, tables))
+            row.update(self._profile_layers(trial, trial.layer_profile, measured, tables))
         if trial.fidelity is not None:
             row.update(self._fidelity_columns(trial))
         row["finished_at"] = _now()
@@ -139,17 +149,19 @@ class TrialRunner:
         actors.quality.fidelity); its status column says what happened.
         """
         if self._fidelity is None:
-            from actors.quality.fidelity import FidelitySettings, fidelity_columns
+            from actors.quality.fidelity import fidelity_columns
 
-            self._fidelity = fidelity_columns(trial, self.backend, self.load_info,
+            backend, load_info = self._loaded()
+            self._fidelity = fidelity_columns(trial, backend, load_info,
                                               lambda: create_backend(trial.backend))
-            if FidelitySettings.from_json(trial.fidelity).perplexity:
+            if trial.fidelity is not None and trial.fidelity.perplexity:
                 from actors.quality.perplexity import perplexity_columns
 
-                self._fidelity.update(perplexity_columns(trial, self.backend, self.load_info))
+                self._fidelity.update(perplexity_columns(trial, backend, load_info))
         return self._fidelity
 
-    def _profile_layers(self, trial: Trial, measured: Measurement, tables: dict[str, Any]) -> dict[str, Any]:
+    def _profile_layers(self, trial: Trial, granularity: str, measured: Measurement,
+                        tables: dict[str, Any]) -> dict[str, Any]:
         """The layer-profiling pass's trials columns; its rows go into ``tables``.
 
         A pass that breaks fails the trial: what the sweep asked for was not
@@ -157,16 +169,20 @@ class TrialRunner:
         in the row all the same, since they were measured before, without hooks.
         """
         headline = measured.row
+        backend, load_info = self._loaded()
+        telemetry = self.telemetry
+        if telemetry is None:  # run() measured with it: it is there
+            raise RuntimeError("layer profiling before a successful load()")
         try:
             profile = profile_layers(
-                self.backend, trial, self.load_info, self.telemetry,
+                backend, trial, load_info, telemetry,
                 headline_s_per_iter=headline["duration_s"] / headline["n_iterations"])
         except Exception as exc:
             log.exception("layer profiling pass failed")
             oom = self._is_oom(exc)
-            self.backend.recover()
+            backend.recover()
             text = _error_text(exc)
-            return {**failed_columns(trial.layer_profile, text), "status": "failed",
+            return {**failed_columns(granularity, text), "status": "failed",
                     "reason": "oom" if oom else "layer_profile_failed",
                     "error": f"layer profiling pass: {text}"}
         if profile.rows:

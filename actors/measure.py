@@ -1,15 +1,20 @@
-"""The measurement method of one trial (DESIGN §4), backend-agnostic.
+"""The measurement method of one trial, backend-agnostic.
 
 warmup (unrecorded) -> idle baseline -> measured window: repeat generate until
 both ``min_iters`` and ``min_duration_s`` are reached, device-synchronized at
 both ends -> per-request timing, throughput, memory, energy.
+
+Warm-up and the compilation of the trial's shape stay outside the window, so
+the window holds steady-state work only; the idle baseline is taken just before
+it, on the same GPUs, so that active energy is the window's excess over idle.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,12 +22,17 @@ from actors.backends.base import Backend, Generation, LoadInfo
 from actors.workload import RandomPrompts
 from sweeper.core.trial import Trial
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from actors.telemetry import TelemetryBase
+
 
 @dataclass
 class Measurement:
     row: dict[str, Any]
     requests: list[dict[str, Any]]
-    timeline: Any | None  # pyarrow.Table of telemetry samples, or None
+    timeline: pa.Table | None  # the telemetry's samples over the trial, or None without GPUs
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -33,7 +43,7 @@ def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def request_rows(generations: list[Generation], t0: float, input_len: int) -> list[dict]:
+def request_rows(generations: list[Generation], t0: float, input_len: int) -> list[dict[str, Any]]:
     rows = []
     for i, gen in enumerate(generations):
         for j, r in enumerate(gen.requests):
@@ -49,7 +59,7 @@ def request_rows(generations: list[Generation], t0: float, input_len: int) -> li
     return rows
 
 
-def latency_columns(requests: list[dict]) -> dict[str, float | None]:
+def latency_columns(requests: list[dict[str, Any]]) -> dict[str, float | None]:
     ttft = [r["ttft_s"] for r in requests]
     tpot = [r["tpot_s"] for r in requests if r["tpot_s"] is not None]
     e2e = [r["e2e_s"] for r in requests]
@@ -60,8 +70,8 @@ def latency_columns(requests: list[dict]) -> dict[str, float | None]:
     }
 
 
-def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Any,
-                  clock=time.monotonic) -> Measurement:
+def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: TelemetryBase,
+                  clock: Callable[[], float] = time.monotonic) -> Measurement:
     m = trial.measure
     prompts = RandomPrompts(load.vocab_size, trial.input_len, trial.batch_size, trial.seed)
 
@@ -111,8 +121,9 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Any
         duration_s=duration_s,
     ))
     if load.architecture is not None:
+        from sweeper.core.gpus import held_gpu_names
         from sweeper.core.precisions import PRECISIONS
-        from sweeper.core.roofline import held_gpu_names, roofline_columns
+        from sweeper.core.roofline import roofline_columns
 
         row.update(roofline_columns(
             load.architecture, PRECISIONS[trial.precision], batch_size=trial.batch_size,

@@ -1,4 +1,4 @@
-"""bench/energy.py end to end on this CPU, so that a GPU lease never finds it broken.
+"""``python -m bench energy`` end to end on this CPU, so that a GPU lease never finds it broken.
 
 The bench runs on H100/H200 leases only (its numbers are in docs/BENCHMARKS.md §2). Here
 the real bench, the real actor code and a real tiny transformers model run on the CPU;
@@ -11,16 +11,14 @@ spacings are reported, and every sampler variant yields a paired ratio.
 from __future__ import annotations
 
 import json
-import runpy
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from bench.__main__ import main as bench_main
 from tests.fake_nvml import FakeClock, FakeGpu, FakeNvml, PowerTrace
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
 POWER_W = 250.0
 
 
@@ -54,20 +52,18 @@ def gpu_on_cpu(monkeypatch):
         return tel
 
     monkeypatch.setattr(actor.TrialRunner, "_open_telemetry", open_telemetry)
-    monkeypatch.syspath_prepend(str(BENCH))
     return fake
 
 
-def test_energy_bench_runs_and_its_checks_hold(gpu_on_cpu, tmp_path, monkeypatch):
+def test_energy_bench_runs_and_its_checks_hold(gpu_on_cpu, tmp_path):
     out = tmp_path / "energy.json"
-    monkeypatch.setattr(sys, "argv", [
-        "energy.py", "--model", "tiny-llama", "--batches", "1", "--repeats", "2", "--energy-every", "1,10",
+    assert bench_main([
+        "energy", "--model", "tiny-llama", "--batches", "1", "--repeats", "2", "--energy-every", "1,10",
         "--window-s", "1.0", "--warmup-s", "0.2", "--idle-s", "0.5", "--input-len", "16", "--output-len", "8",
         "--overhead-pairs", "2", "--overhead-block-s", "0.3", "--overhead-modes", "off,full,sparse,field",
-        "--out", str(out)])
-    runpy.run_path(str(BENCH / "energy.py"), run_name="__main__")
+        "--out", str(out)]) == 0
 
-    report = json.loads(out.read_text())
+    report = json.loads(out.read_text())["results"]
     batch = report["batches"]["1"]
     assert [(r["repeat"], r["energy_every"]) for r in batch["trials"]] == [(0, 1), (0, 10), (1, 1), (1, 10)]
     for row in batch["trials"]:

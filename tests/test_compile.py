@@ -4,7 +4,7 @@ The compiled path runs on GPUs only; tests let it run here (``compile_devices``)
 to check what does not depend on the device: identical greedy tokens, one
 compile per shape, no recompiles across calls, hooks forcing eager, and every
 fallback with its reason. Numbers (speed, compile_s on a GPU) come from
-bench/compile_check.py.
+``python -m bench compile-check``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors.backends.base import ModelSpec, PrepareInfo
-from actors.backends.transformers.eager import TransformersBackend
 from actors.backends.transformers.compiled import RecompiledError, compiled_graphs
+from actors.backends.transformers.eager import TransformersBackend
+from bench.benchkit import output_ids
 from sweeper.core.backends import TransformersOptions
 from tests.conftest import run_cli
 
@@ -52,8 +53,10 @@ def inductor_cpu() -> None:
 
 
 def _tokens(backend: TransformersBackend, prompts: np.ndarray):
-    backend.generate(prompts, OUTPUT_LEN)
-    return backend.last_output_ids.clone()
+    """The prompt + greedy tokens of one ``generate`` call, from whichever path ran it."""
+    with output_ids(backend) as outputs:
+        backend.generate(prompts, OUTPUT_LEN)
+    return outputs[-1].clone()
 
 
 def test_eager_and_cpu_fall_back_with_their_status(eager):

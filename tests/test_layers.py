@@ -1,8 +1,8 @@
-"""Layer profiling (issue 4): selection, timing, attribution, the pass, the table, end to end.
+"""Layer profiling: selection, timing, attribution, the pass, the table, end to end.
 
 Real tiny transformers models of every preset family on the CPU (host timing, and
 the kernel-time timer's attribution over CPU ops under the real torch.profiler);
-the CUDA kernel and event timers are exercised on a GPU by ``bench/layers.py``.
+the CUDA kernel and event timers are exercised on a GPU by ``python -m bench layers``.
 """
 
 from __future__ import annotations
@@ -20,37 +20,32 @@ import pytest
 
 from actors.backends.base import ModelSpec
 from actors.backends.transformers.eager import TransformersBackend
-from actors.layers.profiler import (
-    DECODE,
-    PREFILL,
-    HostTimer,
-    KernelTimer,
-    LayerProfileError,
-    LayerProfiler,
-    ModuleTime,
+from actors.layers import LayerProfileError
+from actors.layers.attribute import METHOD_PHASE, METHOD_WINDOW, attribute_energy
+from actors.layers.profile_pass import pass_iterations
+from actors.layers.profiler import DECODE, PREFILL, LayerProfiler, ModuleTime
+from actors.layers.select import (
     Unit,
     assert_disjoint,
     find_decoder_layers,
-    range_name,
     rest_units,
     select_units,
-    timer_for,
 )
-from actors.layers.profile_pass import METHOD_PHASE, METHOD_WINDOW, attribute_energy, pass_iterations
+from actors.layers.timers import HostTimer, KernelTimer, range_name, timer_for
 from actors.workload import RandomPrompts
-from sweeper.core.backends import BACKENDS
+from sweeper.core.backends import BACKENDS, TransformersOptions
 from sweeper.core.errors import SweepFileError
-from sweeper.plan.expand import expand, make_plan
-from sweeper.run.sweep_run import run_plan
 from sweeper.core.schema import arrow_schema, to_table
+from sweeper.plan.expand import expand, make_plan
 from sweeper.plan.spec import load_sweep, parse_sweep
 from sweeper.run.storage import ResultStore
+from sweeper.run.sweep_run import run_plan
 from tests.conftest import ROOT
 
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-mistral"]
 LAYER_COLUMNS = ["trial_id", "module", "module_type", "layer_index", "phase", "calls", "gpu_time_s",
                  "gpu_time_method", "time_share", "energy_j", "method"]
-OPTIONS = '{"attn_implementation":"sdpa"}'
+OPTIONS = TransformersOptions(attn_implementation="sdpa")
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +54,7 @@ def backends():
     loaded = {}
     for name in FAMILIES:
         b = TransformersBackend()
-        info = b.load(ModelSpec(source="synthetic", location=name, precision="fp32", options_json=OPTIONS))
+        info = b.load(ModelSpec(source="synthetic", location=name, precision="fp32", options=OPTIONS))
         loaded[name] = (b, info)
     yield loaded
     for b, _ in loaded.values():
@@ -154,7 +149,7 @@ def test_overlapping_units_are_refused(backends):
 
 def test_decoder_blocks_are_found_in_other_layouts(tiny_gpt2_dir):
     b = TransformersBackend()
-    b.load(ModelSpec(source="path", location=str(tiny_gpt2_dir), precision="fp32", options_json=OPTIONS))
+    b.load(ModelSpec(source="path", location=str(tiny_gpt2_dir), precision="fp32", options=OPTIONS))
     units = select_units(b.model, "submodule")
     assert find_decoder_layers(b.model)[0] == "transformer.h"
     assert {u.name.rsplit(".", 1)[1]: u.module_type for u in units if u.layer_index == 1} == {
@@ -265,12 +260,14 @@ def test_rests_are_the_called_containers_of_the_units(backends, granularity, exp
 
 
 def test_timer_choice(backends):
+    from bench.layer_timers import event_timer_for
+
     model = backends["tiny-llama"][0].model
     assert isinstance(timer_for(model), HostTimer)  # CPU default
     kernel = timer_for(model, "kernel_time")
     assert isinstance(kernel, KernelTimer) and kernel.kind == "cpu_op_time"
     with pytest.raises(LayerProfileError, match="needs a CUDA model"):
-        timer_for(model, "event_interval")
+        event_timer_for(model)  # the CUDA-event timer is the GPU bench's, not a production method
     with pytest.raises(LayerProfileError, match="unknown timing method"):
         timer_for(model, "wallclock")
 
@@ -464,7 +461,6 @@ class StubTelemetry:
 
     def __init__(self, energy_j: float, phase_share: dict[str, float]) -> None:
         self.energy_j, self.phase_share, self.marks, self.names = energy_j, phase_share, [], []
-        self.meter = SimpleNamespace(phase_energy=self._phase_energy)
 
     @contextlib.contextmanager
     def measure(self, name):
@@ -473,7 +469,7 @@ class StubTelemetry:
         yield handle
         handle.window = SimpleNamespace(energy_j=self.energy_j)
 
-    def _phase_energy(self, marks):
+    def phase_energy(self, marks):
         self.marks = list(marks)
         return {p: self.energy_j * s for p, s in self.phase_share.items()}
 
@@ -600,12 +596,12 @@ profile: {layers: submodule}
 def test_gpu_bench_runs_on_cpu(tmp_path):
     out = tmp_path / "layers.json"
     r = subprocess.run(
-        [sys.executable, "bench/layers.py", "--model", "tiny-llama", "--precision", "fp32", "--batches", "1",
+        [sys.executable, "-m", "bench", "layers", "--model", "tiny-llama", "--precision", "fp32", "--batches", "1",
          "--granularities", "block,submodule", "--input-len", "8", "--output-len", "4", "--iters", "2",
          "--window-s", "0.05", "--idle-s", "0", "--device", "cpu", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report = json.loads(out.read_text())["results"]
     assert report["errors"] == [] and len(report["runs"]) == 2
     for run in report["runs"]:
         assert run["reference"]["timer"] == "host_clock" and run["reference"]["prefill_forwards"] == 2

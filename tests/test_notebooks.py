@@ -51,7 +51,7 @@ def test_notebooks_ship_clean_with_a_parameters_cell(name):
     assert 'RESULTS = os.environ.get("SWEEPER_RESULTS", "results/quickstart")' in first.source
     # Plotting comes from sweeper.analysis.plots, not from code pasted into the notebook.
     source = "\n".join(c.source for c in code)
-    assert "from sweeper.analysis import plots, report" in source and "plt.subplots" not in source
+    assert "from sweeper.analysis import plots, tables" in source and "plt.subplots" not in source
 
 
 def test_analysis_on_quickstart(quickstart_results, monkeypatch):

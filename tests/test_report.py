@@ -1,7 +1,7 @@
 """``sweeper report`` against a real quickstart run and a real H200 trials table.
 
-The GPU results directory is docs/data/quantization_h200_trials.parquet (a real
-H200 run of sweeps/quantization.yaml) plus a timeline and a layer profile laid
+The GPU results directory is docs/data/sweep_quantization_h200_2026-11-21_core-trials.parquet
+(a real H200 run of sweeps/quantization.yaml) plus a timeline and a layer profile laid
 out from each trial's own measured numbers (idle, prefill and decode power,
 TTFT, end-to-end time), written through the schema, for the plots a CPU
 machine cannot produce.
@@ -22,9 +22,10 @@ import pytest
 
 from tests.conftest import ROOT, run_cli
 
-H200_TRIALS = ROOT / "docs" / "data" / "quantization_h200_trials.parquet"
+H200_TRIALS = ROOT / "docs" / "data" / "sweep_quantization_h200_2026-11-21_core-trials.parquet"
 
-# layers.parquet's columns (issue 4), for a checkout whose sweeper.core.schema does not declare the table yet.
+# layers.parquet's columns (the per-module layer profile), for a checkout whose sweeper.core.schema
+# does not declare the table yet.
 LAYERS_SCHEMA = pa.schema([
     ("trial_id", pa.string()), ("module", pa.string()), ("module_type", pa.string()),
     ("layer_index", pa.int64()), ("phase", pa.string()), ("calls", pa.int64()),
@@ -258,7 +259,7 @@ def test_report_on_gpu_results_has_every_plot(gpu_results):
 def test_best_configuration_under_latency_bounds(gpu_results):
     import pandas as pd
 
-    from sweeper.analysis.report import best_configs
+    from sweeper.analysis.tables import best_configs
 
     trials = pd.read_parquet(gpu_results / "trials.parquet")
     free = best_configs(trials).set_index("model")
@@ -321,7 +322,7 @@ def test_fidelity_plot_when_the_column_exists(gpu_results, tmp_path):
     from sweeper.analysis.report import build_report
 
     trials = pd.read_parquet(gpu_results / "trials.parquet")
-    # A fidelity_kl column as the quantization issue adds it (KL to the bf16 reference).
+    # A fidelity_kl column as the fidelity pass writes it (KL to the bf16 reference).
     trials["fidelity_kl"] = trials["precision"].map({"bf16": 0.0, "fp16": 2.1e-4})
     root = tmp_path / "fidelity"
     root.mkdir()
@@ -374,7 +375,7 @@ def test_layer_shares_sum_to_one_and_blocks_are_equal(gpu_results):
 def test_compare_two_sweeps(gpu_results, tmp_path):
     import pandas as pd
 
-    from sweeper.analysis.report import compare_sweeps
+    from sweeper.analysis.tables import compare_sweeps
 
     trials = pd.read_parquet(gpu_results / "trials.parquet")
     other = tmp_path / "other"
@@ -402,7 +403,8 @@ def test_compare_two_sweeps(gpu_results, tmp_path):
 def test_report_does_not_import_plotting_at_cli_import():
     import sys
 
-    code = ("import sys, sweeper.cli, sweeper.analysis.report, sweeper.analysis.plots;"
+    code = ("import sys, sweeper.cli, sweeper.analysis.report, sweeper.analysis.plots, "
+            "sweeper.analysis.results, sweeper.analysis.tables, sweeper.analysis.render;"
             "heavy = [m for m in ('matplotlib', 'duckdb', 'pandas', 'torch') if m in sys.modules];"
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -437,13 +439,15 @@ def test_html_report_renders_in_headless_chromium(gpu_results, tmp_path):
 
 
 def test_precisions_against_the_reference_on_the_h200_quantization_study(tmp_path):
-    """The table that answers the study's question, from the real H200 run (BENCHMARKS §5)."""
+    """The table that answers the study's question, from the real H200 run of the quantization
+    study (docs/BENCHMARKS.md, "Quantization study")."""
     import pyarrow.parquet as pq
 
-    from sweeper.analysis.report import precision_summary
+    from sweeper.analysis.tables import precision_summary
     from sweeper.core.schema import to_table
 
-    trials = to_table("trials", pq.read_table(ROOT / "docs/data/quantization_study_h200_trials.parquet")).to_pandas()
+    study = ROOT / "docs/data/sweep_quantization_h200_2026-11-21_study-trials.parquet"
+    trials = to_table("trials", pq.read_table(study)).to_pandas()
     summary = precision_summary(trials).set_index(["model", "precision"])
     assert list(summary.loc["llama-3.1-8b"].index) == ["bf16", "fp16", "int8", "nf4"]  # reference first
     ref = summary.loc[("llama-3.1-8b", "bf16")]
@@ -460,9 +464,9 @@ def test_precisions_against_the_reference_on_the_h200_quantization_study(tmp_pat
 
 def test_option_variants_are_lines_of_their_own():
     """Eager and compiled trials of one backend and precision must not be averaged together."""
-    from sweeper.plan.expand import expand
     from sweeper.analysis.plots import plot_throughput
     from sweeper.core.schema import to_table
+    from sweeper.plan.expand import expand
     from sweeper.plan.spec import parse_sweep
 
     trials, _ = expand(parse_sweep({

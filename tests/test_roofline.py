@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import pytest
 
+from sweeper.core.gpus import GPUS, held_gpu_names, match_gpu
 from sweeper.core.precisions import PRECISIONS
 from sweeper.core.presets import PRESETS
 from sweeper.core.roofline import (
     COLUMNS,
-    GPUS,
     Architecture,
     UnsupportedArchitectureError,
-    held_gpu_names,
     kv_bytes_per_token,
-    match_gpu,
     request_flops,
     roofline_columns,
 )
@@ -299,8 +297,8 @@ def test_a_real_cpu_trial_row_carries_flops_and_null_mbu():
     from actors.backends.base import ModelSpec
     from actors.measure import measure_trial
     from actors.telemetry import NullTelemetry
-    from sweeper.core.backends import BACKENDS
     from sweeper.core.axes import BackendChoice, ModelRef
+    from sweeper.core.backends import BACKENDS
     from sweeper.core.settings import MeasureSettings
     from sweeper.core.trial import Trial
 

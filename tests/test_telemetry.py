@@ -18,6 +18,7 @@ import pynvml
 import pytest
 
 from actors.telemetry import (
+    DEFAULT_POLICY,
     METHOD_COUNTER,
     METHOD_INTERPOLATED,
     METHOD_POWER,
@@ -31,13 +32,18 @@ from actors.telemetry import (
     RaplReader,
     RaplSnapshot,
     Sampler,
+    SamplingPolicy,
     Telemetry,
+    TelemetryBase,
     TelemetryError,
     resolve_gpus,
 )
 from tests.fake_nvml import FakeClock, FakeGpu, FakeNvml, PowerTrace
 
 START_S = 1000.0
+# Boundaries interpolated across the step in power, as for a GPU that may be busy on
+# either side of a window; the actor's windows (the default policy) have quiet sides.
+INTERPOLATED = SamplingPolicy(quiet_boundaries=False)
 
 
 def uuid(i: int) -> str:
@@ -56,12 +62,14 @@ def install(monkeypatch: pytest.MonkeyPatch, gpus: list[FakeGpu], clock=None, **
 
 
 def rig(monkeypatch, clock, gpus: list[FakeGpu], *, interval_s=0.1, sample_phase_s=0.03, visible="0",
-        **meter_options):
-    """Fake NVML, the real sampler and meter on the fake clock, with a first sample taken."""
+        **policy):
+    """Fake NVML, the real sampler and meter on the fake clock, with a first sample taken.
+    The meter interpolates its boundaries unless ``policy`` says otherwise."""
     install(monkeypatch, gpus, clock)
     infos = resolve_gpus(visible)
     sampler = Sampler(infos, interval_s=interval_s, clock=clock)
-    meter = EnergyMeter(infos, sampler, clock=clock, sleep=clock.sleep, **meter_options)
+    meter = EnergyMeter(infos, sampler, clock=clock, sleep=clock.sleep,
+                        policy=SamplingPolicy(**{"quiet_boundaries": False, **policy}))
     clock.t_s = START_S + sample_phase_s
     sampler.sample_once()
     return infos, sampler, meter
@@ -191,7 +199,7 @@ def test_sampler_stops_asking_for_unsupported_fields(monkeypatch, clock):
 
 def test_slow_fields_every_nth_sample_keep_energy_and_power_at_full_rate(monkeypatch, clock):
     fake = install(monkeypatch, [FakeGpu(uuid(0))], clock)
-    sampler = Sampler(resolve_gpus("0"), interval_s=0.1, clock=clock, slow_every=5)
+    sampler = Sampler(resolve_gpus("0"), interval_s=0.1, clock=clock, policy=SamplingPolicy(slow_every=5))
     before = {k: fake.calls.get(k, 0) for k in ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetTotalEnergyConsumption")}
     for _ in range(10):
         clock.sleep(0.1)
@@ -202,13 +210,13 @@ def test_slow_fields_every_nth_sample_keep_energy_and_power_at_full_rate(monkeyp
     assert fake.calls["nvmlDeviceGetMemoryInfo"] - before["nvmlDeviceGetMemoryInfo"] == 2
     assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] - before["nvmlDeviceGetTotalEnergyConsumption"] == 10
     with pytest.raises(ValueError, match="slow_every"):
-        Sampler(resolve_gpus("0"), slow_every=0)
+        Sampler(resolve_gpus("0"), policy=SamplingPolicy(slow_every=0))
 
 
 def test_energy_every_nth_sample_and_the_meter_still_measures_a_window(monkeypatch, clock):
     gpu = FakeGpu(uuid(0), power=PowerTrace(100.0, [(START_S + 3.0, 400.0)]), update_phase_s=0.037)
     fake = install(monkeypatch, [gpu], clock)
-    sampler = Sampler(resolve_gpus("0"), interval_s=0.1, clock=clock, energy_every=10)
+    sampler = Sampler(resolve_gpus("0"), interval_s=0.1, clock=clock, policy=SamplingPolicy(energy_every=10))
     before = fake.calls.get("nvmlDeviceGetTotalEnergyConsumption", 0)
     for _ in range(20):
         clock.sleep(0.1)
@@ -218,14 +226,37 @@ def test_energy_every_nth_sample_and_the_meter_still_measures_a_window(monkeypat
     assert all(r["power_w"] is not None for r in rows)
     assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] - before == 2
     # The window's boundaries come from the meter's own reads: its energy stays right.
-    meter = EnergyMeter(resolve_gpus("0"), sampler, clock=clock, sleep=clock.sleep)
+    meter = EnergyMeter(resolve_gpus("0"), sampler, clock=clock, sleep=clock.sleep, policy=INTERPOLATED)
     sampler.run_inline(START_S + 3.0, clock.sleep)
     meter.begin("w")
     sampler.run_inline(START_S + 15.0, clock.sleep)
     window = meter.end("w")
     assert window.energy_j == pytest.approx(400.0 * window.duration_s, rel=0.01)
     with pytest.raises(ValueError, match="energy_every"):
-        Sampler(resolve_gpus("0"), energy_every=0)
+        Sampler(resolve_gpus("0"), policy=SamplingPolicy(energy_every=0))
+
+
+def test_policy_picks_the_counters_driver_path_and_may_change_between_samples(monkeypatch, clock):
+    fake = install(monkeypatch, [FakeGpu(uuid(0))], clock)
+
+    def counter_calls() -> int:
+        return fake.calls.get("nvmlDeviceGetTotalEnergyConsumption", 0)
+
+    sampler = Sampler(resolve_gpus("0"), interval_s=0.1, clock=clock, policy=SamplingPolicy(energy_read="field"))
+    before = counter_calls()
+    clock.sleep(0.1)
+    sampler.sample_once()
+    row = sampler.rows_between(0, 1e9)[-1]
+    assert counter_calls() == before  # read through the field-values API instead
+    assert row["energy_mj"] == FakeGpu(uuid(0)).counter_mj(row["t_s"])  # the same counter
+    sampler.policy = SamplingPolicy(energy_every=2)
+    for _ in range(2):
+        clock.sleep(0.1)
+        sampler.sample_once()
+    assert counter_calls() == before + 1
+    assert [r["energy_mj"] is not None for r in sampler.rows_between(0, 1e9)] == [True, False, True]
+    with pytest.raises(ValueError, match="energy_read"):
+        SamplingPolicy(energy_read="ioctl")  # type: ignore[arg-type]
 
 
 def test_sampler_thread_real_time(monkeypatch, caplog):
@@ -257,7 +288,7 @@ def test_meter_with_real_thread_and_clock(monkeypatch):
     install(monkeypatch, [FakeGpu(uuid(0), update_period_s=0.02)], time.monotonic)
     gpus = resolve_gpus("0")
     sampler = Sampler(gpus, interval_s=0.005)
-    meter = EnergyMeter(gpus, sampler)
+    meter = EnergyMeter(gpus, sampler, policy=INTERPOLATED)
     sampler.start()
     try:
         meter.begin("w")
@@ -402,7 +433,8 @@ def test_actor_like_windows_quiet_boundaries(monkeypatch, clock, jitter_s):
     trace = PowerTrace(120.0)
     gpu = FakeGpu(uuid(0), power=trace, update_phase_s=0.037, update_jitter_s=jitter_s)
     gpus, sampler, meter = rig(monkeypatch, clock, [gpu], quiet_boundaries=True)
-    timeline_only = EnergyMeter(gpus, sampler, clock=clock, sleep=clock.sleep, catch_updates=False)
+    timeline_only = EnergyMeter(gpus, sampler, clock=clock, sleep=clock.sleep,
+                                policy=SamplingPolicy(catch_updates=False, quiet_boundaries=False))
     sampler.run_inline(START_S + 2.0, clock.sleep)
     errors, interpolated, raw = [], [], []
     for i in range(40):
@@ -513,7 +545,7 @@ def test_raw_counter_fallback_when_the_timeline_does_not_bracket(monkeypatch, cl
     gpus = resolve_gpus("0")
     sampler = Sampler(gpus, clock=clock)  # never samples
     meter = EnergyMeter(gpus, sampler, clock=clock, sleep=clock.sleep, settle_timeout_s=0.0,
-                        catch_updates=False)
+                        policy=SamplingPolicy(catch_updates=False, quiet_boundaries=False))
     clock.t_s = START_S + 1.02
     meter.begin("w")
     clock.t_s = START_S + 1.48
@@ -531,7 +563,7 @@ def test_multi_gpu_sum_counts_a_duplicated_uuid_once(monkeypatch, clock):
     assert len(infos) == 2
     twice = infos + [infos[0]]
     sampler = Sampler(twice, clock=clock)
-    meter = EnergyMeter(twice, sampler, clock=clock, sleep=clock.sleep)
+    meter = EnergyMeter(twice, sampler, clock=clock, sleep=clock.sleep, policy=INTERPOLATED)
     clock.t_s = START_S + 0.03
     sampler.sample_once()
     sampler.run_inline(START_S + 2.01, clock.sleep)
@@ -656,7 +688,7 @@ def test_telemetry_trial_columns(monkeypatch, clock, tmp_path):
     w = handle.window
     assert handle.cpu_energy_j == pytest.approx(42.0) and handle.dram_energy_j is None
 
-    cols = tel.trial_columns(handle.window, idle_power_w=idle_w, marks=marks, output_tokens=1200,
+    cols = tel.trial_columns(handle, idle_power_w=idle_w, marks=marks, output_tokens=1200,
                              requests=12, decode_tokens=1188, iteration_bounds=bounds, duration_s=12.0)
     assert tuple(cols) == TRIAL_COLUMNS
     assert cols["energy_j"] == pytest.approx(500.0 * w.duration_s, rel=1e-3)
@@ -670,7 +702,7 @@ def test_telemetry_trial_columns(monkeypatch, clock, tmp_path):
     assert cols["prefill_energy_j"] == pytest.approx(500.0 * 0.04 * 12, abs=500.0 * 0.05)
     assert cols["decode_energy_per_token_j"] == pytest.approx(cols["decode_energy_j"] / 1188)
     assert cols["energy_method"] == METHOD_INTERPOLATED
-    assert cols["cpu_energy_j"] == pytest.approx(42.0)  # found from the window alone
+    assert cols["cpu_energy_j"] == pytest.approx(42.0)
     assert cols["dram_energy_j"] is None
     assert cols["gpu_uuids"] == uuid(0) and cols["gpu_names"] == "NVIDIA H200"
     assert cols["gpu_power_limit_w"] == 700.0 and cols["driver_version"] == "580.95.05"
@@ -726,7 +758,7 @@ def test_null_telemetry_reports_none_for_every_energy_column(monkeypatch, clock,
     with tel.measure("trial") as handle:
         clock.sleep(12.5)
     assert handle.duration_s == pytest.approx(12.5)
-    cols = tel.trial_columns(handle.window, idle_power_w=None, marks=[("prefill", 0.0, 1.0)],
+    cols = tel.trial_columns(handle, idle_power_w=None, marks=[("prefill", 0.0, 1.0)],
                              output_tokens=100, requests=1, decode_tokens=99,
                              iteration_bounds=[(0.0, 1.0)], duration_s=handle.duration_s)
     assert tuple(cols) == TRIAL_COLUMNS
@@ -739,6 +771,20 @@ def test_null_telemetry_reports_none_for_every_energy_column(monkeypatch, clock,
     table = tel.timeline_table("t", 0.0, 1.0)
     assert table.num_rows == 0 and table.column_names == ["trial_id", *TIMELINE_SCHEMA.names]
     assert isinstance(table, pa.Table)
+    tel.close()
+
+
+def test_both_telemetries_share_one_base_and_the_policy_reaches_sampler_and_meter(monkeypatch, clock, tmp_path):
+    null = NullTelemetry(reason="test")
+    assert isinstance(null, TelemetryBase)
+    with pytest.raises(TelemetryError, match="test"):
+        null.phase_energy([("prefill", 0.0, 1.0)])
+    tel, _ = open_telemetry(monkeypatch, clock, [FakeGpu(uuid(0))], tmp_path)
+    assert isinstance(tel, TelemetryBase)
+    assert tel.policy == SamplingPolicy() == DEFAULT_POLICY
+    sparse = SamplingPolicy(energy_every=10)
+    tel.policy = sparse
+    assert tel.sampler.policy is sparse and tel.meter.policy is sparse
     tel.close()
 
 
@@ -767,7 +813,7 @@ def test_window_starts_after_the_meters_own_reads(monkeypatch, clock):
     install(monkeypatch, [gpu], clock, energy_read_s=0.004)
     infos = resolve_gpus("0")
     sampler = Sampler(infos, interval_s=0.1, clock=clock)
-    meter = EnergyMeter(infos, sampler, clock=clock, sleep=clock.sleep, quiet_boundaries=True)
+    meter = EnergyMeter(infos, sampler, clock=clock, sleep=clock.sleep, policy=SamplingPolicy(quiet_boundaries=True))
     clock.t_s = START_S + 0.03
     sampler.sample_once()
     sampler.run_inline(START_S + 3.0, clock.sleep)
@@ -863,8 +909,8 @@ def test_phase_energy_with_sparse_counter_reads_follows_the_power_shape(monkeypa
     trace = PowerTrace(100.0)
     gpu = FakeGpu(uuid(0), power=trace, update_phase_s=0.037, update_jitter_s=0.004)
     install(monkeypatch, [gpu], clock)
-    sampler = Sampler(resolve_gpus("0"), interval_s=0.1, clock=clock, energy_every=energy_every)
-    meter = EnergyMeter(resolve_gpus("0"), sampler, clock=clock, sleep=clock.sleep, quiet_boundaries=True)
+    sampler = Sampler(resolve_gpus("0"), interval_s=0.1, clock=clock, policy=SamplingPolicy(energy_every=energy_every))
+    meter = EnergyMeter(resolve_gpus("0"), sampler, clock=clock, sleep=clock.sleep, policy=SamplingPolicy(quiet_boundaries=True))
     sampler.run_inline(START_S + 3.0, clock.sleep)
     t0 = meter.begin("w")
     marks = []
@@ -894,7 +940,7 @@ def test_phase_energy_with_sparse_counter_reads_follows_the_power_shape(monkeypa
 
 
 def test_sparse_reads_place_an_update_within_one_update_period_of_the_read():
-    from actors.telemetry.meter import COUNTER_UPDATE_MAX_S
+    from actors.telemetry.curves import COUNTER_UPDATE_MAX_S
 
     # Dense reads: the update sits between the two reads, as before.
     times, _, gaps = CounterCurve.update_instants([(10.00, 1000), (10.05, 1500)])

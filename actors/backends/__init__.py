@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 from actors.backends.base import Backend, Generation, LoadInfo, RequestTiming
 from sweeper.core.backends import BACKENDS

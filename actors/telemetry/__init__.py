@@ -1,26 +1,26 @@
-"""GPU energy and telemetry inside the actor (DESIGN §4, steps 3, 6 and 7).
+"""GPU energy and telemetry inside the actor.
 
 ``Telemetry.open()`` maps the GPUs Ray assigned to NVML by UUID, samples them on
 a thread, meters named windows with NVML's energy counter (interpolated across
-its ~100 ms updates) and adds CPU/DRAM energy from RAPL. Nothing here imports
-torch or pynvml at import time.
+its ~100 ms updates) and adds CPU/DRAM energy from RAPL; where there is no GPU it
+returns a ``NullTelemetry``. Both implement ``TelemetryBase``, the type the
+measurement code holds. ``SamplingPolicy`` is the one switch between the
+product's method and the variants benchmarks compare it with. Nothing here
+imports torch or pynvml at import time.
+
+Modules, each importing only those before it: ``policy`` (the measurement
+variant), ``nvml`` (devices and reads), ``curves`` (pure maths over samples),
+``sampler`` (the timeline thread), ``meter`` (windows and intervals), ``rapl``
+(CPU and DRAM energy), ``telemetry`` (what the actor holds).
 """
 
-from actors.telemetry.telemetry import (
-    TRIAL_COLUMNS,
-    Measurement,
-    NullTelemetry,
-    Telemetry,
-    default_sync,
-)
+from actors.telemetry.curves import CounterCurve, PowerCurve
 from actors.telemetry.meter import (
     METHOD_COUNTER,
     METHOD_INTERPOLATED,
     METHOD_POWER,
-    CounterCurve,
     EnergyMeter,
     EnergyWindow,
-    PowerCurve,
 )
 from actors.telemetry.nvml import (
     DeviceMappingError,
@@ -29,10 +29,20 @@ from actors.telemetry.nvml import (
     TelemetryError,
     resolve_gpus,
 )
+from actors.telemetry.policy import DEFAULT_POLICY, EnergyRead, SamplingPolicy
 from actors.telemetry.rapl import RaplReader, RaplSnapshot
 from actors.telemetry.sampler import TIMELINE_SCHEMA, Sampler, SamplerStats
+from actors.telemetry.telemetry import (
+    TRIAL_COLUMNS,
+    Measurement,
+    NullTelemetry,
+    Telemetry,
+    TelemetryBase,
+    default_sync,
+)
 
 __all__ = [
+    "DEFAULT_POLICY",
     "METHOD_COUNTER",
     "METHOD_INTERPOLATED",
     "METHOD_POWER",
@@ -41,6 +51,7 @@ __all__ = [
     "CounterCurve",
     "DeviceMappingError",
     "EnergyMeter",
+    "EnergyRead",
     "EnergyWindow",
     "GpuInfo",
     "Measurement",
@@ -51,7 +62,9 @@ __all__ = [
     "RaplSnapshot",
     "Sampler",
     "SamplerStats",
+    "SamplingPolicy",
     "Telemetry",
+    "TelemetryBase",
     "TelemetryError",
     "default_sync",
     "resolve_gpus",

@@ -8,28 +8,25 @@ instants*, about every 100 ms on H100/H200 (on an H200 here: median 100.0 ms,
 holds the energy up to the last update, not up to "now": up to one update
 period of energy is misplaced at each end.
 
-Per GPU we rebuild the cumulative energy E(t) from every counter read we have
-(the sampler's timeline and the meter's own reads, merged in time). An update
-instant is detected between the last read that did not see it and the first
-that did (and, the counter moving every ~100 ms, no more than one update period
-before that read), and placed at the middle of that interval. E(t) is linear
-between successive instants; where instants are far apart (the sampler reading
-the counter sparsely) it follows the integral of sampled power instead.
-Windows, phases and iterations are all differences of this one function, so
-energies over a partition of a window add up to the window exactly.
+Per GPU the meter rebuilds the cumulative energy E(t) from every counter read
+it has (the sampler's timeline and the meter's own reads, merged in time) as a
+``CounterCurve`` (actors/telemetry/curves.py, which says how update instants are
+placed). Windows, phases and iterations are all differences of this one
+function, so energies over a partition of a window add up to the window exactly.
 
 The sampler's 100 ms reads place an instant only to within +-50 ms. So the
 meter reads the counters back to back around each boundary until each moves
-(``catch_updates``), which places the nearest update to a few ms: ``begin``
-stamps t0 just after one, ``end`` catches the first after t1. The actor's
-boundaries are also steps in power (idle, then the synchronized work, then
-idle), and interpolating across a step smears it; with ``quiet_boundaries``
-each boundary is instead extrapolated from its caught update at the power of
-the quiet side, and kept as an anchor of E(t). On an H200, over identical
-0.65 s and 2 s windows, this gave an energy-per-operation spread (CV) of 0.46%
-and 0.17%, against 4.6% and 1.4% interpolating the sampler's timeline alone;
-raw deltas at the same boundaries were as repeatable but 40 J low, the energy
-between the last update and the end of the work.
+(``SamplingPolicy.catch_updates``), which places the nearest update to a few ms:
+``begin`` stamps t0 just after one, ``end`` catches the first after t1. The
+actor's boundaries are also steps in power (idle, then the synchronized work,
+then idle), and interpolating across a step smears it; with
+``SamplingPolicy.quiet_boundaries`` each boundary is instead extrapolated from
+its caught update at the power of the quiet side, and kept as an anchor of E(t).
+On an H200, over identical 0.65 s and 2 s windows, this gave an
+energy-per-operation spread (CV) of 0.46% and 0.17%, against 4.6% and 1.4%
+interpolating the sampler's timeline alone; raw deltas at the same boundaries
+were as repeatable but 40 J low, the energy between the last update and the end
+of the work.
 
 Uncertainty (``uncertainty_j``)
 -------------------------------
@@ -52,17 +49,16 @@ Fallbacks, named in ``method``:
 
 from __future__ import annotations
 
-import bisect
 import heapq
-import itertools
 import logging
 import math
-import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from actors.telemetry.curves import CounterCurve, PowerCurve
 from actors.telemetry.nvml import DeviceReader, GpuInfo, TelemetryError, unique_by_uuid
+from actors.telemetry.policy import DEFAULT_POLICY, SamplingPolicy
 from actors.telemetry.sampler import ENERGY_MJ, GPU_UUID, POWER_W, T_S, Sampler
 
 log = logging.getLogger(__name__)
@@ -72,15 +68,6 @@ METHOD_COUNTER = "nvml_counter"
 METHOD_POWER = "power_integral"
 # A window is only as good as its weakest GPU.
 _METHOD_RANK = {METHOD_INTERPOLATED: 0, METHOD_COUNTER: 1, METHOD_POWER: 2}
-
-
-# The counter's update period, at its longest seen (H200: median 100 ms, 77-120 ms).
-# A read that sees the counter move holds the value of its *last* update, which came
-# at most this long before the read, however long ago the previous read was.
-COUNTER_UPDATE_MAX_S = 0.12
-# Between knots further apart than this (sparse counter reads, Sampler.energy_every),
-# E(t) follows the sampled power's shape rather than a straight line.
-SHAPED_SEGMENT_S = 0.25
 
 
 def _no_sync() -> None:
@@ -99,196 +86,6 @@ class EnergyWindow:
     uncertainty_j: float
     avg_power_w: float
     peak_power_w: float | None  # highest per-sample sum over GPUs within the window
-
-
-# -- the energy curves ----------------------------------------------------------------
-
-
-class CounterCurve:
-    """One GPU's cumulative energy E(t) in J, between the counter's update instants.
-
-    Knots are update instants, each placed at the middle of the interval it must
-    lie in (``gap_s`` wide): after the last read that did not see it, before the
-    first that did, and no more than ``COUNTER_UPDATE_MAX_S`` before that read;
-    and anchors: window-boundary estimates the meter made and keeps, so that later
-    intervals read the very function the window was computed from. Between knots
-    E(t) is linear, except across segments longer than ``SHAPED_SEGMENT_S`` where
-    a sampled ``power`` curve is given: there it follows the integral of power,
-    scaled so the knots' energies still hold exactly.
-    """
-
-    def __init__(self, t_s: list[float], energy_j: list[float], gap_s: list[float],
-                 is_anchor: list[bool] | None = None, power: PowerCurve | None = None) -> None:
-        if len(t_s) < 2:
-            raise ValueError("a counter curve needs at least two knots")
-        self.t_s = t_s
-        self.energy_j = energy_j
-        self.gap_s = gap_s
-        self.is_anchor = is_anchor or [False] * len(t_s)
-        self.power = power
-        real = [t for t, anchor in zip(t_s, self.is_anchor, strict=True) if not anchor]
-        spacing = [b - a for a, b in itertools.pairwise(real)]
-        self._update_period_s = statistics.median(spacing) if spacing else t_s[-1] - t_s[0]
-
-    @staticmethod
-    def update_instants(samples: Iterable[tuple[float, int | None]]) -> tuple[list[float], list[float], list[float]]:
-        """(instant_s, energy_j, gap_s) for every counter change seen in time-ordered reads."""
-        times: list[float] = []
-        values: list[float] = []
-        gaps: list[float] = []
-        prev_t = prev_v = None
-        for t, v in samples:
-            if v is None:
-                continue
-            if prev_v is not None and v > prev_v:
-                lo = max(prev_t, t - COUNTER_UPDATE_MAX_S)
-                instant = 0.5 * (lo + t)
-                if times and instant <= times[-1]:  # equal stamps: keep the newer value
-                    values[-1] = v / 1000.0
-                else:
-                    times.append(instant)
-                    values.append(v / 1000.0)
-                    gaps.append(t - lo)
-            if prev_v is None or v >= prev_v:  # a lower value is a glitch, not progress
-                prev_t, prev_v = t, v
-        return times, values, gaps
-
-    @classmethod
-    def from_samples(cls, samples: Iterable[tuple[float, int | None]],
-                     anchors: Iterable[tuple[float, float]] = (),
-                     power: PowerCurve | None = None) -> CounterCurve | None:
-        times, values, gaps = cls.update_instants(samples)
-        if len(times) < 2:
-            return None
-        flags = [False] * len(times)
-        for t, e in sorted(anchors):
-            if not times[0] < t < times[-1]:
-                continue  # an anchor only refines between update instants seen
-            k = bisect.bisect_left(times, t)
-            if times[k] == t:
-                continue
-            # Counters only grow: keep the anchor between its neighbours.
-            e = min(max(e, values[k - 1]), values[k])
-            times.insert(k, t)
-            values.insert(k, e)
-            gaps.insert(k, 0.0)
-            flags.insert(k, True)
-        return cls(times, values, gaps, flags, power)
-
-    def covers(self, t: float) -> bool:
-        return self.t_s[0] <= t <= self.t_s[-1]
-
-    def _segment(self, t: float) -> int:
-        k = bisect.bisect_right(self.t_s, t) - 1
-        return min(max(k, 0), len(self.t_s) - 2)
-
-    def _slope_w(self, k: int) -> float:
-        return (self.energy_j[k + 1] - self.energy_j[k]) / (self.t_s[k + 1] - self.t_s[k])
-
-    def at(self, t: float) -> float:
-        """E(t) in J on the counter's scale; outside the knots, the nearest segment extends."""
-        k = self._segment(t)
-        a, b = self.t_s[k], self.t_s[k + 1]
-        if self.power is not None and b - a > SHAPED_SEGMENT_S and a <= t <= b:
-            p_a, p_b = self.power.at(a), self.power.at(b)
-            if p_b > p_a:
-                share = (self.power.at(t) - p_a) / (p_b - p_a)
-                return self.energy_j[k] + (self.energy_j[k + 1] - self.energy_j[k]) * share
-        return self.energy_j[k] + self._slope_w(k) * (t - a)
-
-    def update_period_s(self) -> float:
-        return self._update_period_s
-
-    def power_near_w(self, t: float) -> float:
-        k = self._segment(t)
-        return max(self._slope_w(j) for j in (k - 1, k, k + 1) if 0 <= j <= len(self.t_s) - 2)
-
-    def boundary_uncertainty_j(self, t: float) -> float:
-        """Worst-case error of ``at(t)``: E(t) lies within P·d of either bracketing
-        knot's value, d its distance from t, and so does the interpolation; each
-        knot also sits up to half its detection gap from the true instant."""
-        k = self._segment(t)
-        before, after = t - self.t_s[k], self.t_s[k + 1] - t
-        nearer, distance = (k, before) if before <= after else (k + 1, after)
-        return self.power_near_w(t) * (max(distance, 0.0) + 0.5 * self.gap_s[nearer])
-
-    def start_anchor(self, t: float, precise_s: float) -> tuple[float, float] | None:
-        """E(t) for a window that starts at t on a quiet GPU: from the last update
-        instant before t, at the power of the segment before that instant.
-        None unless that instant is known to within ``precise_s``."""
-        k = bisect.bisect_right(self.t_s, t) - 1
-        if k < 1 or self.is_anchor[k] or self.gap_s[k] > precise_s or k + 1 >= len(self.t_s):
-            return None
-        outer_w = self._slope_w(k - 1)
-        lead_s = t - self.t_s[k]
-        energy_j = min(self.energy_j[k] + outer_w * lead_s, self.energy_j[k + 1])
-        return energy_j, outer_w * lead_s + 0.5 * self.gap_s[k] * self.power_near_w(t)
-
-    def end_anchor(self, t: float, precise_s: float) -> tuple[float, float] | None:
-        """E(t) for a window that ends at t on a GPU left quiet: back from the first
-        update instant after t, at the power of the segment after that instant."""
-        k = bisect.bisect_left(self.t_s, t)
-        if k < 1 or k + 1 >= len(self.t_s) or self.is_anchor[k] or self.gap_s[k] > precise_s:
-            return None
-        outer_w = self._slope_w(k)
-        lag_s = self.t_s[k] - t
-        energy_j = max(self.energy_j[k] - outer_w * lag_s, self.energy_j[k - 1])
-        return energy_j, outer_w * lag_s + 0.5 * self.gap_s[k] * self.power_near_w(t)
-
-
-class PowerCurve:
-    """Sampled power, linear between samples and flat beyond them; integrates exactly."""
-
-    def __init__(self, t_s: list[float], power_w: list[float]) -> None:
-        if not t_s:
-            raise ValueError("a power curve needs at least one sample")
-        self.t_s = t_s
-        self.power_w = power_w
-        self._cumulative_j = [0.0]
-        for k in range(1, len(t_s)):
-            step = 0.5 * (power_w[k] + power_w[k - 1]) * (t_s[k] - t_s[k - 1])
-            self._cumulative_j.append(self._cumulative_j[-1] + step)
-
-    @classmethod
-    def from_samples(cls, samples: Iterable[tuple[float, float | None]]) -> PowerCurve | None:
-        times: list[float] = []
-        powers: list[float] = []
-        for t, p in samples:
-            if p is None:
-                continue
-            if times and t <= times[-1]:
-                powers[-1] = p
-            else:
-                times.append(t)
-                powers.append(p)
-        return cls(times, powers) if times else None
-
-    def power_at_w(self, t: float) -> float:
-        k = bisect.bisect_right(self.t_s, t) - 1
-        if k < 0:
-            return self.power_w[0]
-        if k >= len(self.t_s) - 1:
-            return self.power_w[-1]
-        f = (t - self.t_s[k]) / (self.t_s[k + 1] - self.t_s[k])
-        return self.power_w[k] + f * (self.power_w[k + 1] - self.power_w[k])
-
-    def at(self, t: float) -> float:
-        """Integral of power from the first sample to t, in J (negative before it)."""
-        if t <= self.t_s[0]:
-            return self.power_w[0] * (t - self.t_s[0])
-        k = bisect.bisect_right(self.t_s, t) - 1
-        if k >= len(self.t_s) - 1:
-            return self._cumulative_j[-1] + self.power_w[-1] * (t - self.t_s[-1])
-        return self._cumulative_j[k] + 0.5 * (self.power_w[k] + self.power_at_w(t)) * (t - self.t_s[k])
-
-    def sample_gap_s(self, t: float) -> float:
-        if len(self.t_s) < 2:
-            return 0.0
-        k = min(max(bisect.bisect_right(self.t_s, t) - 1, 0), len(self.t_s) - 2)
-        return self.t_s[k + 1] - self.t_s[k]
-
-    def boundary_uncertainty_j(self, t: float) -> float:
-        return self.power_at_w(t) * self.sample_gap_s(t)
 
 
 # -- the meter --------------------------------------------------------------------------
@@ -314,12 +111,13 @@ class EnergyMeter:
     ``sync`` is called before every clock read so that a boundary means "all
     device work issued so far is done". Around each boundary the meter reads
     the counters itself, back to back, until each has moved once
-    (``catch_updates``): ``begin`` stamps t0 just after an update instant known
-    to a few ms, ``end`` finds the first update after t1 as closely. With
-    ``quiet_boundaries`` (the GPU runs none of our work between the synchronize
-    and t0, nor after t1 until ``end`` returns, which is how the actor uses
-    it), each boundary is extrapolated from that update at the quiet side's
-    power, instead of interpolated across the step in power the boundary is.
+    (``policy.catch_updates``): ``begin`` stamps t0 just after an update instant
+    known to a few ms, ``end`` finds the first update after t1 as closely. With
+    ``policy.quiet_boundaries`` (the GPU runs none of the measured work between
+    the synchronize and t0, nor after t1 until ``end`` returns, which is how the
+    actor uses it), each boundary is extrapolated from that update at the quiet
+    side's power, instead of interpolated across the step in power the boundary
+    is. ``policy`` may be replaced between windows.
 
     Waits happen outside the window. When the sampler thread is not running,
     waits sample on the caller's thread, so a caller driving the sampler with
@@ -328,8 +126,7 @@ class EnergyMeter:
 
     def __init__(self, gpus: list[GpuInfo], sampler: Sampler, sync: Callable[[], None] = _no_sync,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 *, settle_timeout_s: float | None = None, catch_updates: bool = True,
-                 quiet_boundaries: bool = False) -> None:
+                 *, settle_timeout_s: float | None = None, policy: SamplingPolicy = DEFAULT_POLICY) -> None:
         self.gpus = unique_by_uuid(gpus)
         sampled = {g.uuid for g in sampler.gpus}
         for g in self.gpus:
@@ -342,8 +139,7 @@ class EnergyMeter:
         self._readers = {g.uuid: DeviceReader(g) for g in self.gpus}
         interval = sampler.interval_s
         self.settle_timeout_s = settle_timeout_s if settle_timeout_s is not None else max(1.0, 10 * interval)
-        self.catch_updates = catch_updates
-        self.quiet_boundaries = quiet_boundaries
+        self.policy = policy
         # Counters update about every 100 ms (80-120 ms seen on an H200); give up after a few.
         self._catch_timeout_s = 0.5
         self._catch_poll_s = 0.002
@@ -365,7 +161,7 @@ class EnergyMeter:
         self._sync()
         if not self._wait_for(self._history_ready):
             log.warning("window %r: no counter update seen before it began; its start may be uncorrected", name)
-        if self.catch_updates:
+        if self.policy.catch_updates:
             self._catch_update()
         counters = self._read_counters()
         # Stamped after the reads, right before the caller's work: time between the
@@ -383,7 +179,7 @@ class EnergyMeter:
         t1 = self._clock()
         counters = self._read_counters()
         # The first update after t1 places the end; a second gives the quiet power after it.
-        if self.catch_updates and self._catch_update() and self.quiet_boundaries:
+        if self.policy.catch_updates and self._catch_update() and self.policy.quiet_boundaries:
             self._catch_update()
         if not self._wait_for(lambda: self._future_ready(t1)):
             log.warning("window %r: no counter update seen after it ended; its end may be uncorrected", name)
@@ -425,16 +221,25 @@ class EnergyMeter:
             out[phase] = out.get(phase, 0.0) + energy_j
         return out
 
+    def diagnostics(self, t0_s: float, t1_s: float) -> dict[str, dict[str, list[tuple[float, float]]]]:
+        """By GPU, the meter's own counter reads (``meter_reads``) and boundary
+        estimates (``anchors``) in [t0, t1]: with the sampler's rows, everything a
+        window there was computed from, to replay it offline."""
+        return {
+            "meter_reads": {uuid: [(t, v) for t, v in reads if t0_s <= t <= t1_s] for uuid, reads in self._reads.items()},
+            "anchors": {uuid: self._anchors_between(uuid, t0_s, t1_s) for uuid in self._anchors},
+        }
+
     def _energy_functions(self, t0_s: float, t1_s: float) -> list[Callable[[float], float]]:
         lo, hi = t0_s - self._margin_s, t1_s + self._margin_s
         counters, powers = self._series(lo, hi)
-        functions = []
+        functions: list[Callable[[float], float]] = []
         for g in self.gpus:
             curve = None
             power = PowerCurve.from_samples(powers[g.uuid])
             if g.energy_counter_supported:
                 curve = CounterCurve.from_samples(counters[g.uuid], self._anchors_between(g.uuid, lo, hi), power)
-            best = curve or power
+            best: CounterCurve | PowerCurve | None = curve or power
             if best is None:
                 raise TelemetryError(f"GPU {g.uuid}: no counter updates and no power samples near [{t0_s}, {t1_s}]")
             functions.append(best.at)
@@ -443,14 +248,14 @@ class EnergyMeter:
     # -- reading and waiting ------------------------------------------------------------
 
     def _read_counters(self) -> dict[str, int | None]:
-        """One read of every counter, stamped like the sampler's. With ``catch_updates``
+        """One read of every counter, stamped like the sampler's. With ``policy.catch_updates``
         the reads join the sampler's in the curves; without, the curves are the
         sampler's timeline alone and the reads serve only the raw fallback."""
         out = {}
         for uuid, reader in self._readers.items():
             before = self._clock()
             value = reader.energy_mj()
-            if value is not None and self.catch_updates:
+            if value is not None and self.policy.catch_updates:
                 self._reads[uuid].append(((before + self._clock()) * 0.5, value))
             out[uuid] = value
         return out
@@ -487,9 +292,10 @@ class EnergyMeter:
         return [a for a in self._anchors[uuid] if t0_s <= a[0] <= t1_s]
 
     def _forget_before(self, t_s: float) -> None:
-        for store in (self._reads, self._anchors):
-            for uuid, items in store.items():
-                store[uuid] = [x for x in items if x[0] >= t_s]
+        for uuid, reads in self._reads.items():
+            self._reads[uuid] = [r for r in reads if r[0] >= t_s]
+        for uuid, anchors in self._anchors.items():
+            self._anchors[uuid] = [a for a in anchors if a[0] >= t_s]
 
     def _history_ready(self) -> bool:
         now = self._clock()
@@ -564,8 +370,9 @@ class EnergyMeter:
         power = PowerCurve.from_samples(power_samples)
         curve = CounterCurve.from_samples(counter_samples, anchors, power) if gpu.energy_counter_supported else None
         if curve is not None and curve.covers(t0) and curve.covers(t1):
-            start = curve.start_anchor(t0, self._precise_s) if self.quiet_boundaries else None
-            end = curve.end_anchor(t1, self._precise_s) if self.quiet_boundaries else None
+            quiet = self.policy.quiet_boundaries
+            start = curve.start_anchor(t0, self._precise_s) if quiet else None
+            end = curve.end_anchor(t1, self._precise_s) if quiet else None
             e0, u0 = start or (curve.at(t0), curve.boundary_uncertainty_j(t0))
             e1, u1 = end or (curve.at(t1), curve.boundary_uncertainty_j(t1))
             new = tuple(a for a, used in (((t0, e0), start), ((t1, e1), end)) if used)

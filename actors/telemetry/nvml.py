@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from actors.telemetry.policy import EnergyRead
+
 log = logging.getLogger(__name__)
 
 
@@ -129,7 +131,6 @@ def _physical_device(nv: Any, index: int) -> _Physical:
     return _Physical(index, _text(nv.nvmlDeviceGetUUID(handle)), handle)
 
 
-
 def _parse_visible(nv: Any, spec: str, physical: list[_Physical]) -> list[_Physical]:
     entries = [e.strip() for e in spec.split(",") if e.strip()]
     chosen: list[_Physical] = []
@@ -232,9 +233,10 @@ class DeviceReader:
     """Reads one GPU's fields. A failing read gives None and never raises; a field
     the device does not support is not asked again (each refusal is a driver call)."""
 
-    def __init__(self, gpu: GpuInfo) -> None:
+    def __init__(self, gpu: GpuInfo, energy_read: EnergyRead = "call") -> None:
         nv = ensure_initialized()
         self.gpu = gpu
+        self._nv = nv
         self._error = nv.NVMLError
         self._not_supported = nv.NVMLError_NotSupported
         try:
@@ -244,12 +246,39 @@ class DeviceReader:
         self._unsupported: set[str] = set() if gpu.energy_counter_supported else {"energy_mj"}
         sm = nv.NVML_CLOCK_SM
         get_clock = nv.nvmlDeviceGetClockInfo
-        self._energy = nv.nvmlDeviceGetTotalEnergyConsumption
+        self._energy: Any = None
+        self.use_energy_read(energy_read)
         self._power = self._pick_power_call(nv)
         self._util = nv.nvmlDeviceGetUtilizationRates
         self._memory = nv.nvmlDeviceGetMemoryInfo
         self._sm_clock = lambda h: get_clock(h, sm)
         self._temperature = self._pick_temperature_call(nv)
+
+    @property
+    def handle(self) -> Any:
+        """The device's NVML handle, for callers that time NVML calls of their own."""
+        return self._handle
+
+    def use_energy_read(self, via: EnergyRead) -> None:
+        """Read the energy counter through ``nvmlDeviceGetTotalEnergyConsumption``
+        (``"call"``) or the field-values API (``"field"``): the same counter by
+        another driver path."""
+        nv = self._nv
+        if via == "call":
+            self._energy = nv.nvmlDeviceGetTotalEnergyConsumption
+        elif via == "field":
+            fields = [nv.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]
+            get_fields = nv.nvmlDeviceGetFieldValues
+
+            def energy_field_mj(h: Any) -> int:
+                value = get_fields(h, fields)[0]
+                if value.nvmlReturn != 0:
+                    raise nv.NVMLError(value.nvmlReturn)
+                return value.value.ullVal
+
+            self._energy = energy_field_mj
+        else:
+            raise ValueError(f"energy read via {via!r}: expected 'call' or 'field'")
 
     def _pick_power_call(self, nv: Any) -> Any:
         # nvmlDeviceGetPowerUsage is a one-second moving average on Ampere and

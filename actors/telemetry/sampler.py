@@ -21,10 +21,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 import pyarrow as pa
 
 from actors.telemetry.nvml import DeviceReader, GpuInfo, unique_by_uuid
+from actors.telemetry.policy import DEFAULT_POLICY, SamplingPolicy
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +45,15 @@ TIMELINE_SCHEMA = pa.schema([
 ])
 COLUMNS: tuple[str, ...] = tuple(TIMELINE_SCHEMA.names)
 
+# One timeline row, in ``COLUMNS`` order.
+Row = tuple[float, int, str, float | None, int | None, int | None, int | None, int | None, int | None]
+
 # Positions in a row tuple, for the meter's hot paths.
-T_S, GPU_INDEX, GPU_UUID, POWER_W, ENERGY_MJ = range(5)
+T_S: Final = 0
+GPU_INDEX: Final = 1
+GPU_UUID: Final = 2
+POWER_W: Final = 3
+ENERGY_MJ: Final = 4
 
 
 @dataclass(frozen=True)
@@ -57,45 +66,48 @@ class SamplerStats:
 
 class Sampler:
     def __init__(self, gpus: list[GpuInfo], interval_s: float = 0.1, clock: Clock = time.monotonic,
-                 retention_s: float | None = 3600.0, slow_every: int = 1, energy_every: int = 1) -> None:
+                 retention_s: float | None = 3600.0, policy: SamplingPolicy = DEFAULT_POLICY) -> None:
         """``retention_s`` bounds memory in long-lived actors (about 250 bytes a
         row): older rows are dropped as new ones arrive. A window longer than
         that loses its start's bracketing and falls back to raw counter deltas;
         ``clear_before`` frees rows sooner.
 
-        ``slow_every`` reads utilisation, memory, SM clock and temperature on
-        every n-th sample only (null in the others): each NVML call is a driver
-        round trip that can delay the trial's own CUDA calls, and the meter
-        needs only energy and power at the full rate.
-
-        ``energy_every`` reads the energy counter on every n-th sample only (null
-        in the others, stamped at the power read): on an H200 that one read costs
-        3.6-4.0 ms and the others microseconds. The meter places counter updates
-        between the reads it has, so values above 1 coarsen its curve between
-        window boundaries (the boundaries themselves are caught by the meter's own
-        reads). The default stays 1: on an H200, reading every 10th tick left
-        window totals as they were but put prefill energy 11 % lower, and bought
-        no throughput that could be resolved (docs/METHOD.md, sparse counter reads)."""
+        ``policy`` says which fields each sample reads and how (its
+        ``energy_every``, ``slow_every`` and ``energy_read``); it may be replaced
+        while the thread runs, and applies from the next sample on."""
         if interval_s <= 0:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
         self.gpus = unique_by_uuid(gpus)
         self.interval_s = float(interval_s)
         self.retention_s = retention_s
         self._clock = clock
-        self._readers = [DeviceReader(g) for g in self.gpus]
+        self._readers = [DeviceReader(g, policy.energy_read) for g in self.gpus]
+        self._policy = policy
         self._lock = threading.Lock()
         self._times: list[float] = []  # parallel to _rows, for bisection
-        self._rows: list[tuple] = []
+        self._rows: list[Row] = []
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._samples = 0
         self._cost_total_s = 0.0
         self._cost_max_s = 0.0
         self._loop_errors = 0
-        if slow_every < 1 or energy_every < 1:
-            raise ValueError(f"slow_every and energy_every must be >= 1, got {slow_every}, {energy_every}")
-        self.slow_every = int(slow_every)
-        self.energy_every = int(energy_every)
+
+    @property
+    def policy(self) -> SamplingPolicy:
+        """What each sample reads, and how; assigning one applies from the next sample."""
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: SamplingPolicy) -> None:
+        for reader in self._readers:
+            reader.use_energy_read(policy.energy_read)
+        self._policy = policy
+
+    @property
+    def readers(self) -> tuple[DeviceReader, ...]:
+        """One reader per sampled GPU, in ``gpus`` order."""
+        return tuple(self._readers)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -143,15 +155,17 @@ class Sampler:
         """Read every GPU once and append the rows; returns the first row's t_s."""
         started = time.perf_counter()
         clock = self._clock
-        stamped = []
+        policy = self._policy
+        stamped: list[tuple[float, int | None]] = []
         # Energy first and back to back, so the counters are read as close
         # together as possible; the slower fields follow.
-        read_energy = self._samples % self.energy_every == 0
+        read_energy = self._samples % policy.energy_every == 0
         for reader in self._readers:
             before = clock()
             energy = reader.energy_mj() if read_energy else None
             stamped.append(((before + clock()) * 0.5, energy))
-        if self._samples % self.slow_every == 0:
+        rows: list[Row]
+        if self._samples % policy.slow_every == 0:
             rows = [
                 (t, r.gpu.index, r.gpu.uuid, r.power_w(), energy, r.util_gpu_pct(),
                  r.memory_used_bytes(), r.sm_clock_mhz(), r.temperature_c())
@@ -197,7 +211,7 @@ class Sampler:
 
     # -- reading the timeline --------------------------------------------------------
 
-    def raw_rows(self, t0_s: float | None = None, t1_s: float | None = None) -> list[tuple]:
+    def raw_rows(self, t0_s: float | None = None, t1_s: float | None = None) -> list[Row]:
         """Rows with t0 <= t_s <= t1 as tuples in ``COLUMNS`` order (no dict per row)."""
         with self._lock:
             lo = 0 if t0_s is None else bisect.bisect_left(self._times, t0_s)

@@ -1,8 +1,8 @@
 """What the actor holds: ``Telemetry`` on GPUs, ``NullTelemetry`` where there are none.
 
-Both answer the same calls, so the measurement code has no GPU branch beyond
-``active``; on the null path every energy column is None, never 0, because
-"not measured" and "no energy" must stay different in the results.
+Both implement ``TelemetryBase``, so the measurement code has no GPU branch
+beyond ``active``; on the null path every energy column is None, never 0,
+because "not measured" and "no energy" must stay different in the results.
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ import os
 import statistics
 import sys
 import time
-from collections import OrderedDict
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
 from actors.telemetry.meter import EnergyMeter, EnergyWindow
 from actors.telemetry.nvml import GpuInfo, NvmlUnavailableError, TelemetryError, resolve_gpus
+from actors.telemetry.policy import DEFAULT_POLICY, SamplingPolicy
 from actors.telemetry.rapl import RaplReader
 from actors.telemetry.sampler import TIMELINE_SCHEMA, Sampler
 
@@ -74,6 +75,9 @@ class Measurement:
         return self.t_end_s - self.t_start_s
 
 
+Marks = list[tuple[str, float, float]]  # (phase name, t0, t1) on the telemetry's clock
+
+
 def _ratio(numerator: float | None, denominator: float | int | None) -> float | None:
     if numerator is None or not denominator:
         return None
@@ -115,7 +119,7 @@ def _window_reasons(duration_s: float | None, min_window_s: float) -> list[str]:
     return []
 
 
-def _with_trial_id(table: pa.Table, trial_id: str, marks: list[tuple[str, float, float]] | None) -> pa.Table:
+def _with_trial_id(table: pa.Table, trial_id: str, marks: Marks | None) -> pa.Table:
     table = table.add_column(0, pa.field("trial_id", pa.string()),
                              pa.array([trial_id] * table.num_rows, pa.string()))
     if marks is None:
@@ -130,7 +134,69 @@ def _with_trial_id(table: pa.Table, trial_id: str, marks: list[tuple[str, float,
     return table.append_column(pa.field("phase", pa.string()), pa.array(phases, pa.string()))
 
 
-class Telemetry:
+_TelemetryT = TypeVar("_TelemetryT", bound="TelemetryBase")
+
+
+class TelemetryBase(ABC):
+    """What a trial is measured with: the GPUs' energy and timeline, or a stand-in.
+
+    ``Telemetry`` meters the GPUs this process holds; ``NullTelemetry`` answers
+    the same calls where there are none, with every energy column None.
+    ``active`` says which: code that needs a GPU reading asks it, and nothing else.
+    """
+
+    active: ClassVar[bool]
+    gpus: list[GpuInfo]
+
+    @abstractmethod
+    def start(self) -> None:
+        """Begin sampling (idempotent)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop sampling; the object answers reads of what it recorded afterwards."""
+
+    def __enter__(self: _TelemetryT) -> _TelemetryT:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @abstractmethod
+    def idle_baseline(self, duration_s: float) -> float | None:
+        """Idle power in W summed over GPUs, over a quiet window of ``duration_s``; None without GPUs."""
+
+    @abstractmethod
+    def measure(self, name: str) -> AbstractContextManager[Measurement]:
+        """A window around a block; the yielded handle is complete when the block exits."""
+
+    @abstractmethod
+    def phase_energy(self, marks: Marks) -> dict[str, float]:
+        """J per phase name over all of that phase's intervals; raises ``TelemetryError``
+        when the energy there cannot be computed (always, without GPUs)."""
+
+    @abstractmethod
+    def trial_columns(self, handle: Measurement, *, idle_power_w: float | None, marks: Marks,
+                      output_tokens: int, requests: int, decode_tokens: int,
+                      iteration_bounds: list[tuple[float, float]], min_window_s: float = 10.0,
+                      max_iteration_cv: float = 0.05, duration_s: float | None = None) -> dict[str, Any]:
+        """The trial row's energy columns (``TRIAL_COLUMNS``) for the window ``measure`` yielded.
+
+        ``duration_s`` is the block's duration as the caller timed it, used to judge
+        stability only where the handle does not know it (a window that failed to close).
+        """
+
+    @abstractmethod
+    def environment(self) -> dict[str, Any]:
+        """The held GPUs' columns: uuids, names, summed power limit, driver version."""
+
+    @abstractmethod
+    def timeline_table(self, trial_id: str, t0_s: float, t1_s: float, marks: Marks | None = None) -> pa.Table:
+        """Timeline rows in [t0, t1] with ``trial_id`` first; with ``marks``, a ``phase`` column last."""
+
+
+class Telemetry(TelemetryBase):
     """NVML sampler, energy meter and RAPL for the GPUs this process holds."""
 
     active = True
@@ -142,13 +208,12 @@ class Telemetry:
         self.meter = meter
         self.rapl = rapl
         self._sync = sync
-        self._rapl_by_window: OrderedDict[tuple[str, float, float], tuple[float | None, float | None]] = OrderedDict()
 
     @classmethod
     def open(cls, interval_s: float = 0.1, clock: Callable[[], float] = time.monotonic,
              cuda_visible_devices: str | None = None, sync: Callable[[], None] | None = None, *,
-             sleep: Callable[[float], None] = time.sleep,
-             rapl_root: str = "/sys/class/powercap") -> Telemetry | NullTelemetry:
+             sleep: Callable[[float], None] = time.sleep, rapl_root: str = "/sys/class/powercap",
+             policy: SamplingPolicy = DEFAULT_POLICY) -> Telemetry | NullTelemetry:
         """Telemetry for the GPUs Ray assigned, or NullTelemetry (with ``reason``) if there are none.
 
         A ``CUDA_VISIBLE_DEVICES`` entry that names no GPU raises
@@ -156,6 +221,9 @@ class Telemetry:
         ``sync`` must return only once all of the trial's device work is done
         (the default waits for this process's CUDA streams; a backend whose
         generate call blocks until its workers finish may pass its own).
+        ``policy`` is the measurement variant; the default is the product's, whose
+        quiet boundaries hold because the actor synchronizes both ends of each
+        window and holds its GPUs alone.
         """
         try:
             gpus = resolve_gpus(cuda_visible_devices)
@@ -166,11 +234,19 @@ class Telemetry:
             shown = cuda_visible_devices if cuda_visible_devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
             return NullTelemetry(reason=f"no GPU visible to this process (CUDA_VISIBLE_DEVICES={shown!r})", clock=clock)
         sync = sync or default_sync
-        sampler = Sampler(gpus, interval_s=interval_s, clock=clock)
-        # The actor's windows are synchronized at both ends and the GPU is ours
-        # alone (DESIGN §4): the GPU is quiet on the outer side of each boundary.
-        meter = EnergyMeter(gpus, sampler, sync=sync, clock=clock, sleep=sleep, quiet_boundaries=True)
+        sampler = Sampler(gpus, interval_s=interval_s, clock=clock, policy=policy)
+        meter = EnergyMeter(gpus, sampler, sync=sync, clock=clock, sleep=sleep, policy=policy)
         return cls(gpus, sampler, meter, RaplReader(rapl_root), sync=sync)
+
+    @property
+    def policy(self) -> SamplingPolicy:
+        return self.sampler.policy
+
+    @policy.setter
+    def policy(self, policy: SamplingPolicy) -> None:
+        """Measure with another variant: the sampler from its next sample, the meter from its next window."""
+        self.sampler.policy = policy
+        self.meter.policy = policy
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -179,13 +255,6 @@ class Telemetry:
 
     def close(self) -> None:
         self.sampler.stop()
-
-    def __enter__(self) -> Telemetry:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- measuring --------------------------------------------------------------------
 
@@ -219,37 +288,25 @@ class Telemetry:
         handle.t_start_s, handle.t_end_s = handle.window.t_start_s, handle.window.t_end_s
         if rapl_start is not None and rapl_end is not None:
             handle.cpu_energy_j, handle.dram_energy_j = self.rapl.delta(rapl_start, rapl_end)
-        key = (name, handle.window.t_start_s, handle.window.t_end_s)
-        self._rapl_by_window[key] = (handle.cpu_energy_j, handle.dram_energy_j)
-        while len(self._rapl_by_window) > 64:
-            self._rapl_by_window.popitem(last=False)
+
+    def phase_energy(self, marks: Marks) -> dict[str, float]:
+        return self.meter.phase_energy(list(marks))
 
     # -- reporting ----------------------------------------------------------------------
 
-    def trial_columns(self, window: EnergyWindow | Measurement | None, *, idle_power_w: float | None,
-                      marks: list[tuple[str, float, float]], output_tokens: int, requests: int,
-                      decode_tokens: int, iteration_bounds: list[tuple[float, float]],
-                      min_window_s: float = 10.0, max_iteration_cv: float = 0.05,
-                      duration_s: float | None = None) -> dict[str, Any]:
-        """The trial row's energy columns (``TRIAL_COLUMNS``) for one measured window.
-
-        ``window`` is the handle from ``measure`` or its ``.window``. ``duration_s``
-        is only used to judge stability when there is no window.
-        """
-        handle = window if isinstance(window, Measurement) else None
-        w = handle.window if handle is not None else window
+    def trial_columns(self, handle: Measurement, *, idle_power_w: float | None, marks: Marks,
+                      output_tokens: int, requests: int, decode_tokens: int,
+                      iteration_bounds: list[tuple[float, float]], min_window_s: float = 10.0,
+                      max_iteration_cv: float = 0.05, duration_s: float | None = None) -> dict[str, Any]:
+        w = handle.window
         cols: dict[str, Any] = dict.fromkeys(TRIAL_COLUMNS)
         cols.update(self._gpu_columns())
         reasons = _window_reasons(w.duration_s if w is not None else duration_s, min_window_s)
         if w is None:
-            reasons.append(f"no energy window ({handle.error if handle and handle.error else 'not measured'})")
+            reasons.append(f"no energy window ({handle.error or 'not measured'})")
             cols.update(unstable=True, unstable_reason="; ".join(reasons))
             return cols
 
-        if handle is not None:
-            cpu_j, dram_j = handle.cpu_energy_j, handle.dram_energy_j
-        else:
-            cpu_j, dram_j = self._rapl_by_window.get((w.name, w.t_start_s, w.t_end_s), (None, None))
         cols.update(
             energy_j=w.energy_j,
             energy_per_token_j=_ratio(w.energy_j, output_tokens),
@@ -260,11 +317,11 @@ class Telemetry:
             active_energy_j=None if idle_power_w is None else w.energy_j - idle_power_w * w.duration_s,
             energy_method=w.method,
             energy_uncertainty_j=w.uncertainty_j,
-            cpu_energy_j=cpu_j,
-            dram_energy_j=dram_j,
+            cpu_energy_j=handle.cpu_energy_j,
+            dram_energy_j=handle.dram_energy_j,
         )
         try:
-            phases = self.meter.phase_energy(list(marks))
+            phases = self.phase_energy(marks)
         except TelemetryError as exc:
             log.warning("phase energy unavailable: %s", exc)
             phases = {}
@@ -274,7 +331,6 @@ class Telemetry:
         reasons += self._iteration_reasons(iteration_bounds, max_iteration_cv)
         cols.update(unstable=bool(reasons), unstable_reason="; ".join(reasons) or None)
         return cols
-
     def _iteration_reasons(self, bounds: list[tuple[float, float]], max_cv: float) -> list[str]:
         blocks = iteration_blocks(bounds, MIN_STABILITY_BLOCK_S)
         if len(blocks) < 2:
@@ -309,13 +365,11 @@ class Telemetry:
     def environment(self) -> dict[str, Any]:
         return self._gpu_columns()
 
-    def timeline_table(self, trial_id: str, t0_s: float, t1_s: float,
-                       marks: list[tuple[str, float, float]] | None = None) -> pa.Table:
-        """Sampler rows in [t0, t1] with ``trial_id`` first; with ``marks``, a ``phase`` column last."""
+    def timeline_table(self, trial_id: str, t0_s: float, t1_s: float, marks: Marks | None = None) -> pa.Table:
         return _with_trial_id(self.sampler.table(t0_s, t1_s), trial_id, marks)
 
 
-class NullTelemetry:
+class NullTelemetry(TelemetryBase):
     """No GPU to meter: every call works and every energy column is None."""
 
     active = False
@@ -323,10 +377,7 @@ class NullTelemetry:
     def __init__(self, reason: str, clock: Callable[[], float] = time.monotonic,
                  sync: Callable[[], None] | None = None, log_level: int = logging.INFO) -> None:
         self.reason = reason
-        self.gpus: list[GpuInfo] = []
-        self.meter = None
-        self.sampler = None
-        self.rapl = None
+        self.gpus = []
         self._clock = clock
         self._sync = sync or (lambda: None)
         log.log(log_level, "GPU telemetry off: %s", reason)
@@ -335,12 +386,6 @@ class NullTelemetry:
         pass
 
     def close(self) -> None:
-        pass
-
-    def __enter__(self) -> NullTelemetry:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
         pass
 
     def idle_baseline(self, duration_s: float) -> float | None:
@@ -355,17 +400,15 @@ class NullTelemetry:
         self._sync()
         handle.t_end_s = self._clock()
 
-    def trial_columns(self, window: EnergyWindow | Measurement | None, *, idle_power_w: float | None = None,
-                      marks: list[tuple[str, float, float]] | None = None, output_tokens: int = 0,
-                      requests: int = 0, decode_tokens: int = 0,
-                      iteration_bounds: list[tuple[float, float]] | None = None,
-                      min_window_s: float = 10.0, max_iteration_cv: float = 0.05,
-                      duration_s: float | None = None) -> dict[str, Any]:
-        if isinstance(window, Measurement):
-            duration_s = window.duration_s if window.duration_s is not None else duration_s
-        elif window is not None:
-            duration_s = window.duration_s
-        reasons = _window_reasons(duration_s, min_window_s)
+    def phase_energy(self, marks: Marks) -> dict[str, float]:
+        raise TelemetryError(f"no GPU telemetry: {self.reason}")
+
+    def trial_columns(self, handle: Measurement, *, idle_power_w: float | None, marks: Marks,
+                      output_tokens: int, requests: int, decode_tokens: int,
+                      iteration_bounds: list[tuple[float, float]], min_window_s: float = 10.0,
+                      max_iteration_cv: float = 0.05, duration_s: float | None = None) -> dict[str, Any]:
+        measured_s = handle.duration_s if handle.duration_s is not None else duration_s
+        reasons = _window_reasons(measured_s, min_window_s)
         cols: dict[str, Any] = dict.fromkeys(TRIAL_COLUMNS)
         cols.update(unstable=bool(reasons), unstable_reason="; ".join(reasons) or None)
         return cols
@@ -373,6 +416,5 @@ class NullTelemetry:
     def environment(self) -> dict[str, Any]:
         return {"gpu_uuids": None, "gpu_names": None, "gpu_power_limit_w": None, "driver_version": None}
 
-    def timeline_table(self, trial_id: str, t0_s: float, t1_s: float,
-                       marks: list[tuple[str, float, float]] | None = None) -> pa.Table:
+    def timeline_table(self, trial_id: str, t0_s: float, t1_s: float, marks: Marks | None = None) -> pa.Table:
         return _with_trial_id(TIMELINE_SCHEMA.empty_table(), trial_id, marks)

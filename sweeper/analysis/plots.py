@@ -13,14 +13,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sweeper.analysis.tables import ok_trials
+from sweeper.core.axes import AXES
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
     from matplotlib.figure import Figure
 
 # Columns that identify a line of a per-configuration plot (batch size is the x axis);
 # option variants (eager / compiled) and tensor parallelism are lines of their own.
-CONFIG = ("model", "backend", "precision", "backend_options", "tensor_parallel")
-SHAPE = ("input_len", "output_len")
 UNSTABLE_NOTE = "hollow markers: unstable trials"
 _PHASE_COLOURS = {"prefill": "tab:orange", "decode": "tab:blue"}
 
@@ -59,15 +60,6 @@ def require(df: pd.DataFrame, columns: tuple[str, ...], why: str) -> None:
     missing = [c for c in columns if c not in df.columns or not df[c].notna().any()]
     if missing:
         raise PlotUnavailable(f"{', '.join(missing)} missing or all null ({why})")
-
-
-def ok_trials(trials: pd.DataFrame) -> pd.DataFrame:
-    df = trials[trials["status"] == "ok"].copy()
-    if "unstable" not in df.columns:
-        df["unstable"] = False
-    # Null means "not judged" (e.g. shards from before the flag existed): draw it as stable.
-    df["unstable"] = df["unstable"].astype("boolean").fillna(False).astype(bool)
-    return df
 
 
 def _plottable(trials: pd.DataFrame) -> pd.DataFrame:
@@ -155,7 +147,7 @@ def _per_batch(trials: pd.DataFrame, column: str, ylabel: str, title: str, why: 
     fig = new_figure(max(6.0, 4.6 * cols), 3.6 * -(-len(models) // cols) + 0.5)
     for ax, model in zip(_model_axes(fig, models), models, strict=True):
         mdf = df[df["model"] == model]
-        keys = [k for k in (*CONFIG, *SHAPE) if k in mdf.columns]
+        keys = [k for k in (*AXES.series_columns(), *AXES.shape_columns()) if k in mdf.columns]
         for i, (_, g) in enumerate(mdf.groupby(keys, sort=True, dropna=False)):
             colour = f"C{i % 10}"
             g = g.sort_values("batch_size")
@@ -342,15 +334,16 @@ def phase_spans(timeline: pd.DataFrame) -> list[tuple[str, float, float]]:
     spans: list[tuple[str, float, float]] = []
     # pandas turns the None of an all-null group into NaN: normalise to None.
     times, phases = list(per_t.index), [p if isinstance(p, str) else None for p in per_t.values]
-    start = None
+    start: int | None = None  # index of the current run's first sample
+    start_phase = ""
     for i, (t, phase) in enumerate(zip(times, phases, strict=True)):
-        if start is not None and phase != phases[start]:
-            spans.append((phases[start], times[start], t))
+        if start is not None and phase != start_phase:
+            spans.append((start_phase, times[start], t))
             start = None
         if start is None and phase is not None:
-            start = i
+            start, start_phase = i, phase
     if start is not None and times[start] < times[-1]:
-        spans.append((phases[start], times[start], times[-1]))
+        spans.append((start_phase, times[start], times[-1]))
     return spans
 
 

@@ -31,7 +31,7 @@ def connect(root: str | os.PathLike) -> tuple[Any, list[str]]:
     """An in-memory DuckDB connection with one view per aggregated table; and the views' names."""
     import duckdb
 
-    from sweeper.analysis.report import check_results_dir, table_path
+    from sweeper.analysis.results import check_results_dir, table_path
 
     path = check_results_dir(root)
     con = duckdb.connect()

@@ -50,7 +50,7 @@ class Precision:
     # too), for schemes that offer it; None: the option changes nothing.
     weight_bits_double_quant: float | None = None
     # Number format the matmuls run in, which picks the GPU's peak rate for MFU
-    # (sweeper.core.roofline.GPUS keys); None: the compute dtype's own format.
+    # (sweeper.core.gpus.FORMATS); None: the compute dtype's own format.
     compute_format: str | None = None
 
     @property

@@ -4,7 +4,7 @@ Per-token times come from a logits processor that counts the steps and, at the
 first, synchronizes the device and reads the clock: the end of prefill (time to
 first token). Decode ends at generate's final synchronize. One synchronize per
 call costs next to nothing; one per step would add a host stall to every step
-(bench/overhead.py measures both). ``compile: true`` runs the decode step compiled
+(``python -m bench overhead`` measures both). ``compile: true`` runs the decode step compiled
 (actors/backends/transformers/compiled.py).
 """
 
@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from actors.backends.transformers import bnb
 from actors.backends.base import (
     Backend,
     Generation,
@@ -28,6 +27,7 @@ from actors.backends.base import (
     PrepareInfo,
     RequestTiming,
 )
+from actors.backends.transformers import bnb
 from actors.errors import PrecisionUnavailable
 from sweeper.core.backends import TransformersOptions
 from sweeper.core.precisions import PRECISIONS
@@ -60,10 +60,6 @@ class TransformersBackend(Backend):
         # tests add "cpu" to check its outputs.
         self.compile_devices = compile_devices
         self._compiled: Any = None  # compiled.CompiledDecode of the loaded model
-        # "first": synchronize once, when prefill's logits exist (time to first token).
-        # "every": also at every decode step (the old method; bench/overhead.py compares).
-        self.step_sync = "first"
-        self.last_output_ids: Any = None  # the last call's prompt + new tokens (equality checks)
 
     def load(self, spec: ModelSpec) -> LoadInfo:
         import torch
@@ -71,7 +67,7 @@ class TransformersBackend(Backend):
         from transformers import AutoModelForCausalLM
 
         transformers.logging.set_verbosity_error()
-        options = TransformersOptions.model_validate_json(spec.options_json)
+        options = spec.options_as(TransformersOptions)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         precision = PRECISIONS[spec.precision]
         PrecisionUnavailable.check(precision)  # before any weights are written
@@ -144,11 +140,9 @@ class TransformersBackend(Backend):
                 self.t_first = 0.0
 
             def __call__(self, input_ids, scores):
-                if self.steps == 0 or backend.step_sync == "every":
+                if self.steps == 0:
                     backend.sync()
-                    t = backend.clock()
-                    if self.steps == 0:
-                        self.t_first = t
+                    self.t_first = backend.clock()
                 self.steps += 1
                 return scores
 
@@ -198,7 +192,6 @@ class TransformersBackend(Backend):
                                           generation_config=config, logits_processor=LogitsProcessorList([steps]))
         self.sync()
         t_end = self.clock()
-        self.last_output_ids = out
         if compiled:
             self._compiled.check_no_recompile(batch_size, cache_len, graphs_before)
         elif steps.steps != output_len:
@@ -238,7 +231,6 @@ class TransformersBackend(Backend):
     def close(self) -> None:
         self.model = None
         self._compiled = None  # holds the model, its static cache and module list
-        self.last_output_ids = None
         self.recover()
 
     # -- scoring (fidelity pass) ---------------------------------------------------

@@ -1,0 +1,82 @@
+"""Loading a results directory: its aggregated Parquet tables, checked and read into pandas.
+
+``sweeper aggregate`` writes ``trials.parquet`` and, when the sweep produced
+them, ``requests.parquet``, ``timeline.parquet`` and ``layers.parquet`` at the
+top of a results directory. The report, ``sweeper query`` and the notebooks
+all start here; pandas and pyarrow are imported only when something is read.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sweeper.core.errors import ResultsError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import pandas as pd
+
+
+@dataclass
+class Results:
+    """A results directory's aggregated tables (the timeline is read per trial: it is the large one)."""
+
+    root: Path
+    trials: pd.DataFrame
+    layers: pd.DataFrame | None = None
+    timeline_path: Path | None = None
+
+    def timeline(self, trial_id: str) -> pd.DataFrame | None:
+        if self.timeline_path is None:
+            return None
+        import pandas as pd
+
+        return pd.read_parquet(self.timeline_path, filters=[("trial_id", "==", trial_id)])
+
+    def timeline_trials(self) -> set[str]:
+        if self.timeline_path is None:
+            return set()
+        import pyarrow.parquet as pq
+
+        ids = pq.read_table(self.timeline_path, columns=["trial_id"]).column("trial_id")
+        return set(ids.unique().to_pylist()) - {None}
+
+
+def table_path(root: str | os.PathLike[str], kind: str) -> Path | None:
+    """``root/<kind>.parquet`` if it exists."""
+    path = Path(root) / f"{kind}.parquet"
+    return path if path.is_file() else None
+
+
+def check_results_dir(root: str | os.PathLike[str]) -> Path:
+    """The results directory as a Path, or a ResultsError that says what to do."""
+    text = str(root)
+    if "://" in text:
+        raise ResultsError(f"{text}: reports and queries read local directories; copy the results here first")
+    path = Path(text)
+    if not path.is_dir():
+        raise ResultsError(f"{text}: no such results directory")
+    if table_path(path, "trials") is None:
+        hint = (f"run `sweeper aggregate {text}` first" if (path / "shards" / "trials").is_dir()
+                else "is this a sweeper output directory?")
+        raise ResultsError(f"{text}: no trials.parquet ({hint})")
+    return path
+
+
+def load_results(root: str | os.PathLike[str]) -> Results:
+    """Read a results directory's aggregated tables into pandas."""
+    import pandas as pd
+
+    path = check_results_dir(root)
+    trials = pd.read_parquet(path / "trials.parquet")
+    layers_path = table_path(path, "layers")
+    layers = pd.read_parquet(layers_path) if layers_path else None
+    timeline_path = table_path(path, "timeline")
+    if timeline_path is not None:
+        import pyarrow.parquet as pq
+
+        if pq.ParquetFile(timeline_path).metadata.num_rows == 0:  # CPU runs write an empty timeline
+            timeline_path = None
+    return Results(path, trials, layers if layers is not None and not layers.empty else None, timeline_path)

@@ -1,0 +1,258 @@
+"""Analysis tables of a results directory: pandas in, pandas out.
+
+The best configuration per model under latency bounds, the unstable and the
+failed or skipped trials, what each precision saves and costs against its
+model's reference, a join of two sweeps, and which trial the report's power
+timeline and layer profile show. ``sweeper report`` lays these out as tables;
+the notebooks call them directly. pandas, DuckDB and the precision registry are
+imported inside the functions, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from sweeper.analysis.results import Results, check_results_dir
+from sweeper.core.axes import AXES
+from sweeper.core.errors import UserInputError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import pandas as pd
+
+# Configuration columns that make two sweeps' trials comparable (trial_id also
+# hashes the measurement settings, which may legitimately differ between runs);
+# ``variant`` is tensor parallelism and the backend options away from their
+# defaults (``tp=2 compile=True``), so eager never meets compiled.
+# Columns two sweeps' rows are matched on: every axis, from the axis table (tensor
+# parallelism and non-default options as one "variant" column).
+COMPARE_KEYS = AXES.compare_keys()
+
+
+class ReportError(UserInputError):
+    """A report option that does not fit the results (an unknown trial, a bad bound)."""
+
+
+def ok_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    """The ok trials, with ``unstable`` a plain bool (null, i.e. not judged, counts as stable)."""
+    df = trials[trials["status"] == "ok"].copy()
+    if "unstable" not in df.columns:
+        df["unstable"] = False
+    # Null means "not judged" (e.g. shards from before the flag existed): draw it as stable.
+    df["unstable"] = df["unstable"].astype("boolean").fillna(False).astype(bool)
+    return df
+
+
+def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None,
+                 max_ttft_ms: float | None = None) -> pd.DataFrame:
+    """The best ok trial per model under the latency bounds.
+
+    Best is the lowest J/token; where a model has no energy measured (CPU runs)
+    it is the highest throughput instead, and ``criterion`` says which. A trial
+    without the bounded latency cannot be shown to meet the bound and is left
+    out. Models with no trial under the bounds get a row with only ``criterion``.
+    """
+    import pandas as pd
+
+    for name, bound in (("--max-tpot-ms", max_tpot_ms), ("--max-ttft-ms", max_ttft_ms)):
+        if bound is not None and not bound > 0:
+            raise ReportError(f"{name} must be a positive number of milliseconds, got {bound}")
+    df = ok_trials(trials)
+    rows = []
+    for model in sorted(trials["model"].dropna().unique()):
+        cand = df[df["model"] == model]
+        if max_tpot_ms is not None:
+            cand = cand[cand["tpot_s"].notna() & (cand["tpot_s"] * 1e3 <= max_tpot_ms)]
+        if max_ttft_ms is not None:
+            cand = cand[cand["ttft_s"].notna() & (cand["ttft_s"] * 1e3 <= max_ttft_ms)]
+        with_energy = cand[cand["energy_per_token_j"].notna()]
+        if not with_energy.empty:
+            best, criterion = with_energy.loc[with_energy["energy_per_token_j"].idxmin()], "lowest J/token"
+        elif cand["throughput_tok_s"].notna().any():
+            best, criterion = cand.loc[cand["throughput_tok_s"].idxmax()], "highest tok/s (no energy)"
+        else:
+            rows.append({"model": model, "criterion": "no ok trial within the bounds"})
+            continue
+        rows.append({
+            "model": model, "backend": best["backend"], "precision": best["precision"],
+            "batch_size": best["batch_size"], "input_len": best["input_len"],
+            "output_len": best["output_len"], "throughput_tok_s": best["throughput_tok_s"],
+            "ttft_ms": best["ttft_s"] * 1e3, "tpot_ms": best["tpot_s"] * 1e3,
+            "energy_per_token_j": best["energy_per_token_j"], "mbu": best.get("mbu"),
+            "criterion": criterion, "unstable": bool(best["unstable"]), "trial_id": best["trial_id"],
+        })
+    return pd.DataFrame(rows, columns=[
+        "model", "backend", "precision", "batch_size", "input_len", "output_len", "throughput_tok_s",
+        "ttft_ms", "tpot_ms", "energy_per_token_j", "mbu", "criterion", "unstable", "trial_id"])
+
+
+def unstable_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    """The ok trials flagged unstable, with the reason each was flagged."""
+    df = ok_trials(trials)
+    cols = ["trial_id", "model", "backend", "precision", "batch_size", "duration_s", "unstable_reason"]
+    return df[df["unstable"]][[c for c in cols if c in df.columns]].sort_values(["model", "precision", "batch_size"])
+
+
+def not_ok_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    """The failed and skipped trials, with their reason and error."""
+    df = trials[trials["status"] != "ok"]
+    cols = ["trial_id", "model", "backend", "precision", "batch_size", "status", "reason", "error"]
+    return df[cols].sort_values(["status", "model", "precision", "batch_size"])
+
+
+def default_timeline_trial(results: Results) -> str | None:
+    """The trial whose power timeline the report shows: the ok trial with the most energy.
+
+    Without energy (a timeline but no energy column filled) it is the longest ok
+    trial that has samples; without a timeline there is none.
+    """
+    with_samples = results.timeline_trials()
+    if not with_samples:
+        return None
+    df = ok_trials(results.trials)
+    df = df[df["trial_id"].isin(with_samples)]
+    if df.empty:
+        return None
+    key = "energy_j" if df["energy_j"].notna().any() else "duration_s"
+    if not df[key].notna().any():
+        return str(df.iloc[0]["trial_id"])
+    return str(df.loc[df[key].idxmax()]["trial_id"])
+
+
+def layers_trial(results: Results, preferred: str | None) -> str | None:
+    """The trial whose layer profile the report shows: ``preferred`` if profiled, else the one with the most energy."""
+    if results.layers is None:
+        return None
+    profiled = set(results.layers["trial_id"].dropna().unique())
+    if preferred in profiled:
+        return preferred
+    df = results.trials[results.trials["trial_id"].isin(profiled)]
+    if not df.empty and df["energy_j"].notna().any():
+        return str(df.loc[df["energy_j"].idxmax()]["trial_id"])
+    return sorted(profiled)[0] if profiled else None
+
+
+def compare_sweeps(baseline: str | os.PathLike[str], candidate: str | os.PathLike[str]) -> pd.DataFrame:
+    """Join two results directories' ok trials on their configuration; ratios are candidate / baseline.
+
+    Runs in DuckDB straight over the two Parquet files, the way a user would.
+    """
+    import duckdb
+
+    from sweeper.core.trial import variant_label
+
+    a = check_results_dir(baseline) / "trials.parquet"
+    b = check_results_dir(candidate) / "trials.parquet"
+    keys = AXES.compare_keys()  # at call time: axes added since import count too
+    on = " AND ".join(f"a.{k} IS NOT DISTINCT FROM b.{k}" for k in keys)
+    with_variant = "SELECT *, variant(backend, backend_options, TRY_CAST(tensor_parallel AS BIGINT)) AS variant FROM read_parquet(?)"
+    sql = f"""
+        WITH a AS ({with_variant}), b AS ({with_variant})
+        SELECT {", ".join(f"a.{k}" for k in keys)},
+               a.throughput_tok_s AS baseline_tok_s, b.throughput_tok_s AS candidate_tok_s,
+               b.throughput_tok_s / a.throughput_tok_s AS throughput_ratio,
+               b.tpot_s / a.tpot_s AS tpot_ratio,
+               a.energy_per_token_j AS baseline_j_per_tok, b.energy_per_token_j AS candidate_j_per_tok,
+               b.energy_per_token_j / a.energy_per_token_j AS energy_per_token_ratio,
+               a.unstable OR b.unstable AS either_unstable
+        FROM a JOIN b ON {on}
+        WHERE a.status = 'ok' AND b.status = 'ok'
+        ORDER BY {", ".join(f"a.{k}" for k in keys)}"""
+    con = duckdb.connect()
+    try:
+        # The stubs want an enum for null_handling whose module moved between DuckDB releases;
+        # the string is accepted at run time by all of them.
+        con.create_function("variant", variant_label, ["VARCHAR", "VARCHAR", "BIGINT"], "VARCHAR",  # type: ignore[call-overload]
+                            null_handling="special")
+        return con.execute(sql, [str(a), str(b)]).df()
+    finally:
+        con.close()
+
+
+# -- precisions --------------------------------------------------------------------------
+
+
+def _reference_precision(group: pd.DataFrame) -> str | None:
+    """The precision a model's others are compared with: the fidelity pass's
+    reference where one ran, else bf16, else none."""
+    if "fidelity_reference" in group.columns:
+        named = group["fidelity_reference"].dropna()
+        if not named.empty:
+            return str(named.iloc[0])
+    return "bf16" if (group["precision"] == "bf16").any() else None
+
+
+def _max_or_none(df: pd.DataFrame, column: str) -> float | None:
+    return df[column].max() if column in df.columns and df[column].notna().any() else None
+
+
+def _geomean(values: list[float]) -> float | None:
+    import math
+
+    values = [v for v in values if v is not None and v == v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def precision_summary(trials: pd.DataFrame) -> pd.DataFrame:
+    """What each precision saves and costs against its model's reference precision.
+
+    Per model, backend and precision: weight memory, and J/token and tok/s as
+    ratios to the reference measured at the same batch size and shape (geometric
+    mean over the shapes both have), beside fidelity and the best MBU. Empty when
+    no model was run at more than one precision.
+    """
+    import pandas as pd
+
+    from sweeper.core.precisions import PRECISIONS
+    from sweeper.core.trial import variant_label
+
+    df = ok_trials(trials)
+    shape = ["batch_size", "input_len", "output_len"]
+    order = {name: i for i, name in enumerate(PRECISIONS)}
+    rows = []
+    # Eager and compiled (any option variant) are separate comparisons, as is tensor parallelism.
+    keys = [k for k in ("model", "backend", "backend_options", "tensor_parallel") if k in df.columns]
+    for _, group in df.groupby(keys, sort=True, dropna=False):
+        if group["precision"].nunique() < 2:
+            continue
+        first_row = group.iloc[0]
+        tp = first_row.get("tensor_parallel")
+        variant = variant_label(first_row["backend"], first_row.get("backend_options"),
+                                int(tp) if pd.notna(tp) else 1)
+        ref_name = _reference_precision(group)
+        ref = group[group["precision"] == ref_name]
+        ref_weights = ref["weight_memory_bytes"].median()
+        def rank(p: str, r: str | None = ref_name) -> tuple[bool, int, str]:
+            return p != r, order.get(p, len(order)), p
+
+        # Reference first, then the registry's order.
+        for precision in sorted(group["precision"].unique(), key=rank):
+            rows_p = group[group["precision"] == precision]
+            paired = rows_p.merge(ref, on=shape, suffixes=("", "_ref"))
+            weights = rows_p["weight_memory_bytes"].median()
+
+            def ratio(column: str, paired: pd.DataFrame = paired) -> float | None:
+                return _geomean(list(paired[column] / paired[f"{column}_ref"]))
+
+            def first(column: str, rows_p: pd.DataFrame = rows_p) -> Any:
+                if column not in rows_p.columns:
+                    return None
+                values = rows_p[column].dropna()
+                return values.iloc[0] if len(values) else None
+
+            rows.append({
+                "model": first_row["model"],
+                "backend": f"{first_row['backend']} {variant}" if variant else first_row["backend"],
+                "precision": precision, "reference": ref_name,
+                "weight_gb": weights / 1e9 if pd.notna(weights) else None,
+                "weight_vs_ref": weights / ref_weights if pd.notna(weights) and pd.notna(ref_weights) else None,
+                "energy_per_token_vs_ref": ratio("energy_per_token_j"),
+                "throughput_vs_ref": ratio("throughput_tok_s"),
+                "shapes_compared": len(paired),
+                "fidelity_kl": first("fidelity_kl"), "fidelity_top1": first("fidelity_top1"),
+                "best_mbu": _max_or_none(rows_p, "mbu"),
+            })
+    return pd.DataFrame(rows, columns=[
+        "model", "backend", "precision", "reference", "weight_gb", "weight_vs_ref",
+        "energy_per_token_vs_ref", "throughput_vs_ref", "shapes_compared", "fidelity_kl",
+        "fidelity_top1", "best_mbu"])

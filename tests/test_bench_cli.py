@@ -1,0 +1,61 @@
+"""``python -m bench``: one entry point for every benchmark, each with its own --help, and
+the one record format every bench writes (no GPU needed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench import SUBCOMMANDS
+from tests.conftest import ROOT
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_help_lists_every_subcommand():
+    r = _bench("--help")
+    assert r.returncode == 0, r.stderr
+    for name in SUBCOMMANDS:
+        assert f"\n    {name}" in r.stdout, name
+    assert "cannot be imported" not in r.stdout
+    assert set(SUBCOMMANDS) >= {"energy", "overhead", "layers", "backends", "compile-check", "quant-check",
+                                "roofline", "scheduling", "vllm-compare", "trials-table", "readme-plot"}
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_each_subcommand_has_its_help(name):
+    r = _bench(name, "--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"usage: python3 -m bench {name}")
+
+
+def test_unknown_subcommand_fails():
+    r = _bench("no-such-bench")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_record_says_what_produced_it(tmp_path, monkeypatch):
+    from bench import benchkit
+
+    for name in ("_command", "_started", "_header"):  # restored after the test
+        monkeypatch.setattr(benchkit, name, None)
+    benchkit.start_command(["energy", "--out", "x.json"])
+    path = tmp_path / "sub" / "x.json"
+    benchkit.write_record(path, "energy", {"batches": {"1": {}}})
+    record = json.loads(path.read_text())
+    assert list(record) == ["bench", "command", "commit", "dirty", "date", "device", "versions", "results"]
+    assert record["bench"] == "energy" and record["command"][1:] == ["-m", "bench", "energy", "--out", "x.json"]
+    assert record["commit"] is None or len(record["commit"]) == 40
+    assert record["date"].endswith("+00:00")
+    assert set(record["device"]) == {"gpus", "cpu"}
+    assert {"python", "torch", "transformers", "vllm", "ray", "driver", "cuda"} <= set(record["versions"])
+    assert benchkit.read_results(path) == {"batches": {"1": {}}}
+    old = tmp_path / "old.json"  # written before the record format: read whole
+    old.write_text(json.dumps({"batches": {}}))
+    assert benchkit.read_results(old) == {"batches": {}}
