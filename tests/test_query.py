@@ -101,3 +101,58 @@ def test_missing_directory_and_conflicting_flags(tmp_path, quickstart_results):
     assert r.returncode == 2 and "no trials.parquet" in r.stderr
     r = run_cli("query", str(quickstart_results), "SELECT 1", "--csv", "--json")
     assert r.returncode == 2 and "exclude each other" in r.stderr
+
+
+# -- read-only ------------------------------------------------------------------------------
+
+@pytest.fixture
+def results_copy(gpu_results, tmp_path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(gpu_results, tmp_path / "copy"))
+
+
+@pytest.mark.parametrize(("sql", "expected"), [
+    ("COPY (SELECT 1 AS x) TO '{dir}/requests.parquet'", "read-only: COPY statements are not allowed"),
+    ("CREATE TABLE t AS SELECT 1", "read-only: CREATE statements are not allowed"),
+    ("INSTALL httpfs", "read-only: LOAD statements are not allowed"),
+    ("ATTACH '{dir}/other.db'", "read-only: ATTACH statements are not allowed"),
+    ("SELECT 1; DROP VIEW trials", "read-only: DROP statements are not allowed"),
+    ("SELECT * FROM read_text('/etc/hostname')", "file system operations are disabled"),
+    ("SELECT * FROM read_parquet('{dir}/shards/trials/*.parquet')", "file system operations are disabled"),
+])
+def test_query_can_read_the_results_and_nothing_else(results_copy, sql, expected):
+    before = {p: p.stat().st_mtime_ns for p in results_copy.rglob("*") if p.is_file()}
+    r = run_cli("query", str(results_copy), sql.format(dir=results_copy))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and expected in r.stderr, r.stderr
+    assert {p: p.stat().st_mtime_ns for p in results_copy.rglob("*") if p.is_file()} == before  # nothing written
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty", "wrong-schema"])
+def test_a_damaged_trials_table_is_one_line_for_query_and_report(results_copy, damage):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    trials = results_copy / "trials.parquet"
+    if damage == "truncate":
+        trials.write_bytes(trials.read_bytes()[:200])
+    elif damage == "empty":
+        trials.write_bytes(b"")
+    else:
+        pq.write_table(pa.table({"x": [1, 2]}), trials)
+    for args in (("query", str(results_copy), "SELECT count(*) FROM trials"), ("report", str(results_copy))):
+        r = run_cli(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "trials.parquet" in r.stderr, (args, r.stderr)
+
+
+def test_report_refuses_a_report_path_that_is_a_file(results_copy):
+    shutil_target = results_copy / "report"
+    import shutil
+
+    shutil.rmtree(shutil_target, ignore_errors=True)
+    shutil_target.write_text("not a directory")
+    r = run_cli("report", str(results_copy))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "exists and is not a directory" in r.stderr

@@ -1,8 +1,15 @@
-"""``sweeper query``: DuckDB SQL over a results directory's aggregated tables.
+"""``sweeper query``: read-only DuckDB SQL over a results directory's aggregated tables.
 
 Each aggregated table that exists becomes a view of its name (``trials``,
 ``requests``, ``timeline``, ``layers``), so a query never needs a file path.
 DuckDB is imported only when a query runs.
+
+Read-only, twice over: only ``SELECT`` (and ``EXPLAIN``) statements run, so a
+typo cannot ``COPY`` over the results' own tables, ``ATTACH`` a database or
+``INSTALL`` an extension; and the connection may touch no file but the
+aggregated tables themselves (DuckDB's external access is off, with those
+files allowed, and the configuration locked), so ``read_text('/etc/shadow')``
+fails too.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from sweeper.core.errors import UserInputError
+from sweeper.core.errors import ResultsError, UserInputError
 
 VIEWS = ("trials", "requests", "timeline", "layers")
 
@@ -31,17 +38,32 @@ def connect(root: str | os.PathLike) -> tuple[Any, list[str]]:
     """An in-memory DuckDB connection with one view per aggregated table; and the views' names."""
     import duckdb
 
-    from sweeper.analysis.results import check_results_dir, table_path
+    from sweeper.analysis.results import REQUIRED_TRIAL_COLUMNS, check_results_dir, table_path
 
     path = check_results_dir(root)
     con = duckdb.connect()
-    views = []
+    views, files = [], []
     for kind in VIEWS:
         table = table_path(path, kind)
         if table is not None:
             literal = str(table.resolve()).replace("'", "''")
-            con.execute(f"CREATE VIEW {kind} AS SELECT * FROM read_parquet('{literal}')")
+            try:
+                con.execute(f"CREATE VIEW {kind} AS SELECT * FROM read_parquet('{literal}')")
+            except duckdb.Error as exc:
+                con.close()
+                raise ResultsError(f"{table}: not a readable Parquet table ({_first_line(exc)}); "
+                                   f"`sweeper aggregate {root}` rebuilds it from the shards") from None
             views.append(kind)
+            files.append(str(table.resolve()))
+    columns = {row[0] for row in con.execute("DESCRIBE trials").fetchall()}
+    if REQUIRED_TRIAL_COLUMNS - columns:
+        con.close()
+        raise ResultsError(f"{path / 'trials.parquet'}: not a sweeper trials table (no "
+                           f"{', '.join(sorted(REQUIRED_TRIAL_COLUMNS - columns))} column); "
+                           f"`sweeper aggregate {root}` rebuilds it from the shards")
+    con.execute("SET allowed_paths = ?", [files])
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
     return con, views
 
 
@@ -52,6 +74,10 @@ def run_query(root: str | os.PathLike, sql: str) -> QueryResult:
         raise QueryError("empty query")
     con, views = connect(root)
     try:
+        for statement in con.extract_statements(sql):
+            if statement.type not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
+                raise QueryError(f"sweeper query is read-only: {statement.type.name} statements are not "
+                                 "allowed (SELECT and EXPLAIN are)")
         cur = con.execute(sql)
         if cur.description is None:  # a statement without a result (SET, CREATE ...)
             return QueryResult([], [], views)
@@ -59,11 +85,16 @@ def run_query(root: str | os.PathLike, sql: str) -> QueryResult:
         return QueryResult(columns, cur.fetchall(), views)
     except duckdb.Error as exc:
         # DuckDB's message carries the caret diagram on later lines; the first line names the error.
-        first = str(exc).strip().splitlines()[0].strip() if str(exc).strip() else type(exc).__name__
+        first = _first_line(exc)
         hint = f" (views: {', '.join(views)})" if "does not exist" in first else ""
         raise QueryError(f"query failed: {first}{hint}") from None
     finally:
         con.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0].strip() if text else type(exc).__name__
 
 
 def to_csv(result: QueryResult) -> str:

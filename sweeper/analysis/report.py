@@ -157,6 +157,8 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
     tables = _tables(results, max_tpot_ms, max_ttft_ms)  # validates the bounds before any drawing
 
     directory = results.root / "report"
+    if directory.exists() and not directory.is_dir():
+        raise ReportError(f"{directory} exists and is not a directory: move it away, the report is written there")
     directory.mkdir(parents=True, exist_ok=True)
     for stale in PLOT_FILES:  # a plot left out this time must not linger beside the new page
         (directory / stale).unlink(missing_ok=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sweeper.core.errors import ResultsError
 
@@ -65,14 +65,31 @@ def check_results_dir(root: str | os.PathLike[str]) -> Path:
     return path
 
 
+# What every analysis reads; a table without them is not one sweeper wrote.
+REQUIRED_TRIAL_COLUMNS = frozenset({"trial_id", "model", "backend", "precision", "batch_size", "status"})
+
+
+def _read(pd: Any, path: Path, root: str | os.PathLike[str]) -> Any:
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # pyarrow raises several kinds for a truncated or empty file
+        lines = str(exc).strip().splitlines()
+        raise ResultsError(f"{path}: not a readable Parquet table ({lines[0] if lines else type(exc).__name__}); "
+                           f"`sweeper aggregate {root}` rebuilds it from the shards") from None
+
+
 def load_results(root: str | os.PathLike[str]) -> Results:
     """Read a results directory's aggregated tables into pandas."""
     import pandas as pd
 
     path = check_results_dir(root)
-    trials = pd.read_parquet(path / "trials.parquet")
+    trials = _read(pd, path / "trials.parquet", root)
+    missing = REQUIRED_TRIAL_COLUMNS - set(trials.columns)
+    if missing:
+        raise ResultsError(f"{path / 'trials.parquet'}: not a sweeper trials table (no {', '.join(sorted(missing))} "
+                           f"column); `sweeper aggregate {root}` rebuilds it from the shards")
     layers_path = table_path(path, "layers")
-    layers = pd.read_parquet(layers_path) if layers_path else None
+    layers = _read(pd, layers_path, root) if layers_path else None
     timeline_path = table_path(path, "timeline")
     if timeline_path is not None:
         import pyarrow.parquet as pq
