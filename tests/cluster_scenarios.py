@@ -29,10 +29,10 @@ import pyarrow.parquet as pq
 from ray.cluster_utils import Cluster
 
 from sweeper.plan.expand import make_plan
-from sweeper.run.cluster import connect
-from sweeper.run.sweep_run import run_plan
 from sweeper.plan.spec import load_sweep
+from sweeper.run.cluster import connect
 from sweeper.run.storage import ResultStore
+from sweeper.run.sweep_run import run_plan
 
 # Notice a killed node in about a second, not Ray's default of ~15 s.
 FAST_HEALTH_CHECK = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200,

@@ -530,7 +530,7 @@ def test_profile_option_is_validated():
 
 
 def test_profiling_is_identity_but_leaves_unprofiled_ids_alone():
-    from tests.test_plan import KNOWN_ID
+    from tests.plan.test_plan import KNOWN_ID
 
     plain, _ = expand(parse_sweep(MINIMAL))
     assert plain[0].trial_id == KNOWN_ID and plain[0].layer_profile is None

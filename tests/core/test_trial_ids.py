@@ -8,13 +8,12 @@ If the measurement method changes on purpose (``METHOD_VERSION``), regenerate
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
 
-PINNED = json.loads((Path(__file__).parent / "data" / "pinned_trial_ids.json").read_text())
+PINNED = json.loads((ROOT / "tests" / "data" / "pinned_trial_ids.json").read_text())
 
 
 @pytest.mark.parametrize("sweep_file", sorted(PINNED))

@@ -18,11 +18,11 @@ from actors.backends import create_backend
 from actors.backends.base import ModelSpec
 from sweeper.core.backends import BACKENDS
 from sweeper.core.errors import SweepFileError
-from sweeper.plan.expand import make_plan
 from sweeper.core.presets import PRESETS
-from sweeper.run.sweep_run import run_plan
+from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
 from sweeper.run.storage import ResultStore
+from sweeper.run.sweep_run import run_plan
 from tests.cluster_scenarios import run_scenario
 from tests.conftest import ROOT
 

@@ -15,11 +15,11 @@ import psutil
 import pytest
 
 from sweeper.core.outcome import TrialOutcome
+from sweeper.core.trial import MeasureSettings
 from sweeper.plan.expand import make_plan
-from sweeper.run.sweep_run import predicted_oom, run_plan
 from sweeper.plan.spec import load_sweep
 from sweeper.run.storage import ResultStore
-from sweeper.core.trial import MeasureSettings
+from sweeper.run.sweep_run import predicted_oom, run_plan
 from tests.conftest import ROOT
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.analysis.test_report import build_gpu_results
 from tests.conftest import run_cli
-from tests.test_report import build_gpu_results
 
 
 @pytest.fixture(scope="module")

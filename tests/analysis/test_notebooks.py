@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.analysis.test_report import build_gpu_results
 from tests.conftest import ROOT
-from tests.test_report import build_gpu_results
 
 NOTEBOOKS = ROOT / "notebooks"
 

@@ -25,6 +25,7 @@ from actors.backends.vllm import (
 )
 from actors.measure import request_rows
 from sweeper.core.backends import BACKENDS, VllmOptions
+from sweeper.core.errors import SweepFileError
 from sweeper.plan.capabilities import (
     LOCAL,
     Capabilities,
@@ -33,7 +34,6 @@ from sweeper.plan.capabilities import (
     probe_cluster,
     probed_libraries,
 )
-from sweeper.core.errors import SweepFileError
 from sweeper.plan.expand import expand, make_plan
 from sweeper.plan.spec import parse_sweep
 from tests.conftest import ROOT, run_cli

@@ -8,6 +8,7 @@ actors is tested in test_e2e.py, test_faults.py and test_scheduling.py.
 
 from __future__ import annotations
 
+import io
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -96,7 +97,7 @@ def _run(tmp_path, runner: ScriptedRunner, sweep=None, **options: Any) -> tuple[
     plan = make_plan(sweep or _sweep(), "cpu")
     store = ResultStore(str(tmp_path / "out"))
     sweep_run = SweepRun(plan, store, CPU, runner, options=RunOptions(poll_s=0.01, **options),
-                         console=Console(file=open("/dev/null", "w")), quiet=True)
+                         console=Console(file=io.StringIO()), quiet=True)
     sweep_run.run()
     store.aggregate()
     return sweep_run, pq.read_table(tmp_path / "out" / "trials.parquet").to_pylist()

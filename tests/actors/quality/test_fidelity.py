@@ -20,9 +20,9 @@ from actors.quality.fidelity import (
     top1_agreement,
 )
 from sweeper.core.backends import BACKENDS
+from sweeper.core.settings import FidelitySettings
 from sweeper.plan.expand import expand
 from sweeper.plan.spec import parse_sweep
-from sweeper.core.settings import FidelitySettings
 from tests.conftest import run_cli
 
 OPTIONS = BACKENDS["transformers"].default_options()
