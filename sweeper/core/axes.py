@@ -33,6 +33,10 @@ class ModelRef:
     name: str  # the entry exactly as written in the sweep file
     source: ModelSource
     location: str  # preset name, absolute directory, or hub repo id
+    # Longest sequence (prompt + output) its config allows, when the config says; read at
+    # plan time so that a longer shape is skipped there, not run on a GPU (or silently
+    # extrapolated, for rotary models).
+    max_positions: int | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return self.name

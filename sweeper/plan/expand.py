@@ -147,7 +147,7 @@ def compatibility(trial: Trial, device: Device, capabilities: Capabilities | Non
     """
     backend = BACKENDS[trial.backend]
     precision = PRECISIONS[trial.precision]
-    reason = (backend.unsupported_reason(trial.precision, device, trial.tensor_parallel)
+    reason = (_too_long(trial) or backend.unsupported_reason(trial.precision, device, trial.tensor_parallel)
               or backend.unsupported_shape(trial.backend_options, trial.input_len, trial.output_len))
     if not reason and capabilities is not None:
         reason = capabilities.too_wide(device, trial.num_gpus)
@@ -165,6 +165,15 @@ def compatibility(trial: Trial, device: Device, capabilities: Capabilities | Non
     reasons = [precision.unsupported_reason(device, v) for v in candidates]
     # Runnable if any node's version accepts it: the trial can be placed there.
     return None if any(r is None for r in reasons) else reasons[0]
+
+
+def _too_long(trial: Trial) -> str | None:
+    limit = trial.model_ref.max_positions
+    length = trial.input_len + trial.output_len
+    if limit is not None and length > limit:
+        return (f"input_len + output_len = {length} exceeds the model's {limit} positions "
+                f"(max_position_embeddings in its config)")
+    return None
 
 
 def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", check_hub: bool = True,

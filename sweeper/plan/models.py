@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from sweeper.core.axes import ModelRef
 from sweeper.core.errors import ModelResolutionError
@@ -28,7 +30,7 @@ def resolve_model(entry: str, *, base_dir: Path | None = None, check_hub: bool =
     name = entry.strip()
     preset = name.removeprefix("synthetic:")
     if preset in PRESETS:
-        return ModelRef(name, "synthetic", preset)
+        return ModelRef(name, "synthetic", preset, max_positions(PRESETS[preset].config))
     if name.startswith("synthetic:"):
         raise ModelResolutionError(
             f"unknown preset {preset!r}; bundled presets: {', '.join(sorted(PRESETS))}"
@@ -41,8 +43,7 @@ def resolve_model(entry: str, *, base_dir: Path | None = None, check_hub: bool =
         config = path / "config.json"
         if not config.is_file():
             raise ModelResolutionError(f"directory {name!r} has no config.json")
-        _check_config(config)
-        return ModelRef(name, "path", str(path.resolve()))
+        return ModelRef(name, "path", str(path.resolve()), max_positions(_check_config(config)))
 
     if not _HUB_ID.match(name):
         raise ModelResolutionError(
@@ -54,10 +55,36 @@ def resolve_model(entry: str, *, base_dir: Path | None = None, check_hub: bool =
             f"Hugging Face model {name!r} is neither cached locally nor reachable "
             "(no network, a typo, or a gated model without a token?)"
         )
-    return ModelRef(name, "hub", name)
+    return ModelRef(name, "hub", name, max_positions(_cached_hub_config(name)))
 
 
-def _check_config(path: Path) -> None:
+# Where configs keep their context length, in the order transformers' models use them.
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def max_positions(config: Mapping[str, Any] | None) -> int | None:
+    """The longest sequence a model config allows, or None when it does not say."""
+    for key in _POSITION_KEYS:
+        value = (config or {}).get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _cached_hub_config(repo_id: str) -> dict[str, Any] | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(repo_id, "config.json")
+        if isinstance(cached, str):
+            config = json.loads(Path(cached).read_text())
+            return config if isinstance(config, dict) else None
+    except (ImportError, OSError, ValueError):
+        pass
+    return None
+
+
+def _check_config(path: Path) -> dict[str, Any]:
     """A checkpoint's config.json must be a JSON object naming its architecture, found at plan time
     rather than on a GPU worker after the sweep has started."""
     try:
@@ -66,6 +93,7 @@ def _check_config(path: Path) -> None:
         raise ModelResolutionError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         raise ModelResolutionError(f"{path} has no \"model_type\": not a transformers model config")
+    return config
 
 
 def _hub_config_reachable(repo_id: str) -> bool:

@@ -165,3 +165,15 @@ def test_a_malformed_checkpoint_config_fails_at_plan_time(tmp_path, text, messag
     (tmp_path / "config.json").write_text(text)
     with pytest.raises(SweepFileError, match=message):
         expand(sweep(models=[str(tmp_path)]))
+
+
+def test_a_shape_longer_than_the_models_positions_is_skipped_at_plan_time(tiny_gpt2_dir):
+    # presets read their config (tiny-llama: 2048), local checkpoints their config.json (GPT-2: 64)
+    plan = make_plan(sweep(models=["tiny-llama", str(tiny_gpt2_dir)], precisions="fp32", batch_sizes=1,
+                           workload={"input_len": [16, 2040, 2041], "output_len": 8}), "cpu")
+    skipped = {(p.trial.model, p.trial.input_len): p.skip_reason for p in plan.trials if not p.runnable}
+    gpt2 = str(tiny_gpt2_dir)
+    assert set(skipped) == {("tiny-llama", 2041), (gpt2, 2040), (gpt2, 2041)}  # 2040 + 8 fits 2048 exactly
+    assert skipped[("tiny-llama", 2041)] == ("input_len + output_len = 2049 exceeds the model's 2048 positions "
+                                             "(max_position_embeddings in its config)")
+    assert "exceeds the model's 64 positions" in skipped[(gpt2, 2040)]

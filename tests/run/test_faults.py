@@ -256,3 +256,39 @@ def test_run_takes_the_fault_flags():
     assert result.exit_code == 0
     for flag in ("--max-retries", "--no-oom-pruning", "--quiet"):
         assert flag in result.output
+
+
+def test_sigterm_is_handled_like_ctrl_c(write_sweep, tmp_path):
+    gate = tmp_path / "gate"
+    sweep_path, out = write_sweep(SIGINT_SWEEP.format(gate=gate)), tmp_path / "out"
+    gate.touch()
+    cmd = [sys.executable, "-m", "sweeper", "run", str(sweep_path), "-o", str(out), "-q"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not _shards(out) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    gate.unlink()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr[-3000:]
+    assert "terminated: every finished trial is saved" in stderr and "Traceback" not in stderr
+    assert "Fatal Python error" not in stderr  # no C stack dump
+    assert len(_shards(out)) >= 1
+    assert not (out / ".sweeper.lock").exists()  # the lock is given back
+
+
+@pytest.mark.parametrize(("address", "expected"), [
+    ("garbage", "expected auto, HOST:PORT"),
+    ("127.0.0.1:1", "no Ray head answers there"),
+])
+def test_a_bad_address_is_one_line_in_seconds(write_sweep, tmp_path, address, expected):
+    sweep_path = write_sweep(SIGINT_SWEEP.format(gate=tmp_path / "gate"))
+    for command in ("run", "plan"):
+        t0 = time.monotonic()
+        extra = ["-o", str(tmp_path / "out")] if command == "run" else []
+        r = subprocess.run([sys.executable, "-m", "sweeper", command, str(sweep_path), "--address", address, *extra],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert [line for line in r.stderr.splitlines() if line.startswith("error:")] == [
+            line for line in r.stderr.splitlines() if expected in line], r.stderr
+        assert time.monotonic() - t0 < 30

@@ -212,3 +212,18 @@ def test_a_queued_actor_is_not_loading_yet(tmp_path):
     assert g.state is GroupState.WAITING and not g.load_timed_out(now_s=1e9)
     g.state, g.placed_s = GroupState.LOADING, 100.0
     assert not g.load_timed_out(now_s=100.5) and g.load_timed_out(now_s=101.5)
+
+
+def test_predicted_oom_skips_stay_skipped_on_resume_until_retry_failed(tmp_path):
+    def script(trial: Trial, attempt: int) -> Any:
+        return {"status": "failed", "reason": "oom", "error": "CUDA out of memory"} if trial.batch_size >= 2 \
+            else ok_row(trial)
+
+    _run(tmp_path, ScriptedRunner(script), _sweep(precisions="fp32"))
+    again = ScriptedRunner(script)
+    run, rows = _run(tmp_path, again, _sweep(precisions="fp32"))
+    assert again.runs == [] and run.summary.resumed == 3  # not one more known-OOM trial per resume
+    assert {r["batch_size"]: r["reason"] for r in rows} == {1: None, 2: "oom", 4: "predicted_oom"}
+    retried = ScriptedRunner(script)
+    _run(tmp_path, retried, _sweep(precisions="fp32"), retry_failed=True)
+    assert len(retried.runs) == 1  # batch 2 again; its OOM predicts batch 4 once more

@@ -148,7 +148,7 @@ def test_4bit_loads_4bit_layers_and_generates(precision, quant_type):
 
 def test_double_quantization_option_reaches_bitsandbytes():
     b = create_backend("transformers")
-    b.load(ModelSpec("synthetic", "tiny-llama", "nf4", json.dumps({**json.loads(OPTIONS), "bnb_double_quant": True})))
+    b.load(ModelSpec("synthetic", "tiny-llama", "nf4", OPTIONS.model_copy(update={"bnb_double_quant": True})))
     assert b.model.model.layers[0].mlp.up_proj.weight.compress_statistics is True
     assert b.generate(np.full((1, 4), 9), output_len=3).output_tokens == 3
     b.close()
