@@ -10,9 +10,9 @@ The whole sweep runs about 15 minutes on an H200: run it one model at a time
 into the same results directory (finished trials are kept and skipped), then
 once more with --skip-run for the table of everything:
 
-    PYTHONPATH=$PWD:/tmp/site python bench/backends.py --models llama-3.2-1b -o $OUT/backends --out $OUT/backends_1b.json
-    PYTHONPATH=$PWD:/tmp/site python bench/backends.py --models llama-3.1-8b -o $OUT/backends --out $OUT/backends_8b.json
-    PYTHONPATH=$PWD:/tmp/site python bench/backends.py --skip-run -o $OUT/backends --out $OUT/backends.json
+    PYTHONPATH=$PWD:/tmp/site python3 -m bench backends --models llama-3.2-1b -o $OUT/backends --out $OUT/backends_1b.json
+    PYTHONPATH=$PWD:/tmp/site python3 -m bench backends --models llama-3.1-8b -o $OUT/backends --out $OUT/backends_8b.json
+    PYTHONPATH=$PWD:/tmp/site python3 -m bench backends --skip-run -o $OUT/backends --out $OUT/backends.json
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchkit import environment, write_json
+from bench.benchkit import environment, write_record
 
 COLUMNS = ("model", "backend", "backend_options", "batch_size", "repeat", "status", "reason", "error",
            "throughput_tok_s", "energy_per_token_j", "mbu", "tpot_s", "ttft_s", "compile_s",
@@ -118,15 +118,16 @@ def print_table(summary: list[dict]) -> None:
               f"{fmt(s['mbu'], '6.1%')} {fmt(tpot_ms, '8.3f')} {fmt(s['compile_s'], '9.1f')}  {status}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sweep", default="sweeps/backends.yaml")
     ap.add_argument("-o", "--output", default="results/backends", help="sweep results directory")
     ap.add_argument("--models", default=None, help="comma-separated subset of the sweep's models")
     ap.add_argument("--min-duration-s", type=float, default=None, help="override the measured window")
     ap.add_argument("--skip-run", action="store_true", help="only read the results directory")
     ap.add_argument("--out", default="backends.json")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
 
     results = Path(args.output)
     report: dict = {"args": vars(args), "environment": environment()}
@@ -145,10 +146,6 @@ def main() -> None:
     report["trials"] = rows
     report["summary"] = summary = summarize(rows)
     print_table(summary)
-    print(f"\nissue 8 goals: transformers compiled >= 3x eager at bs1 on llama-3.2-1b; MBU >= 50% at bs1 "
-          f"on llama-3.1-8b.  run {report['run_s']:.0f} s")
-    write_json(args.out, report)
-
-
-if __name__ == "__main__":
-    main()
+    print(f"\ncompiled-path goals: transformers compiled >= 3x eager at bs1 on llama-3.2-1b; MBU >= 50% at "
+          f"bs1 on llama-3.1-8b.  run {report['run_s']:.0f} s")
+    write_record(args.out, "backends", report)

@@ -10,17 +10,26 @@ no Ray, NVML telemetry on), eager and compiled loaded side by side:
 3. greedy tokens on the same prompts: eager vs compiled, and eager vs the static
    cache with dynamo switched off (separates the cache path from compiled numerics).
 
-    PYTHONPATH=$PWD:/tmp/site python bench/compile_check.py --out $OUT/compile_check.json
+    PYTHONPATH=/tmp/site python3 -m bench compile-check --out $OUT/compile_check.json
 
-Issue 8 asks for >= 3x eager throughput at batch 1 on llama-3.2-1b.
+The compiled path's goal: >= 3x eager throughput at batch 1 on llama-3.2-1b.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
-from benchkit import ROW_COLUMNS, environment, make_trial, median, row_subset, write_json
+from bench.benchkit import (
+    ROW_COLUMNS,
+    environment,
+    make_trial,
+    median,
+    output_ids,
+    row_subset,
+    write_record,
+)
 
 
 def token_comparison(a, b, input_len: int) -> dict:
@@ -35,8 +44,7 @@ def token_comparison(a, b, input_len: int) -> dict:
             "tokens": int(diff.numel()), "first_divergence_step": first}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="llama-3.2-1b")
     ap.add_argument("--precision", default="bf16")
     ap.add_argument("--batch", type=int, default=1)
@@ -49,7 +57,9 @@ def main() -> None:
     ap.add_argument("--compile-devices", default="cuda",
                     help="devices the compiled path may use (add cpu for a CPU smoke run)")
     ap.add_argument("--out", default="compile_check.json")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
 
     import torch
     import torch._dynamo
@@ -76,7 +86,7 @@ def main() -> None:
         report[f"{name}_load_s"] = load.load_s
     print(f"loaded {args.model} {args.precision} twice on {report['environment']['device']}", flush=True)
 
-    def run(name: str) -> dict:
+    def run_trial(name: str) -> dict:
         outcome = runners[name].run(trials[name])
         row = outcome.row
         if row["status"] != "ok":
@@ -84,21 +94,21 @@ def main() -> None:
         return row
 
     # 1. compile, then the same shape again: no graph may be compiled the second time.
-    first = run("compiled")
+    first = run_trial("compiled")
     report["compile_s"], report["compile_status"] = first["compile_s"], first["compile_status"]
     print(f"compiled: compile_s {first['compile_s']}, status {first['compile_status']!r}", flush=True)
     graphs = compiled_graphs()
-    again = run("compiled")
+    again = run_trial("compiled")
 
     # 2. interleaved throughput
     rows: dict[str, list[dict]] = {"eager": [], "compiled": [again]}
-    run("eager")  # the eager runner's first trial warms its allocator, like the compiled one's
+    run_trial("eager")  # the eager runner's first trial warms its allocator, like the compiled one's
     for i in range(args.pairs):
         for name in (("eager", "compiled") if i % 2 == 0 else ("compiled", "eager")):
-            rows[name].append(run(name))
+            rows[name].append(run_trial(name))
     report["graphs_compiled_after_prepare"] = compiled_graphs() - graphs
     report["rows"] = {name: [row_subset(r, ROW_COLUMNS) for r in rs] for name, rs in rows.items()}
-    summary = {name: {c: median([r[c] for r in rs if r.get(c) is not None])
+    summary: dict[str, dict[str, Any]] = {name: {c: median([r[c] for r in rs if r.get(c) is not None])
                       for c in ("throughput_tok_s", "tpot_s", "ttft_s", "mbu", "energy_per_token_j")}
                for name, rs in rows.items()}
     report["median"] = summary
@@ -106,23 +116,24 @@ def main() -> None:
 
     # 3. token equality on the same prompts
     eager_b, compiled_b = runners["eager"].backend, runners["compiled"].backend
-    prompts = RandomPrompts(runners["eager"].load_info.vocab_size, args.input_len, args.batch, seed=123)
-    equality = {"compiled_vs_eager": [], "static_cache_no_compile_vs_eager": []}
-    refs = []
-    for i in range(args.prompts):
-        eager_b.generate(prompts.batch(i), args.output_len)
-        refs.append(eager_b.last_output_ids.clone())
+    eager_info = runners["eager"].load_info
+    assert eager_b is not None and compiled_b is not None and eager_info is not None
+    prompts = RandomPrompts(eager_info.vocab_size, args.input_len, args.batch, seed=123)
+    equality: dict[str, list[dict]] = {"compiled_vs_eager": [], "static_cache_no_compile_vs_eager": []}
+    with output_ids(eager_b) as refs:
+        for i in range(args.prompts):
+            eager_b.generate(prompts.batch(i), args.output_len)
     graphs = compiled_graphs()
-    for i, ref in enumerate(refs):
-        compiled_b.generate(prompts.batch(i), args.output_len)
-        equality["compiled_vs_eager"].append(token_comparison(ref, compiled_b.last_output_ids, args.input_len))
-    report["graphs_compiled_during_equality"] = compiled_graphs() - graphs
-    # Last: calls made with dynamo off can leave its frames marked to skip.
-    with torch._dynamo.config.patch(disable=True):
+    with output_ids(compiled_b) as outs:
         for i, ref in enumerate(refs):
             compiled_b.generate(prompts.batch(i), args.output_len)
-            equality["static_cache_no_compile_vs_eager"].append(
-                token_comparison(ref, compiled_b.last_output_ids, args.input_len))
+            equality["compiled_vs_eager"].append(token_comparison(ref, outs[-1], args.input_len))
+    report["graphs_compiled_during_equality"] = compiled_graphs() - graphs
+    # Last: calls made with dynamo off can leave its frames marked to skip.
+    with torch._dynamo.config.patch(disable=True), output_ids(compiled_b) as outs:
+        for i, ref in enumerate(refs):
+            compiled_b.generate(prompts.batch(i), args.output_len)
+            equality["static_cache_no_compile_vs_eager"].append(token_comparison(ref, outs[-1], args.input_len))
     report["equality"] = equality
     report["elapsed_s"] = time.monotonic() - t_begin
     for runner in runners.values():
@@ -143,8 +154,4 @@ def main() -> None:
         print(f"  tokens {name}: {same}/{len(cmp)} prompt batches identical; "
               f"first divergence steps {[c['first_divergence_step'] for c in cmp]}")
     print(f"  elapsed {report['elapsed_s']:.0f} s")
-    write_json(args.out, report)
-
-
-if __name__ == "__main__":
-    main()
+    write_record(args.out, "compile-check", report)

@@ -9,13 +9,13 @@ Runs the real actor code (``TrialRunner``, no Ray) on a synthetic model and chec
    reads from another process, in rotating blocks, and the cost of each NVML read;
 5. prefill + decode energy against the window total and its uncertainty.
 
-    python bench/energy.py --model llama-3.1-8b --batches 1,32 --repeats 5 --out $OUT/energy.json
+    python3 -m bench energy --model llama-3.1-8b --batches 1,32 --repeats 5 --out $OUT/energy.json
 
 ``--compile`` runs the transformers backend's compiled path (the GPU sets the pace);
 ``--energy-every 1,10`` runs each repeat once per counter-read spacing
-(``Sampler.energy_every``), back to back. The JSON is rewritten after every batch, so
+(``SamplingPolicy.energy_every``), back to back. The JSON is rewritten after every batch, so
 a run cut at a device call's limit keeps what it finished. tests/test_bench_energy.py
-runs this script on the CPU against the NVML double.
+runs this bench on the CPU against the NVML double.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import contextlib
 import json
 import statistics
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-from benchkit import set_energy_read
+
+from actors.telemetry import SamplingPolicy, Telemetry
+from bench.benchkit import write_record
 
 
 def make_trials(model: str, batch: int, repeats: int, window_s: float, warmup_s: float, in_len: int,
@@ -62,19 +62,19 @@ def power_integral_j(timeline, duration_s: float) -> float:
     return total
 
 
-def nvml_call_costs_s(tel, calls: int = 200) -> dict[str, float]:
+def nvml_call_costs_s(tel, calls: int = 200) -> dict[str, object]:
     """Mean wall time of each NVML read the sampler makes, on the first held GPU."""
     import pynvml as nv
 
-    reader = tel.sampler._readers[0]
+    reader = tel.sampler.readers[0]
     reads = {field: getattr(reader, field) for field in (
         "energy_mj", "power_w", "util_gpu_pct", "memory_used_bytes", "sm_clock_mhz", "temperature_c")}
     # The same counter through the field-values API: another driver path, maybe a cheaper one.
     field = [nv.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]
-    reads["energy_field_value"] = lambda: nv.nvmlDeviceGetFieldValues(reader._handle, field)
+    reads["energy_field_value"] = lambda: nv.nvmlDeviceGetFieldValues(reader.handle, field)
     both = [nv.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, nv.NVML_FI_DEV_POWER_INSTANT]
-    reads["energy_and_power_one_field_call"] = lambda: nv.nvmlDeviceGetFieldValues(reader._handle, both)
-    out = {}
+    reads["energy_and_power_one_field_call"] = lambda: nv.nvmlDeviceGetFieldValues(reader.handle, both)
+    out: dict[str, object] = {}
     for name, read in reads.items():
         t0 = time.perf_counter()
         for _ in range(calls):
@@ -83,9 +83,9 @@ def nvml_call_costs_s(tel, calls: int = 200) -> dict[str, float]:
     # Is it the same counter? Back-to-back reads through both paths, in mJ.
     gaps = []
     for _ in range(20):
-        a = nv.nvmlDeviceGetTotalEnergyConsumption(reader._handle)
-        v = nv.nvmlDeviceGetFieldValues(reader._handle, field)[0]
-        b = nv.nvmlDeviceGetTotalEnergyConsumption(reader._handle)
+        a = nv.nvmlDeviceGetTotalEnergyConsumption(reader.handle)
+        v = nv.nvmlDeviceGetFieldValues(reader.handle, field)[0]
+        b = nv.nvmlDeviceGetTotalEnergyConsumption(reader.handle)
         gaps.append(None if v.nvmlReturn != 0 else [a, v.value.ullVal, b])
         time.sleep(0.013)
     out["field_value_vs_counter_mj"] = gaps
@@ -109,17 +109,11 @@ def _poll_in_process(uuids: list[str], interval_s: float, stop) -> None:
         stop.wait(max(0.0, next_t - time.monotonic()))
 
 
-@dataclass(frozen=True)
-class SamplerMode:
-    energy_every: int  # Sampler.energy_every
-    energy_read: str  # benchkit.set_energy_read's "call" or "field"
-
-
 # The in-process sampler variants of the overhead blocks ("off" and "proc" run no thread).
 SAMPLER_MODES = {
-    "full": SamplerMode(1, "call"),
-    "sparse": SamplerMode(10, "call"),
-    "field": SamplerMode(1, "field"),
+    "full": SamplingPolicy(),
+    "sparse": SamplingPolicy(energy_every=10),
+    "field": SamplingPolicy(energy_read="field"),
 }
 
 
@@ -171,8 +165,7 @@ def sampler_overhead(runner, tel, batch: int, args) -> dict:
                 poller.join(timeout=10)
                 continue
             if mode != "off":
-                tel.sampler.energy_every = SAMPLER_MODES[mode].energy_every
-                set_energy_read(tel.sampler, SAMPLER_MODES[mode].energy_read)
+                tel.policy = SAMPLER_MODES[mode]
                 before = tel.sampler.stats()
                 tel.sampler.start()
             rate[mode] = block()
@@ -182,8 +175,7 @@ def sampler_overhead(runner, tel, batch: int, args) -> dict:
                 n = after.samples - before.samples
                 costs[mode][0] += n
                 costs[mode][1] += after.mean_sample_cost_s * after.samples - before.mean_sample_cost_s * before.samples
-        tel.sampler.energy_every = args.energy_every_default
-        set_energy_read(tel.sampler, "call")
+        tel.policy = SamplingPolicy(energy_every=args.energy_every_default)
         tel.sampler.start()
         for m in ratios:
             ratios[m].append(rate[m] / rate["off"])
@@ -208,8 +200,7 @@ def cv(values: list[float]) -> float:
     return statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else float("nan")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--repeats", type=int, default=5)
@@ -220,7 +211,7 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--energy-every", default="1",
-                    help="comma-separated Sampler.energy_every values; each repeat runs once per value")
+                    help="comma-separated SamplingPolicy.energy_every values; each repeat runs once per value")
     ap.add_argument("--energy-every-default", type=int, default=1,
                     help="the sampler's spacing outside the measured trials")
     ap.add_argument("--idle-s", type=float, default=2.0, help="measure.idle_s: the idle baseline before each window")
@@ -230,7 +221,9 @@ def main() -> None:
     ap.add_argument("--overhead-modes", default="off,full,sparse,field,proc")
     ap.add_argument("--out", default="energy.json")
     ap.add_argument("--dump", default=None, help="write the meter's raw view of each window here (JSON)")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     energy_everies = [int(e) for e in args.energy_every.split(",")]
 
     import torch
@@ -258,6 +251,7 @@ def main() -> None:
             report["load_s"] = load.load_s
             print(f"loaded {args.model} in {load.load_s:.1f} s on {report['device']}", flush=True)
         tel = runner.telemetry
+        assert isinstance(tel, Telemetry), "the energy bench measures GPU telemetry"
         zeus_by_trial: dict[str, tuple[float, float]] = {}
         orig_measure = tel.measure
 
@@ -277,7 +271,7 @@ def main() -> None:
                     m = zeus.end_window(name)
                     _z[name] = (m.total_energy, m.time)
 
-        tel.measure = measure_with_zeus
+        tel.measure = measure_with_zeus  # type: ignore[method-assign]
         dumps: list[dict] = []
         if args.dump:
             # Diagnostics: everything the meter saw around each window, to replay it offline.
@@ -287,24 +281,22 @@ def main() -> None:
                 cols = _orig(handle, *a, **kw)
                 w = handle.window
                 lo, hi = w.t_start_s - 2.0, w.t_end_s + 2.0
-                meter = _tel.meter
                 _dumps.append({
                     "window": [w.t_start_s, w.t_end_s, w.energy_j, w.uncertainty_j],
                     "marks": kw["marks"], "iteration_bounds": kw["iteration_bounds"],
                     "sampler_rows": [list(r[:5]) for r in _tel.sampler.raw_rows(lo, hi)],
-                    "meter_reads": {u: [r for r in rs if lo <= r[0] <= hi] for u, rs in meter._reads.items()},
-                    "anchors": {u: [a for a in an if lo <= a[0] <= hi] for u, an in meter._anchors.items()},
+                    **_tel.meter.diagnostics(lo, hi),  # meter_reads, anchors
                     "phases": {k: cols[k] for k in ("prefill_energy_j", "decode_energy_j", "energy_j")},
                 })
                 return cols
 
-            tel.trial_columns = columns_and_dump
+            tel.trial_columns = columns_and_dump  # type: ignore[method-assign]
         rows = []
         # Each repeat runs once per counter-read spacing, back to back, so that
         # drift between repeats touches every spacing alike.
         for trial in trials:
             for every in energy_everies:
-                tel.sampler.energy_every = every
+                tel.policy = SamplingPolicy(energy_every=every)
                 outcome = runner.run(trial)
                 row = outcome.row
                 assert row["status"] == "ok", row.get("error")
@@ -327,11 +319,11 @@ def main() -> None:
                     "cpu_energy_j": row["cpu_energy_j"],
                 })
                 print(json.dumps({"batch": batch, **rows[-1]}), flush=True)
-        tel.sampler.energy_every = args.energy_every_default
-        tel.measure = orig_measure
+        tel.policy = SamplingPolicy(energy_every=args.energy_every_default)
+        tel.measure = orig_measure  # type: ignore[method-assign]
         if args.dump:
-            tel.trial_columns = orig_columns
-            Path(args.dump).write_text(json.dumps(dumps, default=str))
+            tel.trial_columns = orig_columns  # type: ignore[method-assign]
+            write_record(args.dump, "energy", dumps, quiet=True)
 
         # Sampler on vs off on the same loaded model, in ABBA blocks (drift in clocks
         # or temperature cancels to first order), nothing else differing: the same
@@ -356,9 +348,6 @@ def main() -> None:
         summary = {k: v for k, v in report["batches"][batch].items() if k != "trials"}
         print(json.dumps({"batch": batch, **summary}), flush=True)
         # After every batch: a run cut at the call's time limit keeps what it finished.
-        Path(args.out).write_text(json.dumps(report, indent=2, default=str))
-    runner.close()
-
-
-if __name__ == "__main__":
-    main()
+        write_record(args.out, "energy", report, quiet=True)
+    if runner is not None:
+        runner.close()

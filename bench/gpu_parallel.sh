@@ -8,6 +8,8 @@
 # at LIMIT_S seconds (default 560) so that what finished still comes back: all results and
 # logs are packed into one $OUT/gpu-<time>.tgz (the device tool returns at most 8 files).
 # Steps that share a GPU would disturb each other's timings: give chains disjoint devices.
+# Each step runs `python3 -m bench ...` (see bench/gpu_session.sh); SWEEPER_COMMIT set for
+# this script reaches every chain's result records.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 LIMIT_S="${LIMIT_S:-560}"

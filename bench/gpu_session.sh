@@ -6,27 +6,30 @@
 #   calls 1..N-1: carry [".stage/cK"], command `bash .stage/cK/install.sh`
 #   call N:       carry [".stage/cN"], command `bash .stage/cN/install.sh --install && bash bench/gpu_session.sh STEP`
 # Later calls on the warm machine: `bash bench/gpu_session.sh STEP [STEP ...]`.
-# Results go to $OUT (the device tool's output folder), logs beside them.
+# Results go to $OUT (the device tool's output folder), logs beside them. The machine gets the
+# working tree without .git: prefix the command with SWEEPER_COMMIT=<git rev-parse HEAD here>
+# so that the result records name the commit they ran from.
 # On a machine of several GPUs, bench/gpu_parallel.sh runs chains of steps side by side,
 # one GPU each.
 #
 # Steps, with what each proves (docs/BENCHMARKS.md section):
-#   energy      issue 3: counter vs power integral, CV, Zeus, phase sum, sampler off/full/lean (§2)
+#   energy      energy method: counter vs power integral, CV, Zeus, phase sum, sampler off/full/lean (§2)
 #   energy1     the same at batch 1 alone, each repeat with dense and sparse counter reads, and
 #               sampler modes off/full/sparse/field/proc (fits one call with room to spare)
 #   energy32    the same at batch 32
-#   energy_compiled  issue 3 on the compiled path (the GPU sets the pace): batch 1 and 32,
+#   energy_compiled  the energy checks on the compiled path (the GPU sets the pace): batch 1 and 32,
 #               5 repeats, sampler off/full/sparse (§2 run 7)
-#   layers16    issue 4: kernel-time coverage and block shares at batch 16 (§3)
-#   compile8b   issue 8: compiled MBU at llama-3.1-8b batch 1 (>= 50 %), token equality (§7)
-#   overhead1b  issue 8: bare generate loop vs sweeper's actor path, eager and compiled (§7)
+#   layers16    layer profiling: kernel-time coverage and block shares at batch 16 (§3)
+#   compile8b   compiled path: MBU at llama-3.1-8b batch 1 (>= 50 %), token equality (§7)
+#   overhead1b  harness overhead: bare generate loop vs sweeper's actor path, eager and compiled (§7)
 #   overhead8b  the same for llama-3.1-8b
-#   backends1b  issue 8/9: eager vs compiled vs vLLM through Ray, llama-3.2-1b (§6, §7)
+#   backends1b  eager vs compiled vs vLLM through Ray, llama-3.2-1b (§6, §7)
 #   backends8b  the same for llama-3.1-8b, into the same results directory, then the table
-#   vllm_fp8    issue 9: fp8 on llama-3.1-8b, sweeper vs bare (§6)
-#   vllm_tp2    issue 9: tensor parallel 2 (needs nvidia-h200-x2) (§6)
-#   quant_vllm  issue 5/9: the vllm rows (bf16, fp8) of sweeps/quantization.yaml (§5)
-#   multi_gpu   issue 6: sweeps/quantization.yaml (1B) spread over every GPU, busy fraction (§4)
+#   backends    the whole of sweeps/backends.yaml at once, its table and report
+#   vllm_fp8    vLLM backend: fp8 on llama-3.1-8b, sweeper vs bare (§6)
+#   vllm_tp2    vLLM backend: tensor parallel 2 (needs nvidia-h200-x2) (§6)
+#   quant_vllm  the vllm rows (bf16, fp8) of sweeps/quantization.yaml (§5)
+#   multi_gpu   sweeps/quantization.yaml (1B) spread over every GPU, busy fraction (§4)
 set -uo pipefail
 [ -f /tmp/site/env.sh ] && source /tmp/site/env.sh
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
@@ -43,33 +46,33 @@ one_backend_sweep() {  # sweep file, backend, destination (same trial ids as in 
 }
 
 overhead() {  # model, destination; MODES, ROUNDS, ENERGY_EVERY, ENERGY_READ pass through
-    python3 bench/overhead.py --models "$1" --modes "${MODES:-eager,compiled}" --rounds "${ROUNDS:-8}" \
+    python3 -m bench overhead --models "$1" --modes "${MODES:-eager,compiled}" --rounds "${ROUNDS:-8}" \
         --energy-every "${ENERGY_EVERY:-1}" --energy-read "${ENERGY_READ:-call}" --out "$2"
 }
 
 step() {
     case "$1" in
-        energy) python3 bench/energy.py --model llama-3.1-8b --batches 1,32 --repeats 5 --window-s 12 --warmup-s 6 \
+        energy) python3 -m bench energy --model llama-3.1-8b --batches 1,32 --repeats 5 --window-s 12 --warmup-s 6 \
                     --overhead-pairs 8 --overhead-block-s 3 --out "$OUT/energy.json" ;;
-        energy1|energy32) python3 bench/energy.py --model llama-3.1-8b --batches "${1#energy}" --repeats 5 \
+        energy1|energy32) python3 -m bench energy --model llama-3.1-8b --batches "${1#energy}" --repeats 5 \
                     --energy-every 1,10 --window-s 12 --warmup-s 6 --overhead-pairs 8 --overhead-block-s 3 \
                     --out "$OUT/$1.json" ;;
-        energy_compiled) python3 bench/energy.py --model llama-3.1-8b --batches 1,32 --compile --repeats 5 \
+        energy_compiled) python3 -m bench energy --model llama-3.1-8b --batches 1,32 --compile --repeats 5 \
                     --energy-every 1 --window-s 12 --warmup-s 6 --overhead-pairs 4 --overhead-block-s 3 \
                     --overhead-modes off,full,sparse --out "$OUT/energy_compiled.json" ;;
-        layers16) python3 bench/layers.py --batches 16 --no-event-compare --out "$OUT/layers16.json" ;;
-        compile8b) python3 bench/compile_check.py --model llama-3.1-8b --out "$OUT/compile_check_8b.json" ;;
+        layers16) python3 -m bench layers --batches 16 --no-event-compare --out "$OUT/layers16.json" ;;
+        compile8b) python3 -m bench compile-check --model llama-3.1-8b --out "$OUT/compile_check_8b.json" ;;
         overhead1b) overhead llama-3.2-1b "$OUT/overhead_1b.json" ;;
         overhead8b) overhead llama-3.1-8b "$OUT/overhead_8b.json" ;;
-        backends1b) python3 bench/backends.py --models llama-3.2-1b -o "$RESULTS/backends" --out "$OUT/backends_1b.json" ;;
-        backends8b) python3 bench/backends.py --models llama-3.1-8b -o "$RESULTS/backends" --out "$OUT/backends_8b.json" \
-                        && python3 bench/backends.py --skip-run -o "$RESULTS/backends" --out "$OUT/backends.json" \
+        backends1b) python3 -m bench backends --models llama-3.2-1b -o "$RESULTS/backends" --out "$OUT/backends_1b.json" ;;
+        backends8b) python3 -m bench backends --models llama-3.1-8b -o "$RESULTS/backends" --out "$OUT/backends_8b.json" \
+                        && python3 -m bench backends --skip-run -o "$RESULTS/backends" --out "$OUT/backends.json" \
                         && cp "$RESULTS/backends/trials.parquet" "$OUT/backends_trials.parquet" ;;
-        backends) python3 bench/backends.py -o "$RESULTS/backends" --out "$OUT/backends.json" \
+        backends) python3 -m bench backends -o "$RESULTS/backends" --out "$OUT/backends.json" \
                       && cp "$RESULTS/backends/trials.parquet" "$OUT/backends_trials.parquet" \
                       && python3 -m sweeper report "$RESULTS/backends" > "$OUT/backends_report.txt" 2>&1 ;;
-        vllm_fp8) python3 bench/vllm_compare.py --model llama-3.1-8b --fp8-only --out "$OUT/vllm_fp8.json" ;;
-        vllm_tp2) python3 bench/vllm_compare.py --tp 2 --model llama-3.1-8b --no-fp8 --out "$OUT/vllm_tp2.json" ;;
+        vllm_fp8) python3 -m bench vllm-compare --model llama-3.1-8b --fp8-only --out "$OUT/vllm_fp8.json" ;;
+        vllm_tp2) python3 -m bench vllm-compare --tp 2 --model llama-3.1-8b --no-fp8 --out "$OUT/vllm_tp2.json" ;;
         quant_vllm) one_backend_sweep sweeps/quantization.yaml vllm /tmp/quant_vllm.yaml \
                         && python3 -m sweeper run /tmp/quant_vllm.yaml -o "$RESULTS/quant_vllm" -q \
                         && cp "$RESULTS/quant_vllm/trials.parquet" "$OUT/quant_vllm_trials.parquet" ;;

@@ -1,4 +1,4 @@
-"""GPU evidence for layer profiling (issue 4), in one process on one GPU, no Ray.
+"""GPU evidence for layer profiling, in one process on one GPU, no Ray.
 
 Runs the real actor code (``TrialRunner.run``: the headline measurement, then the
 profiling pass, which times modules by kernel time under torch.profiler) for each
@@ -19,7 +19,7 @@ e. (``--event-compare``, on) the same coverage with the CUDA-event-pair timer, f
    comparison; and a check of our kernel attribution against torch's own
    ``FunctionEvent.device_time_total`` of each range on a short run.
 
-    python bench/layers.py --out $OUT/layers.json     # llama-3.2-1b bf16, batches 1,16
+    python3 -m bench layers --out $OUT/layers.json     # llama-3.2-1b bf16, batches 1,16
 
 ``--device cpu`` (or a machine without a GPU) runs the same code on the CPU with host
 timing and no energy, e.g. ``--model tiny-llama --precision fp32`` as a smoke test.
@@ -34,14 +34,12 @@ import contextlib
 import json
 import os
 import statistics
-import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
-from benchkit import driver_version, version
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
+from bench.benchkit import driver_version, version, write_record
 
 PHASES = ("prefill", "decode")
 
@@ -67,14 +65,15 @@ def _prompts(runner, trial):
     return RandomPrompts(runner.load_info.vocab_size, trial.input_len, trial.batch_size, trial.seed)
 
 
-def timed_pass(runner, trial, iterations: int, units: list, method: str | None) -> dict:
-    """The pass's workload with ``units`` profiled by ``method`` (no units: the forward only)."""
-    from actors.layers.profiler import LayerProfiler, timer_for
+def timed_pass(runner, trial, iterations: int, units: list, timer=None) -> dict:
+    """The pass's workload with ``units`` profiled by ``timer`` (None: the pass's own; no units: the forward only)."""
+    from actors.layers.profiler import LayerProfiler
+    from actors.layers.timers import timer_for
 
     model = runner.backend.model
     prompts = _prompts(runner, trial)
     runner.backend.generate(prompts.batch(-1), trial.output_len)  # warm: the first step may be the first use
-    profiler = LayerProfiler(model, units, timer_for(model, method))
+    profiler = LayerProfiler(model, units, timer if timer is not None else timer_for(model))
     profiler.reserve(iterations * trial.output_len)
     runner.backend.sync()
     with profiler:  # the profiler session starts and stops outside the timed span, as in the pass
@@ -88,6 +87,7 @@ def timed_pass(runner, trial, iterations: int, units: list, method: str | None) 
     rows = profiler.results()
     forward = profiler.forward_time_s()
     stats = getattr(profiler.timer, "stats", None)
+    out: dict[str, Any]
     out = {"timer": profiler.method, "iterations": iterations, "wall_s_per_iter": wall_s / iterations,
            "readout_s": time.monotonic() - t1,
            **{f"{p}_forward_s": forward[p][1] if p in forward else 0.0 for p in PHASES},
@@ -105,9 +105,9 @@ def timed_pass(runner, trial, iterations: int, units: list, method: str | None) 
     return out
 
 
-def reference_forward_s(runner, trial, iterations: int, method: str | None = None) -> dict:
+def reference_forward_s(runner, trial, iterations: int, timer=None) -> dict:
     """Forward GPU time per phase with only the model's whole forward ranged (no module hooks)."""
-    return timed_pass(runner, trial, iterations, [], method)
+    return timed_pass(runner, trial, iterations, [], timer)
 
 
 def attribution_check(runner, trial, granularity: str) -> dict:
@@ -116,7 +116,9 @@ def attribution_check(runner, trial, granularity: str) -> dict:
     ``device_time_total`` of a CPU event is its own kernels plus its CPU children's
     (recursively, torch 2.11-2.13): the inclusive kernel time of a range.
     """
-    from actors.layers.profiler import KernelTimer, LayerProfiler, range_name, select_units
+    from actors.layers.profiler import LayerProfiler
+    from actors.layers.select import select_units
+    from actors.layers.timers import KernelTimer, range_name
 
     model = runner.backend.model
     timer = KernelTimer("cuda")
@@ -140,13 +142,14 @@ def attribution_check(runner, trial, granularity: str) -> dict:
 
 def event_pair_coverage(runner, trial, granularity: str) -> dict:
     """The same pass and reference timed with CUDA event pairs: the launch-gap comparison."""
-    from actors.layers.profiler import select_units
     from actors.layers.profile_pass import pass_iterations
+    from actors.layers.select import select_units
+    from bench.layer_timers import event_timer_for
 
+    model = runner.backend.model
     iterations = pass_iterations(trial)
-    ref = reference_forward_s(runner, trial, iterations, "event_interval")
-    hooked = timed_pass(runner, trial, iterations, select_units(runner.backend.model, granularity),
-                        "event_interval")
+    ref = reference_forward_s(runner, trial, iterations, event_timer_for(model))
+    hooked = timed_pass(runner, trial, iterations, select_units(model, granularity), event_timer_for(model))
     rows_s = sum(hooked[f"{p}_rows_s"] for p in PHASES)
     ref_s = sum(ref[f"{p}_forward_s"] for p in PHASES)
     return {"coverage": _ratio(rows_s, ref_s),
@@ -236,8 +239,7 @@ def summarize(rows: list[dict], ref: dict, window_energy_j: float | None, row: d
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="llama-3.2-1b")
     ap.add_argument("--precision", default="bf16")
     ap.add_argument("--batches", default="1,16")
@@ -253,7 +255,9 @@ def main() -> int:
                     help="also time each pass with CUDA event pairs, and check the kernel attribution "
                          "against torch's FunctionEvent.device_time_total (CUDA only)")
     ap.add_argument("--out", default="layers.json")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported
 
@@ -268,13 +272,12 @@ def main() -> int:
         "output_len": args.output_len, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "transformers": version("transformers"), "driver": driver_version(),
-        "argv": sys.argv[1:], "runs": [], "errors": [],
+        "runs": [], "errors": [],
     }
     on_cuda = torch.cuda.is_available()
 
     def save() -> None:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(report, indent=2, default=str))
+        write_record(out_path, "layers", report, quiet=True)
 
     granularities = [g.strip() for g in args.granularities.split(",") if g.strip()]
     runner = None
@@ -307,7 +310,7 @@ def main() -> int:
                     continue
                 print(json.dumps({"batch": batch, "granularity": g, "reference": ref}), flush=True)
                 handles: dict = {}
-                tel = runner.telemetry
+                tel: Any = runner.telemetry  # its measure is wrapped below, to keep each window's handle
                 orig_measure = tel.measure
 
                 @contextlib.contextmanager
@@ -372,6 +375,3 @@ def main() -> int:
     print(json.dumps({"checks": checks}, default=str), flush=True)
     return 1 if report["errors"] else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,16 +11,17 @@ interleaved blocks (A B C, then C B A, ...) of:
            ends, the NVML sampler thread stopped;
   sweeper  ``TrialRunner.run`` of a trial of the same shape (no Ray): the full
            measurement path with NVML telemetry on; its row's throughput_tok_s;
-  every    the same with the old per-token method (a synchronize at every
-           decode step, ``step_sync = "every"``), to show what it cost;
+  every    the same with the old per-token method (a synchronize after every
+           decode step's forward, ``benchkit.sync_every_step``; eager path only,
+           the compiled loop is left as it is), to show what it cost;
   bare+nvml  the bare loop with the NVML sampler thread running, to tell the
            sampler's share of any gap from the rest of the harness.
 
 ratio = median sweeper / median bare throughput (goal >= 0.98), and the geometric mean of
 the per-round ratios with a 95 % interval (rounds are short, so drift cancels within one).
 
-    PYTHONPATH=$PWD:/tmp/site python bench/overhead.py --models llama-3.2-1b --out $OUT/overhead_1b.json
-    PYTHONPATH=$PWD:/tmp/site python bench/overhead.py --models llama-3.1-8b --out $OUT/overhead_8b.json
+    PYTHONPATH=/tmp/site python3 -m bench overhead --models llama-3.2-1b --out $OUT/overhead_1b.json
+    PYTHONPATH=/tmp/site python3 -m bench overhead --models llama-3.1-8b --out $OUT/overhead_8b.json
 
 Each model takes about 3-5 minutes on an H200 (two loads, one compile per batch
 size). If one run would pass 8 minutes, split it with --modes.
@@ -29,10 +30,18 @@ size). If one run would pass 8 minutes, split it with --modes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import time
+from typing import Any
 
-from benchkit import environment, make_trial, median, set_energy_read, write_json
+from bench.benchkit import (
+    environment,
+    make_trial,
+    median,
+    sync_every_step,
+    write_record,
+)
 
 VARIANTS = ("bare", "bare+nvml", "sweeper", "every")
 
@@ -75,6 +84,7 @@ def run_mode(model_name: str, compiled: bool, args) -> dict:
 
     from actors.actor import TrialRunner
     from actors.backends.transformers.compiled import compiled_graphs
+    from actors.telemetry import SamplingPolicy, Telemetry
     from actors.workload import RandomPrompts
 
     batches = [int(b) for b in args.batches.split(",")]
@@ -86,10 +96,11 @@ def run_mode(model_name: str, compiled: bool, args) -> dict:
     load = runner.load(trials[batches[0]])
     if not load.ok:
         raise SystemExit(f"load failed: {load.error}")
-    backend, tel = runner.backend, runner.telemetry
-    if tel.active:
-        tel.sampler.energy_every = args.energy_every
-        set_energy_read(tel.sampler, args.energy_read)
+    backend: Any = runner.backend  # the transformers backend: its model, device and compiled path
+    tel = runner.telemetry
+    assert runner.load_info is not None
+    if isinstance(tel, Telemetry):
+        tel.policy = SamplingPolicy(energy_every=args.energy_every, energy_read=args.energy_read)
     model = backend.model
     out: dict = {"load_s": load.load_s, "batches": {}}
     for batch in batches:
@@ -120,28 +131,25 @@ def run_mode(model_name: str, compiled: bool, args) -> dict:
             order = VARIANTS if i % 2 == 0 else tuple(reversed(VARIANTS))
             for variant in order:
                 if variant.startswith("bare"):
-                    sampler_off = tel.active and variant == "bare"
-                    if sampler_off:
-                        tel.sampler.stop()
+                    stopped = tel.sampler if isinstance(tel, Telemetry) and variant == "bare" else None
+                    if stopped is not None:
+                        stopped.stop()
                     try:
                         rates[variant].append(bare_block(call, ids, args.output_len, args.block_s,
                                                          backend.sync))
                     finally:
-                        if sampler_off:
-                            tel.sampler.start()
+                        if stopped is not None:
+                            stopped.start()
                 else:
-                    backend.step_sync = "every" if variant == "every" else "first"
-                    try:
+                    with sync_every_step(backend) if variant == "every" else contextlib.nullcontext():
                         row = runner.run(trial).row
-                    finally:
-                        backend.step_sync = "first"
                     if row["status"] != "ok":
                         raise SystemExit(f"trial failed: {row.get('error')}")
                     statuses.add(row["compile_status"])
                     rates[variant].append(row["throughput_tok_s"])
             print(f"  {model_name} {'compiled' if compiled else 'eager'} bs{batch} round {i}: "
                   + "  ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()) + " tok/s", flush=True)
-        med = {k: median(v) for k, v in rates.items()}
+        med: dict[str, Any] = {k: median(v) for k, v in rates.items()}
         paired = {k: paired_ratio(rates[k], rates["bare"]) for k in VARIANTS if k != "bare"}
         inductor = {k: v - inductor_before.get(k, 0) for k, v in _counters()["inductor"].items()
                     if v != inductor_before.get(k, 0)}
@@ -170,8 +178,7 @@ def run_mode(model_name: str, compiled: bool, args) -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--models", default="llama-3.2-1b,llama-3.1-8b")
     ap.add_argument("--modes", default="eager,compiled")
     ap.add_argument("--batches", default="1,32")
@@ -181,11 +188,13 @@ def main() -> None:
     ap.add_argument("--mode", default="reduce-overhead", help="compile mode of the compiled runs")
     ap.add_argument("--block-s", type=float, default=2.5, help="seconds per timed block")
     ap.add_argument("--rounds", type=int, default=8, help="interleaved rounds of the four variants")
-    ap.add_argument("--energy-every", type=int, default=1, help="the sampler's Sampler.energy_every")
+    ap.add_argument("--energy-every", type=int, default=1, help="the sampler's SamplingPolicy.energy_every")
     ap.add_argument("--energy-read", choices=("call", "field"), default="call",
                     help="the sampler's energy-counter read: the plain call or the field-values API")
     ap.add_argument("--out", default="overhead.json")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
 
     t_begin = time.monotonic()
     report: dict = {"args": vars(args), "environment": environment(), "results": {}}
@@ -210,8 +219,4 @@ def main() -> None:
                   f"[{p['ci95'][0]:.3f}, {p['ci95'][1]:.3f}]")
     print("goal: sweeper/bare >= 0.98 everywhere")
     print(f"elapsed {report['elapsed_s']:.0f} s")
-    write_json(args.out, report)
-
-
-if __name__ == "__main__":
-    main()
+    write_record(args.out, "overhead", report)

@@ -11,7 +11,7 @@ What it proves, on the GPU the lead runs it on:
 4. fidelity against bf16 (KL, top-1) through the same code the actor runs;
 5. the time to materialize llama-3.1-8b (16 GB) — the study sweep's first int8 load pays it.
 
-    PYTHONPATH=$PWD:/tmp/site python bench/quant_check.py --out /tmp/quant_check.json
+    PYTHONPATH=/tmp/site python3 -m bench quant-check --out /tmp/quant_check.json
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from benchkit import driver_version, version
+
+from bench.benchkit import driver_version, version, write_record
 
 
 def _dir_bytes(path: Path) -> int:
@@ -57,16 +58,17 @@ def materialize(preset: str, seed: int, root: Path) -> dict:
 def check_precision(precision: str, options: dict, args, reference, settings) -> dict:
     import torch
 
-    from actors.backends import create_backend
     from actors.backends.base import ModelSpec
+    from actors.backends.transformers.eager import TransformersBackend
     from actors.quality.fidelity import compare
+    from sweeper.core.backends import TransformersOptions
 
-    backend = create_backend("transformers")
+    backend = TransformersBackend()
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.monotonic()
-    info = backend.load(ModelSpec("synthetic", args.preset, precision, json.dumps(options),
+    info = backend.load(ModelSpec("synthetic", args.preset, precision, TransformersOptions(**options),
                                   seed=args.seed, weights_on_disk=True))
     load_s = time.monotonic() - t0
     layer_types: dict[str, int] = {}
@@ -97,8 +99,7 @@ def check_precision(precision: str, options: dict, args, reference, settings) ->
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", required=True, help="JSON file for everything measured")
     ap.add_argument("--preset", default="llama-3.2-1b")
     ap.add_argument("--big-preset", default="llama-3.1-8b", help="preset whose materialization is timed")
@@ -108,13 +109,15 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=32)
-    ap.add_argument("--allow-cpu", action="store_true", help="smoke-test the script on a CPU (tiny presets)")
-    args = ap.parse_args()
+    ap.add_argument("--allow-cpu", action="store_true", help="smoke-test the bench on a CPU (tiny presets)")
+
+
+def run(args: argparse.Namespace) -> int:
 
     import torch
 
     if not torch.cuda.is_available() and not args.allow_cpu:
-        print("quant_check: no CUDA device", file=sys.stderr)
+        print("quant-check: no CUDA device (--allow-cpu runs it anyway)", file=sys.stderr)
         return 1
     root = Path(args.cache) if args.cache else Path(tempfile.mkdtemp(prefix="quant_check-"))
     os.environ["SWEEPER_CACHE"] = str(root)  # the backend materializes through the same cache
@@ -127,7 +130,7 @@ def main() -> int:
     }
 
     def save() -> None:
-        Path(args.out).write_text(json.dumps(result, indent=2, default=str))
+        write_record(args.out, "quant-check", result, quiet=True)
 
     try:
         # 1. materialize twice (independent roots): time and determinism on this GPU
@@ -143,14 +146,16 @@ def main() -> int:
               f"({first['gb_per_s']:.2f} GB/s), identical rebuild: {first['identical_rebuild']}")
 
         # 2-4. each precision: layers, footprint, generate, fidelity vs bf16
-        from actors.backends import create_backend
         from actors.backends.base import ModelSpec
-        from actors.quality.fidelity import FidelitySettings, reference_outputs
+        from actors.backends.transformers.eager import TransformersBackend
+        from actors.quality.fidelity import reference_outputs
+        from sweeper.core.backends import TransformersOptions
+        from sweeper.core.settings import FidelitySettings
 
         settings = FidelitySettings(reference="bf16", prompts=8, prompt_len=32, continuation_len=32)
-        ref_backend = create_backend("transformers")
+        ref_backend = TransformersBackend()
         t0 = time.monotonic()
-        ref_info = ref_backend.load(ModelSpec("synthetic", args.preset, "bf16", "{}", seed=args.seed,
+        ref_info = ref_backend.load(ModelSpec("synthetic", args.preset, "bf16", TransformersOptions(), seed=args.seed,
                                               weights_on_disk=True))
         reference = reference_outputs(ref_backend, settings, ref_info.vocab_size, args.seed)
         result["reference_s"] = time.monotonic() - t0
@@ -195,7 +200,3 @@ def main() -> int:
             shutil.rmtree(root, ignore_errors=True)
     print(f"wrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,15 +10,15 @@ Runs the real actor code (``TrialRunner``, no Ray) on a synthetic model and chec
 4. each trial row's mbu and mfu lie in (0, 1), and mbu is shown against what a plain
    copy achieves (the practical ceiling).
 
-    python bench/roofline.py --model llama-3.1-8b --batches 1,8,32 --out $OUT/roofline.json
+    python3 -m bench roofline --model llama-3.1-8b --batches 1,8,32 --out $OUT/roofline.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
+
+from bench.benchkit import write_record
 
 
 def make_trials(model: str, precision: str, batches: list[int], window_s: float, in_len: int, out_len: int):
@@ -67,8 +67,7 @@ def matmul_flop_per_s(dtype_name: str, n: int = 8192, iters: int = 20) -> float:
     return 2 * n**3 / _event_time_s(lambda: a @ b, iters)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--precision", default="bf16", help="a dtype precision (synthetic weights): fp32, fp16, bf16")
     ap.add_argument("--batches", default="1,8,32")
@@ -76,14 +75,17 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=512)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--out", default="roofline.json")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
 
     import torch
 
     from actors import environment
     from actors.actor import TrialRunner
+    from sweeper.core.gpus import match_gpu
     from sweeper.core.precisions import PRECISIONS
-    from sweeper.core.roofline import Architecture, match_gpu, weight_bytes_per_step
+    from sweeper.core.roofline import Architecture, weight_bytes_per_step
 
     precision = PRECISIONS[args.precision]
     device = torch.cuda.get_device_name()
@@ -117,14 +119,16 @@ def main() -> None:
     load = runner.load(trials[0])
     assert load.ok, load.error
     report["load_s"] = load.load_s
-    arch_config = runner.load_info.architecture
+    info = runner.load_info
+    assert info is not None and info.weight_memory_bytes is not None
+    arch_config = info.architecture
     assert arch_config is not None, "the backend passed no architecture: roofline columns are off"
     arch = Architecture.from_config(arch_config)
     # 3. footprint: the per-step weights (B=1, less the one embedding row) + the stored embedding
     # when untied; buffers (rotary inv_freq) are the small remainder.
     analytic_stored = (weight_bytes_per_step(arch, precision, 1) - arch.hidden_size * precision.compute_bytes
                        + (0 if arch.tied_embeddings else arch.embedding_params * precision.compute_bytes))
-    footprint = runner.load_info.weight_memory_bytes
+    footprint = info.weight_memory_bytes
     report["footprint"] = {"weight_memory_bytes": footprint, "analytic_stored_bytes": analytic_stored,
                            "relative_difference": (footprint - analytic_stored) / footprint}
     print(f"footprint {footprint} B, analytic {analytic_stored:.0f} B "
@@ -151,9 +155,5 @@ def main() -> None:
     report["ok"] = bool(gpu) and all(all(t["checks"].values()) for t in report["trials"]) and \
         abs(report["footprint"]["relative_difference"]) < 1e-3 and \
         (report["probes"]["copy_over_peak"] or 2) < 1 and (report["probes"]["matmul_over_peak"] or 2) < 1
-    Path(args.out).write_text(json.dumps(report, indent=2, default=str))
-    print(f"ok={report['ok']}; wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()
+    print(f"ok={report['ok']}")
+    write_record(args.out, "roofline", report)

@@ -21,7 +21,7 @@ with G GPUs and N trials):
 - gap between trials: next started_at - previous finished_at on one actor.
 - actor start + load: first trial's started_at - run start, per group.
 
-Usage: python bench/scheduling.py --out results/bench_scheduling.json
+Usage: python3 -m bench scheduling --out results/bench_scheduling.json
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ import os
 import platform
 import socket
 import statistics
-import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.benchkit import write_record
 
 MODELS = ["tiny-llama", "tiny-qwen2", "tiny-mistral", "llama-3.2-1b", "qwen2.5-0.5b", "llama-3.2-3b",
           "llama-3.1-8b", "qwen2.5-7b", "mistral-7b"]
@@ -56,7 +56,8 @@ def sweep_yaml(trials: int, groups: int, trial_s: float) -> str:
     precisions = sorted({p for _, p in keys}, key=PRECISIONS.index)
     per_group = math.ceil(trials / groups)
     repeats = per_group  # one batch size, one shape: repeats make the trials
-    exclude = [{"model": m, "precision": p} for m in models for p in precisions if (m, p) not in keys]
+    exclude: list[dict[str, str | int]] = [{"model": m, "precision": p} for m in models for p in precisions
+                                           if (m, p) not in keys]
     # Drop the last repeat of as many groups as needed to land on exactly ``trials``.
     extra = groups * per_group - trials
     exclude += [{"model": m, "precision": p, "repeat": per_group - 1} for m, p in keys[:extra]]
@@ -80,15 +81,16 @@ def _pct(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--gpus-per-node", type=int, default=2)
     ap.add_argument("--groups", type=int, default=None, help="load keys (default: one per GPU)")
     ap.add_argument("--trial-s", type=float, default=2.0, help="target time of one trial on its actor")
     ap.add_argument("--out", type=Path, default=None, help="write everything measured as JSON here")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     load_before = os.getloadavg()  # other work on the machine skews every number below
 
@@ -96,10 +98,10 @@ def main() -> None:
     from ray.cluster_utils import Cluster
 
     from sweeper.plan.expand import make_plan
-    from sweeper.run.cluster import connect
-    from sweeper.run.sweep_run import run_plan
     from sweeper.plan.spec import parse_sweep
+    from sweeper.run.cluster import connect
     from sweeper.run.storage import ResultStore
+    from sweeper.run.sweep_run import run_plan
 
     gpus = args.nodes * args.gpus_per_node
     groups = args.groups or gpus
@@ -137,12 +139,11 @@ def main() -> None:
         first_start.append((group_rows[0]["started_at"] - run_start).total_seconds())
         gaps += [(b["started_at"] - a["finished_at"]).total_seconds() for a, b in zip(group_rows, group_rows[1:], strict=False)]
     gpu_s = gpus * wall_s
-    result = {
+    result: dict[str, Any] = {
         "machine": {"hostname": socket.gethostname(), "cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "ray": ray.__version__,
                     "load_average_before": load_before},
         "date": run_start.isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "config": {"trials": n, "groups": len(by_group), "nodes": args.nodes, "gpus_per_node": args.gpus_per_node,
                    "gpus": gpus, "trial_s_target": args.trial_s, "measure": sweep.measure.model_dump(),
                    "noop": {"step_s": STEP_S, "output_len": OUTPUT_LEN}},
@@ -171,10 +172,4 @@ def main() -> None:
           f"{result['gap_between_trials_s']['p50'] * 1e3:.1f} ms, actor start+load mean "
           f"{result['actor_start_and_load_s']['mean']:.2f} s; {summary.model_loads} model loads")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2, default=str))
-        print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()
+        write_record(args.out, "scheduling", result)

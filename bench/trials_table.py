@@ -1,13 +1,11 @@
 """Print a results directory's headline trial columns as a Markdown table (for docs/BENCHMARKS.md).
 
-    python bench/trials_table.py results/quantization
+    python3 -m bench trials-table results/quantization
 """
 
 from __future__ import annotations
 
-import sys
-
-import duckdb
+import argparse
 
 COLUMNS = """model, precision, batch_size AS batch, status,
   round(throughput_tok_s, 1) AS "tok/s", round(ttft_s * 1e3, 1) AS "TTFT ms",
@@ -17,7 +15,14 @@ COLUMNS = """model, precision, batch_size AS batch, status,
   round(load_s, 1) AS "load s", energy_method, unstable"""
 
 
-def main(root: str) -> None:
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("root", help="a sweep's results directory (the one holding trials.parquet)")
+
+
+def run(args: argparse.Namespace) -> None:
+    import duckdb
+
+    root = args.root
     cur = duckdb.connect().execute(
         f"SELECT {COLUMNS} FROM '{root}/trials.parquet' ORDER BY model, precision, batch_size")
     names = [d[0] for d in cur.description]
@@ -29,7 +34,3 @@ def main(root: str) -> None:
         f"SELECT DISTINCT device_name, driver_version, cuda_version, torch_version, transformers_version, "
         f"ray_version FROM '{root}/trials.parquet' WHERE status = 'ok'").fetchall()
     print("\nenvironment:", env)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])

@@ -1,4 +1,4 @@
-"""GPU evidence for the vLLM backend (issue 9): sweeper's path against bare ``LLM.generate``.
+"""GPU evidence for the vLLM backend: sweeper's path against bare ``LLM.generate``.
 
 For each model config, ONE engine is loaded through sweeper's own actor code
 (``TrialRunner.load``: ``VllmBackend`` + NVML telemetry, no Ray), then for each
@@ -14,7 +14,7 @@ batch size, interleaved on that engine:
 and reports sweeper / mean(bare) throughput per config. Done when every bf16
 ratio is >= 0.97 (``--threshold``).
 
-    PYTHONPATH=$PWD:/tmp/site python bench/vllm_compare.py --out $OUT/vllm_compare.json
+    PYTHONPATH=/tmp/site python3 -m bench vllm-compare --out $OUT/vllm_compare.json
     # split if short of time:
     ... --model llama-3.2-1b --out $OUT/vllm_1b.json
     ... --model llama-3.1-8b --out $OUT/vllm_8b.json          # bf16 and fp8
@@ -22,9 +22,9 @@ ratio is >= 0.97 (``--threshold``).
     ... --tp 2 --model llama-3.1-8b --no-fp8 --out $OUT/vllm_tp2.json
 
 ``--default-engine`` also times bare ``LLM.generate`` on an engine with vLLM's own
-defaults (stats off, prefix caching on), i.e. the issue's "bare vLLM" bar, at the
-cost of a second engine start per config. The issue's numbers are in the output
-for reference. ``--out`` is rewritten after every step; a failing config is
+defaults (stats off, prefix caching on), i.e. the reference "bare vLLM" bar, at the
+cost of a second engine start per config. The reference numbers (``ISSUE_BAR_TOK_S``)
+are in the output for comparison. ``--out`` is rewritten after every step; a failing config is
 recorded and the rest still run.
 """
 
@@ -38,11 +38,12 @@ import statistics
 import sys
 import time
 import traceback
-from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
+from bench.benchkit import write_record
 
-# The issue's bare vLLM 0.26 numbers on an H200 (output tok/s, 128 in / 128 out).
+# The reference bare vLLM 0.26 numbers on an H200 that the vLLM backend was asked to match
+# (output tok/s, 128 in / 128 out).
 ISSUE_BAR_TOK_S = {"llama-3.2-1b": {1: 781, 16: 10_800, 64: 30_800},
                    "llama-3.1-8b": {1: 200, 16: 2_900, 32: 5_200, 64: 8_600}}
 ROW_KEYS = ("status", "error", "throughput_tok_s", "duration_s", "n_iterations", "output_tokens",
@@ -52,10 +53,10 @@ ROW_KEYS = ("status", "error", "throughput_tok_s", "duration_s", "n_iterations",
             "weight_memory_bytes", "gpu_uuids", "gpu_names", "compile_status")
 
 
-def environment() -> dict:
+def environment() -> dict[str, Any]:
     import importlib.metadata as md
 
-    env = {"python": sys.version.split()[0], "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    env: dict[str, Any] = {"python": sys.version.split()[0], "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     for dist in ("torch", "transformers", "vllm", "nvidia-ml-py", "ray"):
         with contextlib.suppress(md.PackageNotFoundError):
             env[dist] = md.version(dist)
@@ -97,7 +98,8 @@ def bare_generate(llm, params, vocab_size: int, batch: int, args, seed: int) -> 
         return [{"prompt_token_ids": row} for row in prompts.batch(i).tolist()]
 
     llm.generate(build(-1), params, use_tqdm=False)  # warm-up
-    calls_s, tokens, i = [], 0, 0
+    calls_s: list[float] = []
+    tokens, i = 0, 0
     while len(calls_s) < args.iters or sum(calls_s) < args.window_s:
         batch_prompts = build(i)
         t0 = time.perf_counter()
@@ -123,7 +125,7 @@ def wait_gpu_memory_freed(limit_s: float = 90.0, below_bytes: int = 3 * 2**30) -
 
 
 def default_engine_bare(model: str, precision: str, batches: list[int], args) -> dict:
-    """Bare ``LLM.generate`` on an engine with vLLM's defaults: the issue's bar, measured here."""
+    """Bare ``LLM.generate`` on an engine with vLLM's defaults: the reference bar, measured here."""
     import vllm
 
     from actors.backends.vllm import VLLM_QUANTIZATION, architecture_overrides
@@ -141,7 +143,7 @@ def default_engine_bare(model: str, precision: str, batches: list[int], args) ->
         kwargs["distributed_executor_backend"] = "mp"
     t0 = time.monotonic()
     llm = vllm.LLM(**kwargs)
-    out = {"engine_kwargs": {k: v for k, v in kwargs.items() if k != "hf_overrides"},
+    out: dict[str, Any] = {"engine_kwargs": {k: v for k, v in kwargs.items() if k != "hf_overrides"},
            "load_s": time.monotonic() - t0, "batches": {}}
     params = vllm.SamplingParams(max_tokens=args.output_len, min_tokens=args.output_len, ignore_eos=True,
                                  temperature=0.0, detokenize=False)
@@ -179,7 +181,9 @@ def run_config(model: str, precision: str, batches: list[int], args, result: dic
     if not load.ok:
         runner.close()
         return
-    backend = runner.backend
+    backend: Any = runner.backend  # a VllmBackend: its engine and sampling parameters
+    assert runner.load_info is not None
+    vocab = runner.load_info.vocab_size
     entry["batches"] = {}
     try:
         for trial in trials:
@@ -188,7 +192,6 @@ def run_config(model: str, precision: str, batches: list[int], args, result: dic
             entry["batches"][b] = step
             try:
                 params = backend._sampling_params(trial.output_len)  # the very object sweeper's path uses
-                vocab = runner.load_info.vocab_size
                 step["bare_before"] = bare_generate(backend.llm, params, vocab, b, args, seed=1)
                 outcome = runner.run(trial)
                 step["sweeper"] = {k: outcome.row.get(k) for k in ROW_KEYS}
@@ -245,15 +248,14 @@ def summary(result: dict, threshold: float) -> list[str]:
                          f"{step['ratio']:>6.3f} {f(s['energy_per_token_j'], fmt='{:.4f}'):>8} "
                          f"{f(s['ttft_s'], 1e3):>8} {f(s['tpot_s'], 1e3, '{:.2f}'):>8} "
                          f"{f(s['avg_power_w'], fmt='{:.0f}'):>6}  {'ok' if ok else 'BELOW'}"
-                         + (f"  (issue bar {step['issue_bar_tok_s']:,}: x{step['vs_issue_bar']:.2f})"
+                         + (f"  (reference bar {step['issue_bar_tok_s']:,}: x{step['vs_issue_bar']:.2f})"
                             if step.get("issue_bar_tok_s") else ""))
     lines.append(f"done criterion (sweeper >= {threshold} x bare on every config): "
                  f"{'MET' if verdicts and all(verdicts) else 'NOT MET'}")
     return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", choices=["all", "llama-3.2-1b", "llama-3.1-8b"], default="all")
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--input-len", type=int, default=128)
@@ -270,7 +272,9 @@ def main() -> None:
     ap.add_argument("--options", default="{}", help="backend_options.vllm as JSON, e.g. '{\"max_model_len\": 4096}'")
     ap.add_argument("--threshold", type=float, default=0.97)
     ap.add_argument("--out", default="vllm_compare.json")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> None:
 
     # Telemetry and the engine must see the same GPUs: the first tp of them.
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", ",".join(str(i) for i in range(args.tp)))
@@ -283,12 +287,12 @@ def main() -> None:
     if not args.no_fp8 and args.model in ("all", "llama-3.1-8b"):
         configs.append(("llama-3.1-8b", "fp8", fp8_batches))
 
-    result = {"args": vars(args), "environment": environment(), "configs": {}, "started": time.time()}
-    out = Path(args.out)
+    result: dict[str, Any] = {"args": vars(args), "environment": environment(), "configs": {},
+                              "started": time.time()}
 
     def save() -> None:
         result["elapsed_s"] = time.time() - result["started"]
-        out.write_text(json.dumps(result, indent=2, default=str))
+        write_record(args.out, "vllm-compare", result, quiet=True)
 
     for model, precision, bs in configs:
         t0 = time.monotonic()
@@ -301,8 +305,4 @@ def main() -> None:
     result["summary"] = summary(result, args.threshold)
     save()
     print("\n".join(result["summary"]))
-    print(f"wrote {out} ({result['elapsed_s']:.0f} s)")
-
-
-if __name__ == "__main__":
-    main()
+    print(f"wrote {args.out} ({result['elapsed_s']:.0f} s)")

@@ -33,7 +33,7 @@ import numpy as np
 from actors.backends.base import PrepareInfo
 
 # Devices the compiled path runs on unless a backend is given its own list: CUDA
-# graphs are the point of it (issue 8: fall back on CPU).
+# graphs are the point of it (on a CPU the backend falls back to eager).
 COMPILE_DEVICES: tuple[str, ...] = ("cuda",)
 # Shapes a sweep group may run on one actor (batch sizes x lengths); dynamo's
 # default limit (8) would quietly drop further shapes to eager.
