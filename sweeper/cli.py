@@ -189,22 +189,28 @@ class _Terminated(KeyboardInterrupt):
     """SIGTERM, handled as Ctrl-C is: finished trials kept, a one-line message, exit 143."""
 
 
+# Set by the SIGTERM handler: Ray's waits may re-raise the interrupt as a plain KeyboardInterrupt.
+_TERMINATED: list[bool] = []
+
+
+def _on_term(signum: int, frame: Any) -> None:
+    _TERMINATED.append(True)
+    raise _Terminated()
+
+
 @contextlib.contextmanager
 def _signals_as_interrupts() -> Iterator[None]:
-    def on_term(signum: int, frame: Any) -> None:
-        raise _Terminated()
-
-    previous = signal.signal(signal.SIGTERM, on_term)
+    previous = signal.signal(signal.SIGTERM, _on_term)
     try:
         yield
     except KeyboardInterrupt as exc:
         # A second signal while the cluster shuts down exits at once, quietly.
         signal.signal(signal.SIGINT, lambda *_: os._exit(130))
         signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
-        what = "terminated" if isinstance(exc, _Terminated) else "interrupted"
-        err.print(f"[yellow]{what}[/]: every finished trial is saved; run the same command again to resume",
-                  highlight=False)
-        raise typer.Exit(code=143 if isinstance(exc, _Terminated) else 130) from None
+        terminated = isinstance(exc, _Terminated) or bool(_TERMINATED)
+        err.print(f"[yellow]{'terminated' if terminated else 'interrupted'}[/]: every finished trial is saved; "
+                  "run the same command again to resume", highlight=False)
+        raise typer.Exit(code=143 if terminated else 130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -224,6 +230,8 @@ def _run_sweep(sweep: Any, sweep_file: Path, store: Any, address: str | None, **
         cluster = connect(address)
     except UserInputError as exc:
         raise _fail(exc) from None
+    # Ray's driver installs a SIGTERM handler of its own (a C stack dump, exit 1): ours again.
+    signal.signal(signal.SIGTERM, _on_term)
     # The embedded local Ray's workers share this interpreter: no probe needed there.
     capabilities = probe_cluster() if address else local_capabilities(cluster.gpus)
     p = make_plan(sweep, cluster.device, sweep_path=str(sweep_file), check_hub=False,

@@ -83,3 +83,13 @@ def quickstart_results(tmp_path_factory) -> Path:
     r = run_cli("run", str(sweep), "--output", str(d / "results"), "--quiet")
     assert r.returncode == 0, r.stderr[-3000:]
     return d / "results"
+
+
+# Fixtures that start Ray or run a whole sweep: any test using them is slow, whatever it does itself.
+_SLOW_FIXTURES = frozenset({"ray_local", "quickstart_results"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -95,6 +95,7 @@ def test_no_import_cycles():
             visit(m, [m])
 
 
+@pytest.mark.slow
 def test_the_control_plane_loads_without_torch():
     code = ("import sys, sweeper.cli, sweeper.plan.expand, sweeper.run.sweep_run, sweeper.run.storage, "
             "sweeper.analysis.query, actors.actor;"

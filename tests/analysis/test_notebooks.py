@@ -54,6 +54,7 @@ def test_notebooks_ship_clean_with_a_parameters_cell(name):
     assert "from sweeper.analysis import plots, tables" in source and "plt.subplots" not in source
 
 
+@pytest.mark.slow
 def test_analysis_on_quickstart(quickstart_results, monkeypatch):
     outputs = _execute("analysis", quickstart_results, monkeypatch)
     assert not [o for o in outputs if o.output_type == "error"]
@@ -64,12 +65,14 @@ def test_analysis_on_quickstart(quickstart_results, monkeypatch):
     assert "skipped" in text  # fp16 on CPU, with its reason
 
 
+@pytest.mark.slow
 def test_energy_timeline_on_quickstart(quickstart_results, monkeypatch):
     outputs = _execute("energy_timeline", quickstart_results, monkeypatch)
     assert _images(outputs) == 0
     assert "a CPU-only run has no GPU telemetry" in _text(outputs)
 
 
+@pytest.mark.slow
 def test_analysis_on_gpu_results(gpu_results, monkeypatch):
     outputs = _execute("analysis", gpu_results, monkeypatch)
     assert _images(outputs) == 4  # throughput, J/token, weight memory, Pareto
@@ -78,6 +81,7 @@ def test_analysis_on_gpu_results(gpu_results, monkeypatch):
     assert "plot_fidelity: left out" in text
 
 
+@pytest.mark.slow
 def test_energy_timeline_on_gpu_results(gpu_results, monkeypatch):
     outputs = _execute("energy_timeline", gpu_results, monkeypatch)
     assert _images(outputs) == 2  # the power timeline and the layer shares

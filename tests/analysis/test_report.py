@@ -208,6 +208,7 @@ def test_missing_or_unaggregated_directory_exit_2(tmp_path, quickstart_results):
     assert r.returncode == 2 and f"run `sweeper aggregate {shards_only}` first" in " ".join(r.stderr.split())
 
 
+@pytest.mark.slow
 def test_layer_profile_of_a_real_cpu_run_is_shown_as_time_shares(tmp_path):
     """A real profiled sweep on CPU: layers.parquet has host-clock times and no energy."""
     import pandas as pd
@@ -348,6 +349,7 @@ def test_timeline_phases_are_shaded_from_the_phase_column(gpu_results):
     assert {t.get_text() for t in ax.get_legend().get_texts()} >= {"prefill", "decode"}
 
 
+@pytest.mark.slow
 def test_chosen_trial_and_layers(gpu_results):
     r = run_cli("report", str(gpu_results), "--trial", "e76f4689a845c045", "--format", "md")
     assert r.returncode == 0, r.stderr
@@ -414,6 +416,7 @@ def test_report_does_not_import_plotting_at_cli_import():
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (CI installs it)")
+@pytest.mark.slow
 def test_html_report_renders_in_headless_chromium(gpu_results, tmp_path):
     import numpy as np
     from PIL import Image

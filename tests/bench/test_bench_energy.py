@@ -55,6 +55,7 @@ def gpu_on_cpu(monkeypatch):
     return fake
 
 
+@pytest.mark.slow
 def test_energy_bench_runs_and_its_checks_hold(gpu_on_cpu, tmp_path):
     out = tmp_path / "energy.json"
     assert bench_main([

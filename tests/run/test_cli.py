@@ -42,6 +42,7 @@ def test_plan_table(write_sweep):
     (GOOD.replace("fp16", "int3"), "precisions: unknown precision 'int3'"),
 ])
 @pytest.mark.parametrize("command", ["plan", "run"])
+@pytest.mark.slow
 def test_bad_sweep_files_exit_2_with_one_line(write_sweep, text, expected, command):
     r = run_cli(command, str(write_sweep(text)))
     assert r.returncode == 2, (r.stdout, r.stderr)
@@ -50,6 +51,7 @@ def test_bad_sweep_files_exit_2_with_one_line(write_sweep, text, expected, comma
     assert "starting Ray" not in r.stderr  # nothing ran
 
 
+@pytest.mark.slow
 def test_missing_file_and_bad_flags_exit_2(tmp_path):
     r = run_cli("run", str(tmp_path / "none.yaml"))
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr

@@ -61,6 +61,7 @@ def test_ray_validation_rejects_a_broken_cluster_yaml(cluster_config):
 
 # -- placement on a multi-node cluster ----------------------------------------------------
 
+@pytest.mark.slow
 def test_groups_spread_over_nodes_and_never_share_a_gpu(tmp_path):
     """Four groups on two 1-GPU nodes (logical GPUs) behind a GPU-less head, in its own process."""
     from sweeper.run.storage import ResultStore

@@ -36,6 +36,7 @@ measure: {warmup_iters: 1, min_iters: 2, min_duration_s: 0.2, idle_s: 0}
 """
 
 
+@pytest.mark.slow
 def test_sweep_runs_records_and_resumes(write_sweep, tmp_path):
     out = tmp_path / "out"
     r = run_cli("run", str(write_sweep(SWEEP)), "-o", str(out), "-q")
@@ -79,6 +80,7 @@ def test_sweep_runs_records_and_resumes(write_sweep, tmp_path):
     assert con.execute(f"SELECT count(*) FROM '{out}/trials.parquet'").fetchone()[0] == 6
 
 
+@pytest.mark.slow
 def test_failures_are_rows_and_the_sweep_goes_on(ray_local, write_sweep, tmp_path, tiny_gpt2_dir):
     broken = tmp_path / "broken"
     broken.mkdir()

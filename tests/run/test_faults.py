@@ -72,6 +72,7 @@ def test_timeout_is_no_part_of_a_trial_id(write_sweep):
     assert replace(base, measure=MeasureSettings(**{**base.measure.__dict__})).trial_id == base.trial_id
 
 
+@pytest.mark.slow
 def test_a_trial_past_its_timeout_fails_and_its_actor_is_replaced(ray_local, write_sweep, tmp_path):
     # out=2000 (warm-up call included) takes 10+ s of one-token steps on a CPU; out=4 a few ms.
     # The limit leaves a loaded 2-core CI machine room for the short trials.
@@ -152,6 +153,7 @@ def _run_killing(plan, store, ray_local, kills: int, max_retries: int, phase: st
 
 
 @pytest.mark.parametrize(("kills", "max_retries", "first_status"), [(1, 1, "ok"), (2, 1, "failed")])
+@pytest.mark.slow
 def test_a_killed_actor_is_replaced_and_its_trial_retried(ray_local, write_sweep, tmp_path,
                                                           kills, max_retries, first_status):
     store = ResultStore(str(tmp_path / "out"))
@@ -180,6 +182,7 @@ measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 0, idle_s: 0}
 
 
 @pytest.mark.parametrize(("kills", "max_retries", "status"), [(1, 1, "ok"), (2, 1, "failed")])
+@pytest.mark.slow
 def test_an_actor_killed_while_loading_is_retried_like_one_killed_mid_trial(ray_local, write_sweep, tmp_path,
                                                                             kills, max_retries, status):
     store = ResultStore(str(tmp_path / "out"))
@@ -215,6 +218,7 @@ def _shards(out: Path) -> dict[str, int]:
     return {p.stem: p.stat().st_mtime_ns for p in d.glob("*.parquet")} if d.exists() else {}
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_finished_shards_and_a_second_run_completes_exactly_the_rest(write_sweep, tmp_path):
     gate = tmp_path / "gate"
     sweep_path, out = write_sweep(SIGINT_SWEEP.format(gate=gate)), tmp_path / "out"
@@ -258,6 +262,7 @@ def test_run_takes_the_fault_flags():
         assert flag in result.output
 
 
+@pytest.mark.slow
 def test_sigterm_is_handled_like_ctrl_c(write_sweep, tmp_path):
     gate = tmp_path / "gate"
     sweep_path, out = write_sweep(SIGINT_SWEEP.format(gate=gate)), tmp_path / "out"
@@ -277,10 +282,12 @@ def test_sigterm_is_handled_like_ctrl_c(write_sweep, tmp_path):
     assert not (out / ".sweeper.lock").exists()  # the lock is given back
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("address", "expected"), [
     ("garbage", "expected auto, HOST:PORT"),
     ("127.0.0.1:1", "no Ray head answers there"),
 ])
+@pytest.mark.slow
 def test_a_bad_address_is_one_line_in_seconds(write_sweep, tmp_path, address, expected):
     sweep_path = write_sweep(SIGINT_SWEEP.format(gate=tmp_path / "gate"))
     for command in ("run", "plan"):

@@ -65,6 +65,7 @@ def _watch(fs: pafs.FileSystem, prefix: str, stop: threading.Event, seen: set[st
         stop.wait(0.05)
 
 
+@pytest.mark.slow
 def test_a_sweep_writes_to_s3_and_aggregate_reads_it_back(s3_env, tmp_path):
     env, fs = s3_env
     sweep = tmp_path / "s3.yaml"

@@ -181,6 +181,7 @@ measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 0.5, idle_s: 0}
 """
 
 
+@pytest.mark.slow
 def test_tp2_groups_wait_for_a_two_gpu_node_without_blocking_one_gpu_groups(tmp_path):
     """A 1-GPU and a 2-GPU node: four tp=2 groups, four tp=1 groups, 16 trials."""
     info, rows = _run_scenario(tmp_path, "tp", TP_SWEEP)
@@ -215,6 +216,7 @@ measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 0.5, idle_s: 0}
 """
 
 
+@pytest.mark.slow
 def test_a_lost_node_loses_no_finished_shard_and_its_group_finishes_elsewhere(tmp_path):
     info, rows = _run_scenario(tmp_path, "remove", REMOVE_SWEEP)
     [lost] = info["removed"]

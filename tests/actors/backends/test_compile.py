@@ -90,6 +90,7 @@ def test_static_cache_path_gives_eager_tokens_across_calls_and_shapes(eager):
     b.close()
 
 
+@pytest.mark.slow
 def test_compiled_tokens_equal_eager_and_one_compile_per_shape(eager, inductor_cpu):
     import torch._dynamo
 
@@ -131,6 +132,7 @@ def test_compiled_tokens_equal_eager_and_one_compile_per_shape(eager, inductor_c
     b.close()
 
 
+@pytest.mark.slow
 def test_compile_failure_falls_back_to_eager(eager, inductor_cpu):
     import torch._dynamo
     import torch._inductor.config
@@ -159,6 +161,7 @@ def test_bitsandbytes_layers_fall_back():
     b.close()
 
 
+@pytest.mark.slow
 def test_trial_rows_carry_compile_columns(tmp_path):
     """Eager and compiled variants in one real sweep: both statuses land in trials.parquet."""
     sweep = tmp_path / "compile.yaml"

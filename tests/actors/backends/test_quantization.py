@@ -49,6 +49,7 @@ def _meta_layout(preset: str) -> dict[str, tuple[int, ...]]:
 
 # -- weights on disk -----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_weights_match_the_meta_model_and_hf_init(cache):
     path = materialize_weights("tiny-qwen2", seed=0, max_shard_bytes=300_000)
     index = json.loads((path / INDEX_FILE).read_text())
@@ -109,6 +110,7 @@ def test_dtype_precisions_keep_the_config_only_checkpoint(cache):
 
 # -- bitsandbytes on CPU -------------------------------------------------------------
 
+@pytest.mark.slow
 def test_int8_loads_int8_layers_and_generates_exact_lengths():
     import bitsandbytes as bnb
 

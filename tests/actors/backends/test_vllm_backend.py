@@ -163,6 +163,7 @@ def test_tensor_parallel_and_precisions_vllm_lacks_are_skipped_with_their_reason
     assert cpu[("vllm", "bf16", 2)] == "backend vllm does not run on cpu"
 
 
+@pytest.mark.slow
 def test_the_ray_probe_reports_each_nodes_libraries(ray_local):
     import importlib.metadata
 
@@ -318,6 +319,7 @@ def test_a_worker_without_vllm_refuses_the_backend_clearly():
     assert "BackendUnavailable: backend vllm needs the Python module 'vllm'" in result.error
 
 
+@pytest.mark.slow
 def test_a_vllm_trial_on_a_worker_without_vllm_fails_and_the_sweep_goes_on(tmp_path):
     """On a (logical) GPU node without vllm: the vllm trial fails with the clear error, the rest finish."""
     from sweeper.run.storage import ResultStore

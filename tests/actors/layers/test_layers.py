@@ -544,6 +544,7 @@ def test_profiling_is_identity_but_leaves_unprofiled_ids_alone():
 # -- end to end -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_profiled_sweep_writes_layers_parquet(ray_local, write_sweep, tmp_path):
     path = write_sweep("""
 name: layers-e2e
@@ -593,6 +594,7 @@ profile: {layers: submodule}
 # -- the GPU bench's CPU path -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_gpu_bench_runs_on_cpu(tmp_path):
     out = tmp_path / "layers.json"
     r = subprocess.run(

@@ -74,6 +74,7 @@ def test_kl_where_either_side_has_zero_probability():
 
 # -- real tiny models ----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_identical_models_agree_exactly_and_a_perturbed_one_does_not():
     ref_backend, info = _load()
     ref = reference_outputs(ref_backend, SETTINGS, info.vocab_size, seed=0)
@@ -118,6 +119,7 @@ def test_reference_is_cached_on_disk_and_reused(cache):
 
 # -- the actor's pass ----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_actor_computes_once_per_group_and_marks_reference_rows(cache):
     from actors.actor import TrialRunner
 
@@ -167,6 +169,7 @@ def test_a_backend_that_cannot_score_is_not_applicable():
 
 # -- a real sweep on a local Ray ----------------------------------------------------
 
+@pytest.mark.slow
 def test_sweep_writes_fidelity_columns(write_sweep, tmp_path):
     out = tmp_path / "out"
     r = run_cli("run", str(write_sweep("""

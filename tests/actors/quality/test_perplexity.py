@@ -90,6 +90,7 @@ def test_real_checkpoint_gets_a_perplexity_and_a_synthetic_one_says_why(checkpoi
     assert cols["perplexity"] is None and cols["perplexity_status"].startswith("not applicable: a synthetic")
 
 
+@pytest.mark.slow
 def test_sweep_with_perplexity_fills_the_columns_for_every_precision(checkpoint_with_tokenizer, tmp_path):
     path, _ = checkpoint_with_tokenizer
     sweep = tmp_path / "ppl.yaml"
