@@ -180,3 +180,13 @@ def test_a_disk_that_fills_stops_the_sweep_in_one_line_and_a_resume_completes_it
     assert again.returncode == 0, again.stderr
     assert f"{kept} trial(s) already ok; {40 - kept} to run" in again.stderr
     assert len(_rows(bigger)) == 40
+
+
+def test_an_unreachable_object_store_is_one_line_before_ray(write_sweep):
+    env = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:1", "AWS_ACCESS_KEY_ID": "x",
+           "AWS_SECRET_ACCESS_KEY": "y", "AWS_DEFAULT_REGION": "us-east-1", "COLUMNS": "200"}
+    r = subprocess.run([sys.executable, "-m", "sweeper", "run", str(_sweep(write_sweep)), "-o", "s3://bucket/results",
+                        "-q"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "starting Ray" not in r.stderr
+    assert r.stderr.startswith("error: --output s3://bucket/results: cannot reach it: ")
+    assert len(r.stderr.strip().splitlines()) == 1
