@@ -43,6 +43,18 @@ def torch_cuda_version() -> str | None:
     return parse_torch_cuda_version(text)
 
 
+def cpu_model() -> str:
+    """The host CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
 def capture() -> dict[str, str | None]:
     env: dict[str, str | None] = {
         "torch_version": _version("torch"),

@@ -30,6 +30,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from actors.environment import cpu_model
+
 
 def make_trial(model: str, *, batch: int, input_len: int, output_len: int, compile: bool,
                compile_mode: str = "reduce-overhead", precision: str = "bf16", window_s: float = 5.0,
@@ -188,17 +190,6 @@ def git_commit(root: Path = ROOT) -> tuple[str | None, bool | None]:
     except (OSError, ValueError, subprocess.SubprocessError):
         pass
     return os.environ.get(COMMIT_ENV) or None, None
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def gpu_names() -> list[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import importlib.metadata
-import platform
 import resource
 import time
 from typing import Any
@@ -28,20 +27,10 @@ from actors.backends.base import (
     RequestTiming,
 )
 from actors.backends.transformers import bnb
+from actors.environment import cpu_model
 from actors.errors import PrecisionUnavailable
 from sweeper.core.backends import TransformersOptions
 from sweeper.core.precisions import PRECISIONS
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
 
 
 def _dtype_kwarg() -> str:
@@ -99,7 +88,7 @@ class TransformersBackend(Backend):
         self._compiled = CompiledDecode(self.model, self.device, options.compile, options.compile_mode,
                                         self.compile_devices)
         self.sync()
-        name = torch.cuda.get_device_name() if self.device == "cuda" else _cpu_name()
+        name = torch.cuda.get_device_name() if self.device == "cuda" else cpu_model()
         return LoadInfo(
             device=self.device, device_name=name,
             weight_memory_bytes=bnb.weight_memory_bytes(self.model),
