@@ -171,6 +171,7 @@ def test_a_disk_that_fills_stops_the_sweep_in_one_line_and_a_resume_completes_it
     r = run_cli("run", str(sweep), "-o", str(out), "-q")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "failed (No space left on device); the sweep stopped" in r.stderr
+    assert "warning: only 0 MiB free under" in r.stderr  # said before the sweep started
     kept = len(list((out / "shards" / "trials").glob("*.parquet")))
     assert 0 < kept < 40
     # more room (the same results moved to a bigger disk): the resume runs only the rest

@@ -130,3 +130,14 @@ def test_schema_names_carry_units():
                 or "_flop" in col.name or "_bytes_per_" in col.name):
             continue
         assert col.name.rsplit("_", 1)[-1] in {"s", "j", "w", "bytes"}, col.name
+
+
+def test_the_next_run_removes_temporaries_a_killed_run_left(tmp_path):
+    store = ResultStore(str(tmp_path))
+    store.write_shard("trials", "a", [trial_row("a")])
+    left = [tmp_path / "shards" / "trials" / ".b.parquet.0123.tmp", tmp_path / "shards" / "requests" / ".c.tmp"]
+    for path in left:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"partial")
+    assert store.remove_stale_temporaries() == 2
+    assert not any(p.exists() for p in left) and (tmp_path / "shards" / "trials" / "a.parquet").exists()
