@@ -165,3 +165,13 @@ def test_a_grid_past_the_limit_is_refused_with_its_size(write_sweep):
         "input_len: 8", f"input_len: {list(range(1, 1002))}")
     with pytest.raises(SweepFileError, match="the grid has 1,001,000 trials, more than the 1,000,000"):
         expand(load_sweep(write_sweep(text)))
+
+
+@pytest.mark.parametrize(("rule", "message"), [
+    ('{batch_size: "8"}', "exclude[0].batch_size: '8' is not a int, so it could never match"),
+    ("{precision: 16}", "exclude[0].precision: 16 is not a str"),
+    ("{batch_size: [8, true]}", "exclude[0].batch_size: True is not a int"),
+])
+def test_an_exclude_value_of_the_wrong_type_is_refused(write_sweep, rule, message):
+    with pytest.raises(SweepFileError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_sweep(write_sweep(GOOD + f"exclude: [{rule}]\n"))

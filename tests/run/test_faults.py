@@ -73,6 +73,29 @@ def test_timeout_is_no_part_of_a_trial_id(write_sweep):
 
 
 @pytest.mark.slow
+def test_a_hung_load_fails_its_group_as_load_timeout_through_ray(ray_local, write_sweep, tmp_path):
+    # The noop backend's load sleeps 600 s; the limit is 2 s: the load is abandoned (its actor
+    # killed, a fresh one tried once), then both trials of the group are failed rows.
+    plan = _plan(write_sweep, """
+name: load-timeouts
+models: [tiny-llama]
+backends: noop
+precisions: fp32
+batch_sizes: [1, 2]
+workload: {input_len: 8, output_len: 4}
+measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 0, idle_s: 0, load_timeout_s: 2.0}
+backend_options: {noop: {load_s: 600}}
+""")
+    store = ResultStore(str(tmp_path / "out"))
+    t0 = time.monotonic()
+    summary = run_plan(plan, store, ray_local, quiet=True, max_retries=1)
+    assert time.monotonic() - t0 < 120
+    rows = _rows(store)
+    assert [(r["status"], r["reason"]) for r in rows.values()] == [("failed", "load_timeout")] * 2
+    assert all("load ran past measure.load_timeout_s = 2 s, 2 time(s)" in r["error"] for r in rows.values())
+    assert summary.retries == 1 and summary.model_loads == 2
+
+
 def test_a_trial_past_its_timeout_fails_and_its_actor_is_replaced(ray_local, write_sweep, tmp_path):
     # out=2000 (warm-up call included) takes 10+ s of one-token steps on a CPU; out=4 a few ms.
     # The limit leaves a loaded 2-core CI machine room for the short trials.
