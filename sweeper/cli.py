@@ -25,6 +25,24 @@ app = typer.Typer(
     help="Measure seconds, bytes and joules of LLM inference across sweeps of models, "
          "backends, precisions and batch sizes.",
 )
+# A flag takes no value: no metavar in the help (typer would print "<bool>").
+FLAG = ""
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from sweeper.core.version import __version__
+
+        print(f"sweeper {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", metavar=FLAG, callback=_show_version, is_eager=True,
+                                          help="print sweeper's version and exit")] = False,
+) -> None:
+    pass
 # Piped output (CI logs, files) gets wide tables rather than 80-column truncation.
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -69,7 +87,7 @@ SweepArg = Annotated[Path, typer.Argument(help="sweep file (YAML)", show_default
 def plan(
     sweep_file: SweepArg,
     device: Annotated[DeviceChoice, typer.Option(help="plan for this device; auto: this machine's")] = DeviceChoice.auto,
-    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    as_json: Annotated[bool, typer.Option("--json", metavar=FLAG, help="print the plan as JSON")] = False,
     address: Annotated[str | None, typer.Option(help="Ray cluster (auto, ray://host:10001) whose nodes' installed libraries and GPUs decide what is skipped; default: this machine's environment")] = None,
 ) -> None:
     """Expand a sweep into trials and show which would run and which are skipped (and why)."""
@@ -142,10 +160,10 @@ def run(
     sweep_file: SweepArg,
     output: Annotated[str | None, typer.Option("--output", "-o", help="results directory or URI [default: results/<sweep name>]")] = None,
     address: Annotated[str | None, typer.Option(help="Ray cluster to join (auto, ray://host:10001); default: start a local Ray")] = None,
-    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="re-run trials whose stored result is failed")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="one line per finished trial instead of the live display")] = False,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", metavar=FLAG, help="re-run trials whose stored result is failed")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", metavar=FLAG, help="one line per finished trial instead of the live display")] = False,
     max_retries: Annotated[int, typer.Option("--max-retries", min=0, help="re-runs of a trial whose actor died (on a fresh actor) before it is recorded failed")] = 2,
-    no_oom_pruning: Annotated[bool, typer.Option("--no-oom-pruning", help="run larger batches of a shape that ran out of memory instead of skipping them as predicted_oom")] = False,
+    no_oom_pruning: Annotated[bool, typer.Option("--no-oom-pruning", metavar=FLAG, help="run larger batches of a shape that ran out of memory instead of skipping them as predicted_oom")] = False,
 ) -> None:
     """Run every trial of a sweep (resuming: trials with an ok result are not run again)."""
     from sweeper.plan.expand import expand
@@ -365,8 +383,8 @@ def report(
 def query(
     output: Annotated[str, typer.Argument(help="results directory", show_default=False)],
     sql: Annotated[str, typer.Argument(help="DuckDB SQL over the views trials, requests, timeline, layers", show_default=False)],
-    as_csv: Annotated[bool, typer.Option("--csv", help="print CSV")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON records")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", metavar=FLAG, help="print CSV")] = False,
+    as_json: Annotated[bool, typer.Option("--json", metavar=FLAG, help="print JSON records")] = False,
 ) -> None:
     """Run DuckDB SQL over a results directory's aggregated tables (each one a view of its name)."""
     from sweeper.analysis.query import QueryError, run_query, to_csv, to_json
@@ -387,7 +405,10 @@ def query(
     table = Table()
     for i, col in enumerate(result.columns):
         numeric = any(isinstance(r[i], int | float) and not isinstance(r[i], bool) for r in result.rows[:50])
-        table.add_column(escape(col), justify="right" if numeric else "left")
+        # Short values (ids, names) keep their full width; only long text folds onto more lines.
+        widest = max([len(col)] + [len(str(r[i])) for r in result.rows[:max_rows]])
+        table.add_column(escape(col), justify="right" if numeric else "left", min_width=min(widest, 24),
+                         overflow="fold")
     for row in result.rows[:max_rows]:
         table.add_row(*("[dim]NULL[/]" if v is None else escape(f"{v:.6g}" if isinstance(v, float) else str(v))
                         for v in row))

@@ -156,3 +156,13 @@ def test_report_refuses_a_report_path_that_is_a_file(results_copy):
     r = run_cli("report", str(results_copy))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "exists and is not a directory" in r.stderr
+
+
+def test_the_table_never_truncates_ids_even_beside_long_text(quickstart_results):
+    import pandas as pd
+
+    r = run_cli("query", str(quickstart_results),
+                "SELECT trial_id, backend_options, backend_options AS again, error FROM trials")
+    assert r.returncode == 0, r.stderr
+    ids = pd.read_parquet(quickstart_results / "trials.parquet")["trial_id"]
+    assert all(i in r.stdout for i in ids) and "…" not in r.stdout

@@ -68,3 +68,15 @@ def test_presets_listed():
     assert r.returncode == 0
     for name in ("llama-3.2-1b", "llama-3.1-8b", "qwen2.5-0.5b", "qwen2.5-7b", "mistral-7b", "tiny-llama"):
         assert name in r.stdout
+
+
+def test_version_and_flags_read_as_flags():
+    from sweeper.core.version import __version__
+
+    r = run_cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"sweeper {__version__}"
+    helped = run_cli("run", "--help")
+    assert helped.returncode == 0
+    for line in helped.stdout.splitlines():
+        if any(flag in line for flag in ("--quiet", "--retry-failed", "--no-oom-pruning")):
+            assert "<bool>" not in line, line
