@@ -89,6 +89,8 @@ def plan(
     device: Annotated[DeviceChoice, typer.Option(help="plan for this device; auto: this machine's")] = DeviceChoice.auto,
     as_json: Annotated[bool, typer.Option("--json", metavar=FLAG, help="print the plan as JSON")] = False,
     address: Annotated[str | None, typer.Option(help="Ray cluster (auto, ray://host:10001) whose nodes' installed libraries and GPUs decide what is skipped; default: this machine's environment")] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="results directory: mark the trials it already holds (what a run there would skip)")] = None,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", metavar=FLAG, help="with --output: as a run with --retry-failed would see it")] = False,
 ) -> None:
     """Expand a sweep into trials and show which would run and which are skipped (and why)."""
     from sweeper.plan.capabilities import local_capabilities, probe_cluster
@@ -109,10 +111,19 @@ def plan(
             capabilities = local_capabilities(gpus)
         target: Device = found if device is DeviceChoice.auto else ("cuda" if device is DeviceChoice.cuda else "cpu")
         p = make_plan(sweep, target, sweep_path=str(sweep_file), capabilities=capabilities)
+        stored = _stored(output)
     except UserInputError as exc:
         raise _fail(exc) from None
     if not address:
         p.notes[-1] += " (no --address: this machine stands in for the cluster)"
+
+    def status(pt: Any) -> str:
+        from sweeper.run.sweep_run import is_settled
+
+        found = stored.get(pt.trial.trial_id)
+        if found is not None and pt.runnable and is_settled(found, retry_failed):
+            return f"done ({found.status})" if found.status == "ok" else f"done ({found.status}: {found.reason})"
+        return "run" if pt.runnable else "skipped"
 
     if as_json:
         payload = {
@@ -121,7 +132,7 @@ def plan(
             "groups": len(p.groups()),
             "notes": p.notes,
             "plan": [{"trial_id": pt.trial.trial_id, **pt.trial.axes(), "variant": pt.trial.variant(),
-                      "status": "run" if pt.runnable else "skipped", "reason": pt.skip_reason}
+                      "status": status(pt), "reason": pt.skip_reason}
                      for pt in p.trials],
         }
         print(json.dumps(payload, indent=2))
@@ -146,11 +157,15 @@ def plan(
             cells.append(str(values[axis.name]))
             if axis.name == BACKEND and with_variant:
                 cells.append(t.variant())
-        status = "run" if pt.runnable else f"[yellow]skipped[/]: {pt.skip_reason}"
-        table.add_row(*cells, status)
+        state = status(pt)
+        table.add_row(*cells, f"[yellow]skipped[/]: {pt.skip_reason}" if state == "skipped"
+                      else f"[green]{state}[/]" if state.startswith("done") else state)
     out.print(table)
-    out.print(f"{len(p.runnable)} to run in {len(p.groups())} model load(s), "
-              f"{len(p.skipped)} skipped, {p.excluded} excluded by the sweep's exclude rules")
+    to_run = [pt.trial for pt in p.trials if status(pt) == "run"]
+    done = sum(1 for pt in p.trials if status(pt).startswith("done"))
+    out.print(f"{len(to_run)} to run in {len(p.groups(to_run))} model load(s)"
+              + (f", {done} already done in {output}" if output else "")
+              + f", {len(p.skipped)} skipped, {p.excluded} excluded by the sweep's exclude rules")
     for note in p.notes:
         out.print(f"note: {note}", highlight=False)
 
@@ -197,6 +212,16 @@ def run(
     _print_summary(sweep.name, summary, counts, store, address)
     if summary.failed:
         raise typer.Exit(code=1)
+
+
+def _stored(output: str | None) -> dict[str, Any]:
+    """The trials a results directory already holds (none without ``--output``)."""
+    if output is None:
+        return {}
+    from sweeper.run.storage import ResultStore
+
+    store = ResultStore(output, on_quarantine=_warn)
+    return store.stored_trials() if store.exists() else {}
 
 
 def _warn(line: str) -> None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 
 GOOD = """
 name: t
@@ -80,3 +80,25 @@ def test_version_and_flags_read_as_flags():
     for line in helped.stdout.splitlines():
         if any(flag in line for flag in ("--quiet", "--retry-failed", "--no-oom-pruning")):
             assert "<bool>" not in line, line
+
+
+def test_plan_marks_what_an_output_directory_already_holds(tmp_path):
+    import json
+
+    from sweeper.run.storage import ResultStore
+
+    sweep = ROOT / "sweeps" / "quickstart.yaml"
+    plan = json.loads(run_cli("plan", str(sweep), "--json").stdout)["plan"]
+    store = ResultStore(str(tmp_path))
+    done = plan[0]["trial_id"]
+    store.write_shard("trials", done, [{"trial_id": done, "status": "ok"}])
+    failed = plan[1]["trial_id"]
+    store.write_shard("trials", failed, [{"trial_id": failed, "status": "failed", "reason": "oom"}])
+    marked = {t["trial_id"]: t["status"] for t in json.loads(
+        run_cli("plan", str(sweep), "--json", "-o", str(tmp_path)).stdout)["plan"]}
+    assert marked[done] == "done (ok)" and marked[failed] == "done (failed: oom)"
+    assert sum(s == "run" for s in marked.values()) == len(plan) - 2
+    retrying = json.loads(run_cli("plan", str(sweep), "--json", "-o", str(tmp_path), "--retry-failed").stdout)
+    assert {t["trial_id"]: t["status"] for t in retrying["plan"]}[failed] == "run"
+    text = run_cli("plan", str(sweep), "-o", str(tmp_path)).stdout
+    assert f"{len(plan) - 2} to run in" in text and f"2 already done in {tmp_path}" in text
