@@ -10,6 +10,8 @@ import socket
 import sys
 from pathlib import Path
 
+from sweeper.core.version import __version__
+
 
 def _version(dist: str) -> str | None:
     try:
@@ -64,7 +66,8 @@ def capture() -> dict[str, str | None]:
         "vllm_version": _version("vllm"),
         "ray_version": _version("ray"),
         "python_version": platform.python_version(),
-        "sweeper_version": _version("sweeper"),
+        # Our own version, not the index's: a distribution named "sweeper" there is another project.
+        "sweeper_version": __version__,
         "hostname": socket.gethostname(),
         "cuda_version": torch_cuda_version(),
         "ray_node_id": None,
@@ -79,8 +82,4 @@ def capture() -> dict[str, str | None]:
             env["ray_gpu_ids"] = ",".join(str(i) for i in ray.get_gpu_ids()) or None
     except ImportError:
         pass
-    if env["sweeper_version"] is None:
-        from sweeper.core.version import __version__
-
-        env["sweeper_version"] = __version__
     return env

@@ -157,7 +157,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the commit can be passed in: SWEEPER_COMMIT=$(git rev-parse HEAD) where the tree came from.
 COMMIT_ENV = "SWEEPER_COMMIT"
 # Distributions whose versions a record carries (absent ones are null).
-VERSIONED = ("sweeper", "torch", "transformers", "accelerate", "bitsandbytes", "vllm", "ray",
+VERSIONED = ("torch", "transformers", "accelerate", "bitsandbytes", "vllm", "ray",
              "nvidia-ml-py", "zeus", "numpy")
 
 _command: list[str] | None = None
@@ -212,8 +212,9 @@ def gpu_names() -> list[str]:
 
 def versions() -> dict[str, str | None]:
     from actors.environment import torch_cuda_version
+    from sweeper.core.version import __version__
 
-    out: dict[str, str | None] = {"python": platform.python_version()}
+    out: dict[str, str | None] = {"python": platform.python_version(), "sweeper": __version__}
     out.update({name: version(name) for name in VERSIONED})
     out["driver"] = driver_version()
     out["cuda"] = torch_cuda_version()
