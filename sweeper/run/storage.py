@@ -29,9 +29,10 @@ import json
 import os
 import posixpath
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -108,7 +109,6 @@ class ResultStore:
         else:
             self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(root)
         self.local = isinstance(self.fs, pafs.LocalFileSystem)
-        self._atomic_rename = self.local
         # Told one line per shard moved aside (the CLI prints it); default: silent.
         self.on_quarantine = on_quarantine or (lambda line: None)
         self.superseded = 0  # trials left out of the last aggregation: not in the recorded plan
@@ -147,19 +147,29 @@ class ResultStore:
             f.write(lines)
 
     def _write_atomic(self, table: pa.Table, final: str) -> None:
-        if not self._atomic_rename:
-            # Serialized in memory first, then one write and close: a failure while
-            # encoding never reaches the store, and the object appears whole or not at all.
-            sink = pa.BufferOutputStream()
-            pq.write_table(table, sink)
+        with self._atomic_output(final) as out:
+            pq.write_table(table, out)
+
+    @contextlib.contextmanager
+    def _atomic_output(self, final: str) -> Iterator[Any]:
+        """A file-like to write ``final`` through: visible whole, under its name, or not at all.
+
+        Locally a hidden temporary file, flushed to disk (fsync) before it is renamed to
+        ``final``, and the directory flushed after, so neither a crash nor a power loss can
+        leave a partial file under the name. On object stores the bytes are gathered in
+        memory and put in one request: a failure while writing never reaches the store.
+        """
+        if not self.local:
+            buffer = pa.BufferOutputStream()
+            yield buffer
             with self.fs.open_output_stream(final) as out:
-                out.write(sink.getvalue())
+                out.write(buffer.getvalue())
             return
         directory, name = posixpath.split(final)
         tmp = posixpath.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
         try:
             with open(tmp, "wb") as f:
-                pq.write_table(table, f)
+                yield f
                 f.flush()
                 os.fsync(f.fileno())  # the bytes are on disk before the name is
             os.replace(tmp, final)  # rename(2): atomic on one filesystem
@@ -284,19 +294,8 @@ class ResultStore:
             return  # unchanged: left as it is, so the aggregates stay up to date
         record = {"sweep": sweep, "written_at": datetime.now(timezone.utc).isoformat(), "trial_ids": ids}
         self.fs.create_dir(self.root, recursive=True)
-        data = json.dumps(record, indent=0).encode()
-        path = posixpath.join(self.root, PLAN_FILE)
-        if self.local:
-            tmp = path + f".{uuid.uuid4().hex}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            _fsync_dir(self.root)
-        else:
-            with self.fs.open_output_stream(path) as out:
-                out.write(data)
+        with self._atomic_output(posixpath.join(self.root, PLAN_FILE)) as out:
+            out.write(json.dumps(record, indent=0).encode())
 
     def planned_ids(self) -> set[str] | None:
         """The trial ids of the sweep last run here, or None (no plan recorded: every result counts)."""
@@ -343,28 +342,15 @@ class ResultStore:
         # shards at a time, in trial-id order, so memory stays flat in the number of trials.
         ids = sorted(trial_ids & {_stem(p) for p in self.shard_paths(kind)})
         schema = arrow_schema(kind)
-        tmp = posixpath.join(posixpath.dirname(target), f".{posixpath.basename(target)}.{uuid.uuid4().hex}.tmp")
         rows = 0
-        sink = open(tmp, "wb") if self.local else self.fs.open_output_stream(tmp)  # noqa: SIM115 - closed below
-        try:
-            with pq.ParquetWriter(sink, schema) as writer:
-                for start in range(0, len(ids), BATCH_FILES):
-                    batch = self.read_shards(kind, trial_ids=ids[start:start + BATCH_FILES])
-                    if batch.num_rows:
-                        writer.write_table(batch.sort_by(_SORT[kind]))
-                        rows += batch.num_rows
-                if not ids:
-                    writer.write_table(schema.empty_table())
-            if self.local:
-                sink.flush()
-                os.fsync(sink.fileno())
-            sink.close()
-            self.fs.move(tmp, target)
-        except BaseException:
-            sink.close()
-            with contextlib.suppress(OSError):
-                self.fs.delete_file(tmp)
-            raise
+        with self._atomic_output(target) as out, pq.ParquetWriter(out, schema) as writer:
+            for start in range(0, len(ids), BATCH_FILES):
+                batch = self.read_shards(kind, trial_ids=ids[start:start + BATCH_FILES])
+                if batch.num_rows:
+                    writer.write_table(batch.sort_by(_SORT[kind]))
+                    rows += batch.num_rows
+            if not ids:
+                writer.write_table(schema.empty_table())
         return rows
 
     def up_to_date(self) -> bool:
