@@ -279,7 +279,7 @@ def _run_sweep(sweep: Any, sweep_file: Path, store: Any, address: str | None, **
     capabilities = probe_cluster() if address else local_capabilities(cluster.gpus)
     p = make_plan(sweep, cluster.device, sweep_path=str(sweep_file), check_hub=False,
                   capabilities=capabilities)
-    store.write_plan(sweep.name, [pt.trial.trial_id for pt in p.trials])
+    store.write_plan(sweep.name, [pt.trial.trial_id for pt in p.trials], sweep.report)
     err.print(f"sweeper: {sweep.name}: {len(p.runnable)} trials to run in {len(p.groups())} group(s), "
               f"{len(p.skipped)} skipped, on {cluster.nodes} node(s) with {cluster.gpus} GPU(s), "
               f"{cluster.cpus} CPU(s); results in {store.uri}", highlight=False)
@@ -306,7 +306,7 @@ def _nothing_to_run(sweep: Any, sweep_file: Path, store: Any, *, retry_failed: b
     stored = store.stored_trials()
     if not trials or not all(is_settled(stored.get(t.trial_id), retry_failed) for t in trials):
         return None
-    store.write_plan(sweep.name, [t.trial_id for t in trials])
+    store.write_plan(sweep.name, [t.trial_id for t in trials], sweep.report)
     statuses = [stored[t.trial_id].status for t in trials]
     ok, skipped = statuses.count("ok"), statuses.count("skipped")
     kept = len(trials) - ok - skipped
@@ -344,8 +344,36 @@ def _print_summary(name: str, summary: Any, counts: dict[str, int], store: Any, 
     if store.superseded:
         err.print(f"{store.superseded} stored result(s) of trials this sweep no longer has are kept in "
                   f"{store.uri}/superseded/", highlight=False, soft_wrap=True)
+    _print_best(store)
     err.print(f"results: {store.uri}/trials.parquet (query with DuckDB, e.g. "
               f"SELECT * FROM '{store.uri}/trials.parquet')", highlight=False)
+
+
+# Columns of the best-configuration table that are text (left-aligned); the rest are numbers.
+TEXT_HEADERS = frozenset({"model", "backend", "precision", "in/out", "criterion", "trial"})
+
+
+def _print_best(store: Any) -> None:
+    """The best ok trial per model, from the aggregated trials table (local results only)."""
+    from sweeper.analysis.report import best_table
+    from sweeper.analysis.results import check_results_dir
+
+    try:
+        check_results_dir(store.uri)
+    except UserInputError:
+        return  # remote results, or nothing aggregated: the counts above say what happened
+    best = best_table(store.uri)
+    # Columns nothing was measured for (J/token on a CPU) are left out of a terminal's width.
+    shown = [i for i, _ in enumerate(best.headers) if any(row[i] for row in best.rows)]
+    if not best.rows or not shown:
+        return
+    table = Table(title=f"{best.title} (sweeper report {store.uri} draws the plots)", title_justify="left")
+    for i in shown:
+        header = best.headers[i]
+        table.add_column(header, justify="left" if header in TEXT_HEADERS else "right", overflow="fold")
+    for row in best.rows:
+        table.add_row(*(escape(row[i]) for i in shown))
+    err.print(table)
 
 
 @app.command()
@@ -391,12 +419,15 @@ def report(
     max_tpot_ms: Annotated[float | None, typer.Option(min=0.0, help="latency bound of the best-configuration table (mean TPOT, ms)")] = None,
     max_ttft_ms: Annotated[float | None, typer.Option(min=0.0, help="latency bound of the best-configuration table (mean TTFT, ms)")] = None,
     trial: Annotated[str | None, typer.Option(help="trial_id whose power timeline (and layer profile, if any) is shown [default: the ok trial with the most energy]")] = None,
+    grid_intensity_g_per_kwh: Annotated[float | None, typer.Option(help="grid carbon intensity (gCO2e/kWh) for co2e_g_per_1k_tokens [default: the sweep file's report block]")] = None,
+    price_per_kwh: Annotated[float | None, typer.Option(help="price of a kWh for cost_per_1m_tokens [default: the sweep file's report block]")] = None,
 ) -> None:
     """Write OUTPUT/report/: plots, the best configuration per model, unstable, failed and skipped trials."""
     from sweeper.analysis.report import build_report
 
     try:
-        rep = build_report(output, fmt.value, max_tpot_ms=max_tpot_ms, max_ttft_ms=max_ttft_ms, trial_id=trial)
+        rep = build_report(output, fmt.value, max_tpot_ms=max_tpot_ms, max_ttft_ms=max_ttft_ms, trial_id=trial,
+                           grid_intensity_g_per_kwh=grid_intensity_g_per_kwh, price_per_kwh=price_per_kwh)
     except UserInputError as exc:
         raise _fail(exc) from None
     out.print(f"report: {rep.path} ({len(rep.plots)} plots, PNGs in {rep.directory})", highlight=False, soft_wrap=True)

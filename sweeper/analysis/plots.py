@@ -94,88 +94,147 @@ def series_label(row: Any, df: pd.DataFrame, with_model: bool = False) -> str:
 
 
 def _scatter_marked(ax: Any, x: Any, y: Any, unstable: Any, colour: Any, marker: str = "o",
-                    size: float = 36, label: str | None = None) -> None:
-    """Filled markers for stable trials, hollow (hatched) ones for unstable trials."""
+                    size: float = 36, label: str | None = None, series: str | None = None) -> None:
+    """Filled markers for stable trials, hollow (hatched) ones for unstable trials.
+
+    ``series`` names the markers' series in ``figure_data`` when ``label`` (the
+    legend's) is left to the series' line.
+    """
     stable = ~unstable
+    gid = series or label
     if stable.any():
-        ax.scatter(x[stable], y[stable], s=size, color=colour, marker=marker, zorder=3, label=label)
+        ax.scatter(x[stable], y[stable], s=size, color=colour, marker=marker, zorder=3, label=label, gid=gid)
     if unstable.any():
         ax.scatter(x[unstable], y[unstable], s=size * 1.6, facecolors="none", edgecolors=colour,
                    hatch="////", linewidths=1.4, marker=marker, zorder=3,
-                   label=None if stable.any() else label)
+                   label=None if stable.any() else label, gid=gid)
 
 
 def _log_if_wide(ax: Any, values: Any, axis: str) -> None:
-    """Log scale when the values span more than ~a decade, ticks as plain numbers (0.1, not 10^-1)."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    """Log scale when the values span more than ~a decade and a half (see ``_set_log``)."""
+    import numpy as np
 
-    values = values[values > 0]
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values) & (values > 0)]
     if len(values) and values.max() / values.min() > 20:
-        (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
-        target = ax.yaxis if axis == "y" else ax.xaxis
-        target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        target.set_minor_formatter(NullFormatter())
+        _set_log(ax, axis)
+
+
+def _set_log(ax: Any, axis: str) -> None:
+    """A log axis whose ticks read as numbers: 1-2-5 steps in every decade, labelled plainly
+    (``0.2``, ``500``, never ``10^-1``), so even a span of one decade shows several labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
+
+    (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    target.set_minor_locator(NullLocator())
+    target.set_minor_formatter(NullFormatter())
 
 
 def _batch_axis(ax: Any, batches: Any) -> None:
     batches = sorted({int(b) for b in batches})
     if len(batches) > 1 and batches[-1] / max(batches[0], 1) >= 8:
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_minor_locator(_null_locator())
     ax.set_xticks(batches, [str(b) for b in batches])
     ax.set_xlabel("batch size")
 
 
-def _model_axes(fig: Figure, models: list[str]) -> list[Any]:
-    n = len(models)
-    cols = min(n, 3)
-    rows = -(-n // cols)
-    axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax in axes[n:]:
-        ax.set_visible(False)
-    return list(axes[:n])
+def _null_locator() -> Any:
+    from matplotlib.ticker import NullLocator
+
+    return NullLocator()
 
 
 # -- per-configuration lines over batch size ----------------------------------------
 
 
-def _per_batch(trials: pd.DataFrame, column: str, ylabel: str, title: str, why: str) -> Figure:
+def _per_batch(trials: pd.DataFrame, panels: list[tuple[str, str, float]], title: str, why: str) -> Figure:
+    """One row of panels per metric ``(column, ylabel, scale)``, one column per model.
+
+    Each series (backend, precision, variant, shape) gets one point per batch size:
+    the median of its repeats, with a whisker over their range when there are
+    several. A metric's panels share one scale (all log or all linear), decided
+    from every model's values, so panels read alike.
+    """
+    import numpy as np
+
     df = _plottable(trials)
-    require(df, (column, "batch_size"), why)
-    df = df[df[column].notna()]
+    columns = [c for c, _, _ in panels]
+    require(df, ("batch_size",), why)
+    if not any(_usable(df, c) for c in columns):
+        require(df, tuple(columns), why)
+    panels = [p for p in panels if _usable(df, p[0])]
     models = sorted(df["model"].unique())
     cols = min(len(models), 3)
-    fig = new_figure(max(6.0, 4.6 * cols), 3.6 * -(-len(models) // cols) + 0.5)
-    for ax, model in zip(_model_axes(fig, models), models, strict=True):
-        mdf = df[df["model"] == model]
-        keys = [k for k in (*AXES.series_columns(), *AXES.shape_columns()) if k in mdf.columns]
-        for i, (_, g) in enumerate(mdf.groupby(keys, sort=True, dropna=False)):
-            colour = f"C{i % 10}"
-            g = g.sort_values("batch_size")
-            mean = g.groupby("batch_size")[column].mean()  # repeats: the line goes through their mean
-            ax.plot(mean.index, mean.values, color=colour, lw=1.5, label=series_label(g.iloc[0], df))
-            _scatter_marked(ax, g["batch_size"].to_numpy(), g[column].to_numpy(),
-                            g["unstable"].to_numpy(), colour)
-        _batch_axis(ax, mdf["batch_size"])
-        _log_if_wide(ax, mdf[column], "y")
-        ax.set_title(model, fontsize=10)
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    suptitle = title + (f"\n{UNSTABLE_NOTE}" if df["unstable"].any() else "")
-    fig.suptitle(suptitle, fontsize=11)
+    model_rows = -(-len(models) // cols)
+    fig = new_figure(max(6.0, 4.6 * cols), (3.6 * model_rows) * len(panels) + 0.5)
+    grid = fig.subplots(model_rows * len(panels), cols, squeeze=False)
+    any_unstable = False
+    for r, (column, ylabel, scale) in enumerate(panels):
+        data = df[df[column].notna()]
+        positive = data[column].to_numpy(dtype=float) * scale
+        positive = positive[np.isfinite(positive) & (positive > 0)]
+        wide = len(positive) > 0 and positive.max() / positive.min() > 20
+        for i, model in enumerate(models):
+            ax = grid[r * model_rows + i // cols][i % cols]
+            mdf = data[data["model"] == model]
+            keys = [k for k in (*AXES.series_columns(), *AXES.shape_columns()) if k in mdf.columns]
+            for j, (_, g) in enumerate(mdf.groupby(keys, sort=True, dropna=False)):
+                colour = f"C{j % 10}"
+                per_batch = g.groupby("batch_size")
+                median = per_batch[column].median() * scale
+                low, high = per_batch[column].min() * scale, per_batch[column].max() * scale
+                unstable = per_batch["unstable"].any()
+                any_unstable |= bool(unstable.any())
+                x = median.index.to_numpy()
+                name = series_label(g.iloc[0], df)
+                ax.plot(x, median.to_numpy(), color=colour, lw=1.5, label=name)
+                repeated = (per_batch.size() > 1).to_numpy()
+                if repeated.any():
+                    ax.vlines(x[repeated], low.to_numpy()[repeated], high.to_numpy()[repeated],
+                              color=colour, lw=1.0, alpha=0.8)
+                _scatter_marked(ax, x, median.to_numpy(), unstable.to_numpy(), colour, series=name)
+            _batch_axis(ax, mdf["batch_size"] if len(mdf) else df["batch_size"])
+            if wide:
+                _set_log(ax, "y")
+            else:
+                ax.set_ylim(bottom=0)
+            ax.set_title(model, fontsize=10)
+            ax.set_ylabel(ylabel)
+            ax.grid(True, alpha=0.3)
+            if len(mdf):
+                ax.legend(fontsize=8)
+        for k in range(len(models), model_rows * cols):
+            grid[r * model_rows + k // cols][k % cols].set_visible(False)
+    notes = []
+    if (df.groupby([k for k in (*AXES.series_columns(), *AXES.shape_columns(), "model", "batch_size")
+                    if k in df.columns], dropna=False).size() > 1).any():
+        notes.append("points: median of repeats, whiskers: their range")
+    if any_unstable:
+        notes.append(UNSTABLE_NOTE)
+    fig.suptitle(title + ("\n" + "; ".join(notes) if notes else ""), fontsize=11)
     return fig
 
 
 def plot_throughput(trials: pd.DataFrame) -> Figure:
     """Output tokens per second against batch size, one line per (backend, precision, shape)."""
-    return _per_batch(trials, "throughput_tok_s", "output tokens / s", "Throughput vs batch size",
+    return _per_batch(trials, [("throughput_tok_s", "output tokens / s", 1.0)], "Throughput vs batch size",
                       "no throughput measured")
 
 
 def plot_energy_per_token(trials: pd.DataFrame) -> Figure:
     """Joules per output token against batch size."""
-    return _per_batch(trials, "energy_per_token_j", "J / output token", "Energy per token vs batch size",
-                      "no energy measured: CPU-only run?")
+    return _per_batch(trials, [("energy_per_token_j", "J / output token", 1.0)],
+                      "Energy per token vs batch size", "no energy measured: CPU-only run?")
+
+
+def plot_latency(trials: pd.DataFrame) -> Figure:
+    """Time to first token and time per output token (ms) against batch size: on every device."""
+    return _per_batch(trials, [("ttft_s", "TTFT (ms)", 1e3), ("tpot_s", "TPOT (ms)", 1e3)],
+                      "Latency vs batch size", "no latency measured")
 
 
 # -- Pareto frontier ---------------------------------------------------------------------
@@ -263,14 +322,18 @@ def plot_pareto(trials: pd.DataFrame, latencies: tuple[str, ...] = ("tpot_s", "t
 
 
 def plot_weight_memory(trials: pd.DataFrame) -> Figure:
-    """Model weight footprint per precision, grouped by model."""
+    """Model weight footprint per precision, grouped by model (in the report tables' unit)."""
     import numpy as np
+
+    from sweeper.analysis.tables import memory_unit
 
     df = _plottable(trials)
     require(df, ("weight_memory_bytes",), "no weight memory recorded")
     df = df[df["weight_memory_bytes"].notna()]
+    if not (df["weight_memory_bytes"] > 0).any():
+        raise PlotUnavailable("every weight_memory_bytes is 0 (the backend holds no weights, e.g. noop)")
     table = df.groupby(["model", "precision"])["weight_memory_bytes"].max().unstack("precision")
-    unit, scale = ("GiB", 2**30) if table.max().max() >= 2**30 else ("MiB", 2**20)
+    unit, scale = memory_unit(df["weight_memory_bytes"])
     table = table / scale
     models, precisions = list(table.index), list(table.columns)
     fig = new_figure(max(5.0, 1.2 + 1.1 * len(models) * max(len(precisions), 1) * 0.6), 3.8)
@@ -283,6 +346,8 @@ def plot_weight_memory(trials: pd.DataFrame) -> Figure:
                       label=precision, color=f"C{i % 10}")
         ax.bar_label(bars, labels=["" if np.isnan(v) else f"{v:.3g}" for v in values], fontsize=7)
     ax.set_xticks(x, models)
+    ax.set_ylim(bottom=0)
+    ax.margins(y=0.12)  # room for the bar labels
     ax.set_ylabel(f"weight memory ({unit})")
     ax.set_title("Weight memory per precision", fontsize=11)
     ax.legend(fontsize=8, title="precision", title_fontsize=8)
@@ -291,31 +356,46 @@ def plot_weight_memory(trials: pd.DataFrame) -> Figure:
 
 
 def plot_fidelity(trials: pd.DataFrame) -> Figure:
-    """Fidelity (KL divergence to the reference precision) against J/token."""
+    """Fidelity (KL divergence to the reference precision) against J/token.
+
+    Fidelity is measured once per configuration of weights (model, backend,
+    precision, variant), not per batch size: each is one point, at the J/token
+    of its most efficient batch size, with a bar to its least efficient one.
+    Points are named in the legend, not by annotations that could overlap.
+    """
     df = _plottable(trials)
     if "fidelity_kl" not in df.columns or df["fidelity_kl"].isna().all():
         raise PlotUnavailable("no fidelity_kl values in trials.parquet (no fidelity measured)")
     require(df, ("fidelity_kl", "energy_per_token_j"), "both are needed")
     df = df[df["fidelity_kl"].notna() & df["energy_per_token_j"].notna()]
-    fig = new_figure(6.4, 4.6)
+    keys = ["model", *[k for k in AXES.series_columns() if k in df.columns]]
+    markers = "osD^v<>pPX*"
+    fig = new_figure(7.4, 4.6)
     ax = fig.subplots()
-    for m, (model, g) in enumerate(df.groupby("model", sort=True)):
-        colour = f"C{m % 10}"
-        _scatter_marked(ax, g["energy_per_token_j"].to_numpy(), g["fidelity_kl"].to_numpy(),
-                        g["unstable"].to_numpy(), colour, label=model)
-        for _, row in g.iterrows():
-            ax.annotate(f"{row['precision']} bs={row['batch_size']}",
-                        (row["energy_per_token_j"], row["fidelity_kl"]), fontsize=7,
-                        xytext=(4, 3), textcoords="offset points")
+    for m, (_, mdf) in enumerate(df.groupby("model", sort=True)):
+        for k, (_, g) in enumerate(mdf.groupby(keys, sort=True, dropna=False)):
+            kl = float(g["fidelity_kl"].median())
+            low, high = float(g["energy_per_token_j"].min()), float(g["energy_per_token_j"].max())
+            colour, marker = f"C{m % 10}", markers[k % len(markers)]
+            if high > low:
+                ax.hlines(kl, low, high, color=colour, lw=1.0, alpha=0.6)
+            _scatter_marked(ax, _arr([low]), _arr([kl]), _arr([bool(g["unstable"].any())]), colour,
+                            marker=marker, label=series_label(g.iloc[0], df, with_model=True))
     _log_if_wide(ax, df["energy_per_token_j"], "x")
     if (df["fidelity_kl"] > 0).all():  # a log axis would hide exact zeros (identical outputs)
         _log_if_wide(ax, df["fidelity_kl"], "y")
-    ax.set_xlabel("J / output token")
+    ax.set_xlabel("J / output token (point: best batch size; bar: range over batch sizes)")
     ax.set_ylabel("KL divergence to reference (lower is better)")
     ax.set_title("Fidelity vs energy per token", fontsize=11)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
+
+
+def _arr(values: list[Any]) -> Any:
+    import numpy as np
+
+    return np.asarray(values)
 
 
 # -- timeline and layers -------------------------------------------------------------------
@@ -404,6 +484,27 @@ def layer_shares(layers: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return shares, value
 
 
+# Identical decoder blocks doing identical work: a spread beyond this is worth a look
+# (a hook or timer attributing time to the wrong block, or a block that really differs).
+LAYER_CV_LIMIT = 0.10
+
+
+def layer_verdict(per_layer: Any) -> str:
+    """Whether the decoder layers cost alike, measured: their coefficient of variation and
+    the largest against the smallest."""
+    import numpy as np
+
+    values = np.asarray(per_layer, dtype=float)
+    values = values[np.isfinite(values)]
+    if len(values) < 2 or values.mean() <= 0:
+        return "one layer, nothing to compare"
+    cv = values.std() / values.mean()
+    spread = values.max() / values.min() if values.min() > 0 else float("inf")
+    if cv <= LAYER_CV_LIMIT:
+        return f"equal within CV {cv:.1%} (max/min {spread:.2f}), as identical blocks should be"
+    return f"NOT equal: CV {cv:.1%} > {LAYER_CV_LIMIT:.0%}, max/min {spread:.2f}"
+
+
 def plot_layer_shares(layers: pd.DataFrame, trial_id: str | None = None) -> Figure:
     """Energy share per module type (stacked by phase) and energy per decoder layer.
 
@@ -435,7 +536,64 @@ def plot_layer_shares(layers: pd.DataFrame, trial_id: str | None = None) -> Figu
         ax2.set_xticks(index if len(index) <= 16 else index[:: -(-len(index) // 16)])
         ax2.set_xlabel("decoder layer")
         ax2.set_ylabel("energy (J)" if energy else "time (ms)")
-        ax2.set_title(f"{what.capitalize()} per decoder layer (should be near equal)", fontsize=10)
+        ax2.set_title(f"{what.capitalize()} per decoder layer: {layer_verdict(per_layer.to_numpy())}",
+                      fontsize=10)
         ax2.grid(True, axis="y", alpha=0.3)
     fig.suptitle("Layer profile" + (f" of trial {trial_id}" if trial_id else ""), fontsize=11)
     return fig
+
+
+# -- what a figure shows, as data ---------------------------------------------------------
+
+
+def figure_data(fig: Figure) -> dict[str, Any]:
+    """What a drawn figure shows, read back from its artists after layout: per visible
+    panel its title, axis labels and scales, the tick labels inside the view, every
+    labelled line's and marker set's points, and the pixel boxes of its text labels.
+
+    The HTML report embeds this beside each image, so a test (or a reader's script)
+    can check units, scales, point counts and overlapping labels without reading pixels.
+    """
+    import numpy as np
+    from matplotlib.collections import PathCollection
+    from matplotlib.container import BarContainer
+    from matplotlib.text import Annotation
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+
+    def ticks(axis: Any, lo: float, hi: float) -> list[str]:
+        low, high = min(lo, hi), max(lo, hi)
+        span = (high - low) * 1e-9
+        return [t.get_text() for t, v in zip(axis.get_ticklabels(), axis.get_ticklocs(), strict=False)
+                if t.get_text() and low - span <= v <= high + span]
+
+    def points(xy: Any) -> list[list[float]]:
+        arr = np.asarray(xy, dtype=float).reshape(-1, 2)
+        return [[float(x), float(y)] for x, y in arr if np.isfinite(x) and np.isfinite(y)]
+
+    panels = []
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        series: list[dict[str, Any]] = [{"kind": "line", "label": str(line.get_label()), "points": points(line.get_xydata())}
+                  for line in ax.get_lines() if not str(line.get_label()).startswith("_")]
+        series += [{"kind": "markers", "label": c.get_gid() or str(c.get_label()),
+                    "points": points(c.get_offsets())}
+                   for c in ax.collections if isinstance(c, PathCollection)]
+        series += [{"kind": "bars", "label": str(bars.get_label()),
+                    "points": [[p.get_x() + p.get_width() / 2, p.get_height()] for p in bars.patches]}
+                   for bars in ax.containers if isinstance(bars, BarContainer)]
+        labels = []
+        for text in ax.texts:
+            if isinstance(text, Annotation) and text.get_visible() and text.get_text():
+                box = text.get_window_extent(renderer)
+                labels.append({"text": text.get_text(), "box": [box.x0, box.y0, box.x1, box.y1]})
+        panels.append({
+            "title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+            "xscale": ax.get_xscale(), "yscale": ax.get_yscale(),
+            "xticks": ticks(ax.xaxis, *ax.get_xlim()), "yticks": ticks(ax.yaxis, *ax.get_ylim()),
+            "ylim": [float(v) for v in ax.get_ylim()], "series": series, "labels": labels,
+        })
+    title = fig._suptitle.get_text() if fig._suptitle is not None else ""  # type: ignore[attr-defined]
+    return {"title": title, "panels": panels}

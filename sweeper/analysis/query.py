@@ -34,13 +34,32 @@ class QueryResult:
     views: list[str]
 
 
+def _budget_columns(report: Any) -> str:
+    """The trials view's derived pricing columns (null when the sweep gives no price or intensity)."""
+    from sweeper.core.budget import BUDGET_COLUMNS, J_PER_KWH
+
+    parts = []
+    for column, (setting, tokens) in BUDGET_COLUMNS.items():
+        per_kwh = getattr(report, setting)
+        expr = ("CAST(NULL AS DOUBLE)" if per_kwh is None
+                else f"energy_per_token_j * {tokens} / {J_PER_KWH!r} * {float(per_kwh)!r}")
+        parts.append(f", {expr} AS {column}")
+    return "".join(parts)
+
+
 def connect(root: str | os.PathLike) -> tuple[Any, list[str]]:
     """An in-memory DuckDB connection with one view per aggregated table; and the views' names."""
     import duckdb
 
-    from sweeper.analysis.results import REQUIRED_TRIAL_COLUMNS, check_results_dir, table_path
+    from sweeper.analysis.results import (
+        REQUIRED_TRIAL_COLUMNS,
+        check_results_dir,
+        report_settings,
+        table_path,
+    )
 
     path = check_results_dir(root)
+    derived = {"trials": _budget_columns(report_settings(path))}
     con = duckdb.connect()
     views, files = [], []
     for kind in VIEWS:
@@ -48,7 +67,7 @@ def connect(root: str | os.PathLike) -> tuple[Any, list[str]]:
         if table is not None:
             literal = str(table.resolve()).replace("'", "''")
             try:
-                con.execute(f"CREATE VIEW {kind} AS SELECT * FROM read_parquet('{literal}')")
+                con.execute(f"CREATE VIEW {kind} AS SELECT *{derived.get(kind, '')} FROM read_parquet('{literal}')")
             except duckdb.Error as exc:
                 con.close()
                 raise ResultsError(f"{table}: not a readable Parquet table ({_first_line(exc)}); "

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -29,6 +31,7 @@ class Plot:
     filename: str
     png: bytes
     caption: str = ""
+    data: dict[str, Any] = field(default_factory=dict)  # what the figure shows (plots.figure_data)
 
 
 @dataclass
@@ -55,6 +58,20 @@ figure { margin: 1em 0; } img { max-width: 100%; border: 1px solid #eee; }
 """
 
 
+# Marks each figure with the size its image decoded to, once the page has loaded: a
+# browser-rendered page says which plots it actually drew.
+_ON_LOAD = """
+window.addEventListener("load", () => {
+  for (const f of document.querySelectorAll("figure.plot")) {
+    const img = f.querySelector("img");
+    f.dataset.renderedWidth = img.complete ? img.naturalWidth : 0;
+    f.dataset.renderedHeight = img.complete ? img.naturalHeight : 0;
+  }
+  document.body.dataset.loaded = "1";
+});
+"""
+
+
 def _html_table(table: Table) -> str:
     e = html.escape
     head = "".join(f"<th>{e(h)}</th>" for h in table.headers)
@@ -76,12 +93,17 @@ def render_html(report: Report) -> str:
     parts.append(_html_table(report.tables[0]))
     parts.append("<h2>Plots</h2>")
     for plot in report.plots:
-        data = base64.b64encode(plot.png).decode("ascii")
-        parts.append(f'<figure><img alt="{e(plot.title)}" src="data:image/png;base64,{data}">'
+        image = base64.b64encode(plot.png).decode("ascii")
+        # "</" cannot end the script element early: JSON allows "<\/" for "</".
+        data = json.dumps(plot.data, separators=(",", ":")).replace("</", "<\\/")
+        parts.append(f'<figure class="plot" data-file="{e(plot.filename)}">'
+                     f'<img alt="{e(plot.title)}" src="data:image/png;base64,{image}">'
                      f"<figcaption><b>{e(plot.title)}</b> ({e(plot.filename)})"
-                     + (f": {e(plot.caption)}" if plot.caption else "") + "</figcaption></figure>")
+                     + (f": {e(plot.caption)}" if plot.caption else "") + "</figcaption>"
+                     f'<script type="application/json" class="plot-data">{data}</script></figure>')
     parts += [f'<p class="note">{e(note)}</p>' for note in report.notes]
     parts += [_html_table(t) for t in report.tables[1:]]
+    parts.append(f"<script>{_ON_LOAD}</script>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 

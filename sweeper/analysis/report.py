@@ -19,22 +19,26 @@ import os
 from datetime import datetime, timezone
 from typing import Any
 
+from pydantic import ValidationError
+
 from sweeper.analysis import plots
 from sweeper.analysis.render import Plot, Report, Table, render_html, render_markdown
-from sweeper.analysis.results import Results, load_results, table_path
+from sweeper.analysis.results import Results, load_results, report_settings, table_path
 from sweeper.analysis.tables import (
     ReportError,
     best_configs,
     default_timeline_trial,
     layers_trial,
+    memory_unit,
     not_ok_trials,
     ok_trials,
     precision_summary,
     unstable_trials,
 )
+from sweeper.core.settings import ReportSettings
 
 FORMATS = ("html", "md")
-PLOT_FILES = ("throughput.png", "energy_per_token.png", "pareto.png", "weight_memory.png",
+PLOT_FILES = ("throughput.png", "latency.png", "energy_per_token.png", "pareto.png", "weight_memory.png",
               "fidelity.png", "power_timeline.png", "layer_shares.png")
 
 
@@ -77,6 +81,35 @@ def _shape(input_len: Any, output_len: Any) -> str:
     return f"{int(input_len)}/{int(output_len)}"
 
 
+def _best_table(results: Results, max_tpot_ms: float | None, max_ttft_ms: float | None,
+                bounds: list[str]) -> Table:
+    best = best_configs(results.trials, max_tpot_ms, max_ttft_ms)
+    priced = [(column, header) for column, header in (("co2e_g_per_1k_tokens", "gCO2e/1k tok"),
+                                                      ("cost_per_1m_tokens", "cost/1M tok"))
+              if results.trials[column].notna().any()]
+    by_id = results.trials.set_index("trial_id")
+    rows = []
+    for r in best.itertuples():
+        row = [_fmt(r.model), _fmt(r.backend), _fmt(r.precision), _fmt(r.batch_size),
+               _shape(r.input_len, r.output_len), _fmt(r.throughput_tok_s), _fmt(r.ttft_ms), _fmt(r.tpot_ms),
+               _fmt(r.energy_per_token_j)]
+        row += [_fmt(by_id.at[r.trial_id, c]) if _fmt(r.trial_id) else "" for c, _ in priced]
+        row += [_fmt(r.mbu), _fmt(r.criterion) + (" ⚠ unstable" if r.unstable is True else ""), _fmt(r.trial_id)]
+        rows.append(row)
+    return Table(
+        "Best configuration per model",
+        ["model", "backend", "precision", "batch", "in/out", "tok/s", "TTFT ms", "TPOT ms", "J/token",
+         *[h for _, h in priced], "MBU", "criterion", "trial"],
+        rows,
+        "under " + " and ".join(bounds) if bounds else "no latency bound (--max-tpot-ms / --max-ttft-ms)",
+    )
+
+
+def best_table(root: str | os.PathLike) -> Table:
+    """The best ok trial per model of a results directory (what ``sweeper run`` prints at its end)."""
+    return _best_table(load_results(root), None, None, [])
+
+
 def _tables(results: Results, max_tpot_ms: float | None, max_ttft_ms: float | None) -> list[Table]:
     trials = results.trials
     bounds = []
@@ -84,27 +117,17 @@ def _tables(results: Results, max_tpot_ms: float | None, max_ttft_ms: float | No
         bounds.append(f"TPOT ≤ {max_tpot_ms:g} ms")
     if max_ttft_ms is not None:
         bounds.append(f"TTFT ≤ {max_ttft_ms:g} ms")
-    best = best_configs(trials, max_tpot_ms, max_ttft_ms)
-    tables = [Table(
-        "Best configuration per model",
-        ["model", "backend", "precision", "batch", "in/out", "tok/s", "TTFT ms", "TPOT ms", "J/token",
-         "MBU", "criterion", "trial"],
-        [[_fmt(r.model), _fmt(r.backend), _fmt(r.precision), _fmt(r.batch_size),
-          _shape(r.input_len, r.output_len),
-          _fmt(r.throughput_tok_s), _fmt(r.ttft_ms), _fmt(r.tpot_ms), _fmt(r.energy_per_token_j),
-          _fmt(r.mbu),
-          _fmt(r.criterion) + (" ⚠ unstable" if r.unstable is True else ""), _fmt(r.trial_id)]
-         for r in best.itertuples()],
-        "under " + " and ".join(bounds) if bounds else "no latency bound (--max-tpot-ms / --max-ttft-ms)",
-    )]
+    tables = [_best_table(results, max_tpot_ms, max_ttft_ms, bounds)]
     precisions = precision_summary(trials)
+    unit, scale = memory_unit(ok_trials(trials)["weight_memory_bytes"]) if "weight_memory_bytes" in trials else ("GB", 1e9)
     if not precisions.empty:
         tables.append(Table(
             "Precisions against the reference",
-            ["model", "backend", "precision", "weights GB", "weights × ref", "J/token × ref",
+            ["model", "backend", "precision", f"weights {unit}", "weights × ref", "J/token × ref",
              "tok/s × ref", "KL to ref", "top-1 vs ref", "best MBU"],
             [[_fmt(r.model), _fmt(r.backend), _fmt(r.precision) + (" (reference)" if r.precision == r.reference else ""),
-              _fmt(r.weight_gb, 3), _fmt(r.weight_vs_ref, 3), _fmt(r.energy_per_token_vs_ref, 3),
+              _fmt(r.weight_bytes / scale if r.weight_bytes == r.weight_bytes and r.weight_bytes is not None
+                   else None, 3), _fmt(r.weight_vs_ref, 3), _fmt(r.energy_per_token_vs_ref, 3),
               _fmt(r.throughput_vs_ref, 3), _fmt(r.fidelity_kl, 3), _fmt(r.fidelity_top1, 3), _fmt(r.best_mbu, 3)]
              for r in precisions.itertuples()],
             "ratios are geometric means over the batch sizes and shapes both precisions ran; "
@@ -143,15 +166,36 @@ def _header(results: Results) -> list[str]:
         f"trials: {len(t)} ({counts.get('ok', 0)} ok, {counts.get('failed', 0)} failed, "
         f"{counts.get('skipped', 0)} skipped; {int(ok['unstable'].sum())} ok but unstable)",
         f"generated: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        *_pricing_lines(results.report),
     ]
 
 
+def _pricing_lines(report: ReportSettings) -> list[str]:
+    lines = []
+    if report.grid_intensity_g_per_kwh is not None:
+        lines.append(f"grid intensity: {report.grid_intensity_g_per_kwh:g} gCO2e/kWh "
+                     "(co2e_g_per_1k_tokens: GPU energy only; host and cooling not included)")
+    if report.price_per_kwh is not None:
+        lines.append(f"energy price: {report.price_per_kwh:g} per kWh (cost_per_1m_tokens: GPU energy only)")
+    return lines
+
+
 def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float | None = None,
-                 max_ttft_ms: float | None = None, trial_id: str | None = None) -> Report:
-    """Write ``root/report/`` and return what went into it."""
+                 max_ttft_ms: float | None = None, trial_id: str | None = None,
+                 grid_intensity_g_per_kwh: float | None = None, price_per_kwh: float | None = None) -> Report:
+    """Write ``root/report/`` and return what went into it (pricing: the sweep's ``report``
+    block as recorded, the given values in its place)."""
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r} (choose from {', '.join(FORMATS)})")
-    results = load_results(root)
+    pricing = None
+    if grid_intensity_g_per_kwh is not None or price_per_kwh is not None:
+        try:
+            pricing = report_settings(root, grid_intensity_g_per_kwh=grid_intensity_g_per_kwh,
+                                      price_per_kwh=price_per_kwh)
+        except ValidationError as exc:  # the settings' bounds
+            first = exc.errors()[0]
+            raise ReportError(f"--{'-'.join(str(first['loc'][0]).split('_'))}: {first['msg']}") from None
+    results = load_results(root, pricing)
     if trial_id is not None and trial_id not in set(results.trials["trial_id"]):
         raise ReportError(f"{root}: no trial {trial_id!r} in trials.parquet")
     tables = _tables(results, max_tpot_ms, max_ttft_ms)  # validates the bounds before any drawing
@@ -196,6 +240,7 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
 
     wanted = [
         ("Throughput vs batch size", "throughput.png", marked, lambda: plots.plot_throughput(results.trials)),
+        ("Latency vs batch size", "latency.png", marked, lambda: plots.plot_latency(results.trials)),
         ("Energy per token vs batch size", "energy_per_token.png", marked,
          lambda: plots.plot_energy_per_token(results.trials)),
         ("Pareto frontier: latency vs J/token", "pareto.png",
@@ -216,7 +261,7 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
             continue
         png = figure_png(fig)
         (directory / filename).write_bytes(png)
-        report.plots.append(Plot(title, filename, png, caption))
+        report.plots.append(Plot(title, filename, png, caption, plots.figure_data(fig)))
 
     text = render_html(report) if fmt == "html" else render_markdown(report)
     tmp = report.path.with_name(f".{report.path.name}.tmp")

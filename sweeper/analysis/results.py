@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sweeper.core.budget import BUDGET_COLUMNS, per_tokens
 from sweeper.core.errors import ResultsError
+from sweeper.core.plan_record import PLAN_FILE, PlanRecord
+from sweeper.core.settings import ReportSettings
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
@@ -27,6 +30,7 @@ class Results:
     trials: pd.DataFrame
     layers: pd.DataFrame | None = None
     timeline_path: Path | None = None
+    report: ReportSettings = ReportSettings()  # how energy is priced (co2e_g_per_1k_tokens, cost_per_1m_tokens)
 
     def timeline(self, trial_id: str) -> pd.DataFrame | None:
         if self.timeline_path is None:
@@ -78,8 +82,36 @@ def _read(pd: Any, path: Path, root: str | os.PathLike[str]) -> Any:
                            f"`sweeper aggregate {root}` rebuilds it from the shards") from None
 
 
-def load_results(root: str | os.PathLike[str]) -> Results:
-    """Read a results directory's aggregated tables into pandas."""
+def report_settings(root: str | os.PathLike[str], **overrides: float | None) -> ReportSettings:
+    """The sweep's ``report`` block as its last run recorded it (``plan.json``), with the
+    given non-None values (the CLI's) in its place."""
+    try:
+        record = PlanRecord.parse((Path(root) / PLAN_FILE).read_bytes())
+    except OSError:  # no plan recorded (results aggregated by an older version, or copied)
+        record = None
+    settings = record.report if record is not None else ReportSettings()
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return settings.model_validate({**settings.model_dump(), **given}) if given else settings
+
+
+def add_budget_columns(trials: pd.DataFrame, report: ReportSettings) -> pd.DataFrame:
+    """``co2e_g_per_1k_tokens`` and ``cost_per_1m_tokens`` from each trial's J/token: null where
+    the setting is not given or no energy was measured (never zero)."""
+    import pandas as pd
+
+    df = trials.copy()
+    energy = df["energy_per_token_j"] if "energy_per_token_j" in df.columns else None
+    for column, (setting, tokens) in BUDGET_COLUMNS.items():
+        per_kwh = getattr(report, setting)
+        values = ([per_tokens(None if v is None or v != v else float(v), per_kwh, tokens) for v in energy]
+                  if energy is not None else [None] * len(df))
+        df[column] = pd.Series(values, index=df.index, dtype="float64")  # None -> NaN (null)
+    return df
+
+
+def load_results(root: str | os.PathLike[str], report: ReportSettings | None = None) -> Results:
+    """Read a results directory's aggregated tables into pandas (``report``: the pricing of
+    energy; default: what the sweep file's ``report`` block recorded)."""
     import pandas as pd
 
     path = check_results_dir(root)
@@ -96,4 +128,7 @@ def load_results(root: str | os.PathLike[str]) -> Results:
 
         if pq.ParquetFile(timeline_path).metadata.num_rows == 0:  # CPU runs write an empty timeline
             timeline_path = None
-    return Results(path, trials, layers if layers is not None and not layers.empty else None, timeline_path)
+    report = report if report is not None else report_settings(path)
+    trials = add_budget_columns(trials, report)
+    return Results(path, trials, layers if layers is not None and not layers.empty else None, timeline_path,
+                   report)

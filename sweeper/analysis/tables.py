@@ -43,6 +43,13 @@ def ok_trials(trials: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def memory_unit(values: Any) -> tuple[str, float]:
+    """One decimal unit for a report's weight memory, plot and table alike: GB, or MB when
+    every value is under a gigabyte (tiny synthetic models)."""
+    finite = [float(v) for v in values if v is not None and v == v]
+    return ("GB", 1e9) if finite and max(finite) >= 1e9 else ("MB", 1e6)
+
+
 def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None,
                  max_ttft_ms: float | None = None) -> pd.DataFrame:
     """The best ok trial per model under the latency bounds.
@@ -244,7 +251,7 @@ def precision_summary(trials: pd.DataFrame) -> pd.DataFrame:
                 "model": first_row["model"],
                 "backend": f"{first_row['backend']} {variant}" if variant else first_row["backend"],
                 "precision": precision, "reference": ref_name,
-                "weight_gb": weights / 1e9 if pd.notna(weights) else None,
+                "weight_bytes": weights if pd.notna(weights) else None,
                 "weight_vs_ref": weights / ref_weights if pd.notna(weights) and pd.notna(ref_weights) else None,
                 "energy_per_token_vs_ref": ratio("energy_per_token_j"),
                 "throughput_vs_ref": ratio("throughput_tok_s"),
@@ -253,6 +260,6 @@ def precision_summary(trials: pd.DataFrame) -> pd.DataFrame:
                 "best_mbu": _max_or_none(rows_p, "mbu"),
             })
     return pd.DataFrame(rows, columns=[
-        "model", "backend", "precision", "reference", "weight_gb", "weight_vs_ref",
+        "model", "backend", "precision", "reference", "weight_bytes", "weight_vs_ref",
         "energy_per_token_vs_ref", "throughput_vs_ref", "shapes_compared", "fidelity_kl",
         "fidelity_top1", "best_mbu"])

@@ -97,3 +97,17 @@ class FidelitySettings(Settings):
 def canonical_json(options: BaseModel) -> str:
     """A validated options model as canonical JSON: stable key order, no spaces."""
     return json.dumps(options.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+class ReportSettings(Settings):
+    """What energy is worth where it is spent: the sweep file's ``report`` block.
+
+    Neither is a measurement: they are not part of trial ids, and changing them
+    re-runs nothing; the analysis derives ``co2e_g_per_1k_tokens`` and
+    ``cost_per_1m_tokens`` from each trial's measured GPU energy with them.
+    """
+
+    grid_intensity_g_per_kwh: float | None = Field(
+        None, gt=0, le=10_000, description="grams of CO2-equivalent per kWh of the grid the GPUs draw from")
+    price_per_kwh: float | None = Field(
+        None, ge=0, le=10_000, description="price of a kWh, in whatever currency the report should use")

@@ -31,7 +31,7 @@ from sweeper.core.axes import AXES
 from sweeper.core.backends import BACKENDS
 from sweeper.core.errors import SweepFileError
 from sweeper.core.precisions import PRECISIONS
-from sweeper.core.settings import FidelitySettings, MeasureSettings, ProfileSettings
+from sweeper.core.settings import FidelitySettings, MeasureSettings, ProfileSettings, ReportSettings
 
 T = TypeVar("T")
 
@@ -98,6 +98,8 @@ class Sweep(_Strict):
     backend_options: dict[str, OptionVariants] = {}
     profile: ProfileSettings | None = None
     fidelity: FidelitySettings | None = None
+    # How the report prices energy (grid carbon intensity, price per kWh): no part of trial ids.
+    report: ReportSettings = ReportSettings()
 
     _dedupe = field_validator("models", "backends", "precisions", "batch_sizes",
                               "tensor_parallel")(_dedupe)

@@ -1,24 +1,44 @@
-"""Live progress of a sweep: where each group runs, counts, ETA from measured trial times.
+"""Live progress of a sweep: a ticking bar, where each group runs, one line per finished trial.
 
-Two renderings of the same events: a live table on a terminal (which group
-holds which node and GPUs, what it is doing), and, with ``--quiet`` or when
-stderr is not a terminal, plain lines (one per finished trial, one per group
-placement) that read well in CI logs.
+Two renderings of the same events. On a terminal: rich's progress bar (done,
+failed and skipped counts, elapsed, an ETA recomputed at every refresh) above a
+table of the groups (which node and GPUs each holds, what it is doing, for how
+long), with each finished trial's one-line result printed above the bar. With
+``--quiet``, or when stderr is not a terminal, plain lines only (one per
+finished trial, one per group placement) that read well in CI logs and pipes.
+
+The ETA is work over parallelism, from measured times only: the mean measured
+trial time for every trial not yet finished (less what the running ones have
+already spent), plus the mean measured model load for every group not yet
+loaded (less what the loading ones have spent), spread over the slots the
+remaining groups can use at once. It is unknown ("--") until a trial has
+finished, and it ticks down between events because the running trials' and
+loads' elapsed times are read at each refresh.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from rich.console import Console, Group
-from rich.live import Live
+from rich.console import Console, RenderableType
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TaskID,
+    TextColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
 from sweeper.core.trial import Trial
 
 MAX_ROWS = 40  # a live table taller than a terminal scrolls away and helps nobody
+REFRESH_PER_S = 4
 
 
 @dataclass(frozen=True)
@@ -46,58 +66,134 @@ class Placement:
 class _GroupState:
     label: str
     num_gpus: int
+    since: float
     state: str = "waiting"  # waiting (for resources) | loading | running
     placement: Placement | None = None
-    since: float = field(default_factory=time.monotonic)
 
 
 @dataclass
 class _Running:
     trial: Trial
     group: object
-    since: float = field(default_factory=time.monotonic)
+    since: float
+
+
+def format_duration(seconds: float | None) -> str:
+    """``--``, ``42s``, ``3m05s`` or ``1h02m``: short and fixed in shape, for a ticking display."""
+    if seconds is None:
+        return "--"
+    s = max(int(round(seconds)), 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+@dataclass
+class _Clocked:
+    """Measured durations of one kind (trials, loads): their mean estimates the next one."""
+
+    seconds: list[float] = field(default_factory=list)
+
+    def mean(self) -> float | None:
+        return sum(self.seconds) / len(self.seconds) if self.seconds else None
+
+
+class _EtaColumn(ProgressColumn):
+    """The sweep's own estimate (rich's would extrapolate the rate of finished trials only)."""
+
+    def __init__(self, view: ProgressView):
+        super().__init__()
+        self.view = view
+
+    def render(self, task: Task) -> Text:
+        return Text(f"ETA {format_duration(self.view.eta_s())}", style="cyan")
+
+
+class _ElapsedColumn(ProgressColumn):
+    def __init__(self, view: ProgressView):
+        super().__init__()
+        self.view = view
+
+    def render(self, task: Task) -> Text:
+        return Text(f"elapsed {format_duration(self.view.elapsed_s())}", style="dim")
+
+
+class _SweepProgress(Progress):
+    """rich's progress bar with the groups table under it (rich's documented extension point)."""
+
+    def __init__(self, view: ProgressView, *columns: ProgressColumn | str, **kwargs):
+        self.view = view  # before rich's constructor, which renders once
+        super().__init__(*columns, **kwargs)
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        yield self.make_tasks_table(self.tasks)
+        if self.view.groups:
+            yield self.view.groups_table()
 
 
 class ProgressView:
-    def __init__(self, total: int, *, slots: int, console: Console | None = None, quiet: bool = False):
+    def __init__(self, total: int, *, slots: int, console: Console | None = None, quiet: bool = False,
+                 clock: Callable[[], float] = time.monotonic):
         self.total, self.slots = total, max(slots, 1)
         self.console = console or Console(stderr=True)
         self.quiet = quiet or not self.console.is_terminal
+        self.clock = clock  # injectable: the estimate's arithmetic is tested without sleeping
         self.ok = self.failed = self.skipped = 0
         self.groups: dict[object, _GroupState] = {}
         self.running: dict[str, _Running] = {}
-        self.trial_seconds: list[float] = []
-        self.t0 = time.monotonic()
-        self._live: Live | None = None
+        self.trials = _Clocked()
+        self.loads = _Clocked()
+        self.t0 = clock()
+        self._progress: _SweepProgress | None = None
+        self._task: TaskID | None = None
 
     @property
     def finished(self) -> int:
         return self.ok + self.failed + self.skipped
 
+    @property
+    def trial_seconds(self) -> list[float]:
+        return self.trials.seconds
+
     def __enter__(self) -> ProgressView:
         if not self.quiet:
-            self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
-            self._live.__enter__()
+            self._progress = _SweepProgress(
+                self,
+                TextColumn("[bold]sweeper[/]"),
+                BarColumn(bar_width=None),
+                MofNCompleteColumn(),
+                TextColumn("{task.description}"),
+                _ElapsedColumn(self),
+                _EtaColumn(self),
+                console=self.console, refresh_per_second=REFRESH_PER_S, transient=True,
+                expand=True)
+            self._task = self._progress.add_task(self._counts(), total=self.total)
+            self._progress.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._live is not None:
-            self._live.__exit__(*exc)
+        if self._progress is not None:
+            self._progress.stop()
 
-    def _line(self, text: str) -> None:
-        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+    def _line(self, text: str | Text) -> None:
+        if isinstance(text, Text):
+            self.console.print(text, highlight=False, soft_wrap=True)
+        else:
+            self.console.print(text, highlight=False, markup=False, soft_wrap=True)
 
     # -- events (``key`` identifies a group; labels of two groups may be equal) ------------
     def group_waiting(self, key: object, label: str, num_gpus: int = 0) -> None:
         """The group's actor is requested: it waits for free resources, then loads."""
-        self.groups[key] = _GroupState(label, num_gpus)
+        self.groups[key] = _GroupState(label, num_gpus, since=self.clock())
         self.refresh()
 
     def group_placed(self, key: object, placement: Placement) -> None:
         g = self.groups.get(key)
         if g is None:
             return
-        g.placement, g.state, g.since = placement, "loading", time.monotonic()
+        g.placement, g.state, g.since = placement, "loading", self.clock()
         if self.quiet:
             self._line(f"placed  {g.label} on {placement}")
         self.refresh()
@@ -105,7 +201,9 @@ class ProgressView:
     def group_loaded(self, key: object) -> None:
         g = self.groups.get(key)
         if g is not None:
-            g.state = "running"
+            if g.state == "loading":
+                self.loads.seconds.append(self.clock() - g.since)
+            g.state, g.since = "running", self.clock()
         self.refresh()
 
     def group_done(self, key: object) -> None:
@@ -113,40 +211,64 @@ class ProgressView:
         self.refresh()
 
     def trial_started(self, trial: Trial, key: object = None) -> None:
-        self.running[trial.trial_id] = _Running(trial, key)
+        self.running[trial.trial_id] = _Running(trial, key, since=self.clock())
         self.refresh()
 
     def trial_finished(self, trial: Trial, status: str, summary: str = "") -> None:
         run = self.running.pop(trial.trial_id, None)
         if run is not None and status == "ok":
-            self.trial_seconds.append(time.monotonic() - run.since)
+            self.trials.seconds.append(self.clock() - run.since)
         if status == "ok":
             self.ok += 1
         elif status == "skipped":
             self.skipped += 1
         else:
             self.failed += 1
+        where = self._placement_of(run)
+        line = (f"[{self.finished}/{self.total}] {status:<6} {trial.label()}  {summary}"
+                + (f"  @ {where}" if where else ""))
         if self.quiet:
-            where = self._placement_of(run)
-            self._line(f"[{self.finished}/{self.total}] {status:<6} {trial.label()}  {summary}"
-                       + (f"  @ {where}" if where else ""))
-        elif status != "ok":
-            self.console.print(Text(f"{status}: {trial.label()}  {summary}",
-                                    style="yellow" if status == "skipped" else "red"))
+            self._line(line)
+        else:
+            style = {"ok": "green", "skipped": "yellow"}.get(status, "red")
+            self._line(Text.assemble((f"[{self.finished}/{self.total}] ", "dim"), (f"{status:<6}", style),
+                                     f" {trial.label()}  {summary}", (f"  @ {where}" if where else "", "dim")))
         self.refresh()
 
     def _placement_of(self, run: _Running | None) -> Placement | None:
         g = self.groups.get(run.group) if run is not None else None
         return g.placement if g is not None else None
 
-    # -- rendering ---------------------------------------------------------------
+    # -- the estimate ------------------------------------------------------------
+    def elapsed_s(self) -> float:
+        return self.clock() - self.t0
+
     def eta_s(self) -> float | None:
-        """Remaining trials x mean measured trial time, spread over the slots they can use."""
-        if not self.trial_seconds:
+        """Seconds left: remaining trial and load work (measured means) over usable slots."""
+        per_trial = self.trials.mean()
+        if per_trial is None:
             return None
         remaining = self.total - self.finished
-        per_trial = sum(self.trial_seconds) / len(self.trial_seconds)
-        return remaining * per_trial / min(self.slots, max(remaining, 1))
+        if remaining <= 0:
+            return 0.0
+        now = self.clock()
+        per_load = self.loads.mean() or 0.0
+        work = (remaining - len(self.running)) * per_trial
+        work += sum(max(per_trial - (now - r.since), 0.0) for r in self.running.values())
+        for g in self.groups.values():
+            if g.state == "waiting":
+                work += per_load
+            elif g.state == "loading":
+                work += max(per_load - (now - g.since), 0.0)
+        # Groups run one trial at a time each: no more in parallel than groups left.
+        parallel = min(self.slots, max(len(self.groups), 1), remaining)
+        return work / parallel
+
+    def _counts(self) -> str:
+        waiting = sum(g.state == "waiting" for g in self.groups.values())
+        loading = sum(g.state == "loading" for g in self.groups.values())
+        return (f"[green]{self.ok} ok[/] [red]{self.failed} failed[/] [yellow]{self.skipped} skipped[/]"
+                f" [dim]| {len(self.running)} running, {loading} loading, {waiting} waiting[/]")
 
     def counts_text(self) -> str:
         waiting = sum(g.state == "waiting" for g in self.groups.values())
@@ -154,20 +276,21 @@ class ProgressView:
         eta = self.eta_s()
         return (f"{self.finished}/{self.total} done ({self.ok} ok, {self.failed} failed, "
                 f"{self.skipped} skipped), {len(self.running)} running, {loading} loading, "
-                f"{waiting} waiting; elapsed {time.monotonic() - self.t0:,.0f}s; "
+                f"{waiting} waiting; elapsed {self.elapsed_s():,.0f}s; "
                 + (f"ETA {eta:,.0f}s" if eta is not None else "ETA --"))
 
     def refresh(self) -> None:
-        if self._live is not None:
-            self._live.update(self._render())
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, completed=self.finished, description=self._counts())
 
-    def _render(self) -> Group:
-        head = Text.assemble(("sweeper ", "bold"), self.counts_text())
+    # -- rendering ---------------------------------------------------------------
+    def groups_table(self) -> Table:
+        """Each group not done: its node and GPUs, what it is doing, and for how long."""
         table = Table(box=None, pad_edge=False, header_style="dim")
         for col in ("node", "GPUs", "group", "doing", "for"):
             table.add_column(col)
         current = {r.group: r for r in self.running.values()}
-        now = time.monotonic()
+        now = self.clock()
 
         def order(item: tuple[object, _GroupState]) -> tuple:
             p = item[1].placement
@@ -187,4 +310,7 @@ class ProgressView:
             table.add_row(p.node if p else "-", p.gpus if p else "-", g.label, doing, f"{now - since:5.1f}s")
         if len(rows) > MAX_ROWS:
             table.add_row("", "", f"... {len(rows) - MAX_ROWS} more group(s)", "", "")
-        return Group(head, table)
+        return table
+
+    def _render(self) -> Table:
+        return self.groups_table()

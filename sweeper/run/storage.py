@@ -40,10 +40,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from sweeper.core.errors import ResultsError, UserInputError
+from sweeper.core.plan_record import PLAN_FILE, PlanRecord
 from sweeper.core.schema import TABLES, arrow_schema, to_table
+from sweeper.core.settings import ReportSettings
 
 TRIALS = "trials"
-PLAN_FILE = "plan.json"
 INDEX_FILE = "trials.index"
 # Shards read per batch while aggregating: memory stays flat in the number of trials.
 BATCH_FILES = 256
@@ -287,26 +288,32 @@ class ResultStore:
         return out
 
     # -- the plan ---------------------------------------------------------------
-    def write_plan(self, sweep: str, trial_ids: Iterable[str]) -> None:
-        """Record which trials the sweep now has: what the aggregated tables answer for."""
+    def write_plan(self, sweep: str, trial_ids: Iterable[str], report: ReportSettings | None = None) -> None:
+        """Record which trials the sweep now has (what the aggregated tables answer for) and
+        how its energy is priced."""
         ids = sorted(set(trial_ids))
-        if self.planned_ids() == set(ids):
+        report = report if report is not None else ReportSettings()
+        current = self.plan_record()
+        if current is not None and current.trial_ids == ids and current.report == report:
             return  # unchanged: left as it is, so the aggregates stay up to date
-        record = {"sweep": sweep, "written_at": datetime.now(timezone.utc).isoformat(), "trial_ids": ids}
+        record = PlanRecord(sweep=sweep, written_at=datetime.now(timezone.utc).isoformat(),
+                            trial_ids=ids, report=report)
         self.fs.create_dir(self.root, recursive=True)
         with self._atomic_output(posixpath.join(self.root, PLAN_FILE)) as out:
-            out.write(json.dumps(record, indent=0).encode())
+            out.write(record.to_json())
 
-    def planned_ids(self) -> set[str] | None:
-        """The trial ids of the sweep last run here, or None (no plan recorded: every result counts)."""
+    def plan_record(self) -> PlanRecord | None:
         path = posixpath.join(self.root, PLAN_FILE)
         try:
             with self.fs.open_input_stream(path) as f:
-                record = json.loads(f.read())
-        except (FileNotFoundError, OSError, ValueError):
+                return PlanRecord.parse(f.read())
+        except (FileNotFoundError, OSError):
             return None
-        ids = record.get("trial_ids") if isinstance(record, dict) else None
-        return set(ids) if isinstance(ids, list) else None
+
+    def planned_ids(self) -> set[str] | None:
+        """The trial ids of the sweep last run here, or None (no plan recorded: every result counts)."""
+        record = self.plan_record()
+        return set(record.trial_ids) if record is not None else None
 
     # -- aggregation -----------------------------------------------------------
     def aggregate(self) -> dict[str, int]:
