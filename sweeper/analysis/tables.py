@@ -252,7 +252,7 @@ def precision_summary(trials: pd.DataFrame) -> pd.DataFrame:
                 "backend": f"{first_row['backend']} {variant}" if variant else first_row["backend"],
                 "precision": precision, "reference": ref_name,
                 "weight_bytes": weights if pd.notna(weights) else None,
-                "weight_vs_ref": weights / ref_weights if pd.notna(weights) and pd.notna(ref_weights) else None,
+                "weight_vs_ref": weights / ref_weights if pd.notna(weights) and pd.notna(ref_weights) and ref_weights > 0 else None,
                 "energy_per_token_vs_ref": ratio("energy_per_token_j"),
                 "throughput_vs_ref": ratio("throughput_tok_s"),
                 "shapes_compared": len(paired),

@@ -15,6 +15,12 @@ BUDGET_COLUMNS: dict[str, tuple[str, int]] = {
     "co2e_g_per_1k_tokens": ("grid_intensity_g_per_kwh", 1_000),
     "cost_per_1m_tokens": ("price_per_kwh", 1_000_000),
 }
+BUDGET_DOCS = {
+    "co2e_g_per_1k_tokens": "grams CO2e per 1,000 output tokens: energy_per_token_j x 1,000 / 3.6e6 x "
+                            "report.grid_intensity_g_per_kwh (GPU energy only); null without it",
+    "cost_per_1m_tokens": "price of 1,000,000 output tokens' energy: energy_per_token_j x 1e6 / 3.6e6 x "
+                          "report.price_per_kwh (GPU energy only); null without it",
+}
 
 
 def per_tokens(energy_per_token_j: float | None, per_kwh: float | None, tokens: int) -> float | None:

@@ -59,7 +59,7 @@ def test_analysis_on_quickstart(quickstart_results, monkeypatch):
     outputs = _execute("analysis", quickstart_results, monkeypatch)
     assert not [o for o in outputs if o.output_type == "error"]
     text = _text(outputs)
-    assert _images(outputs) == 2  # throughput and weight memory: a CPU run has no energy
+    assert _images(outputs) == 3  # throughput, latency and weight memory: a CPU run has no energy
     assert "plot_pareto: left out: energy_per_token_j missing or all null" in text
     assert "tiny-llama" in text and "highest tok/s (no energy)" in text
     assert "skipped" in text  # fp16 on CPU, with its reason
@@ -75,7 +75,7 @@ def test_energy_timeline_on_quickstart(quickstart_results, monkeypatch):
 @pytest.mark.slow
 def test_analysis_on_gpu_results(gpu_results, monkeypatch):
     outputs = _execute("analysis", gpu_results, monkeypatch)
-    assert _images(outputs) == 4  # throughput, J/token, weight memory, Pareto
+    assert _images(outputs) == 5  # throughput, latency, J/token, weight memory, Pareto
     text = _text(outputs)
     assert "lowest J/token" in text and "llama-3.1-8b" in text
     assert "plot_fidelity: left out" in text
@@ -88,3 +88,23 @@ def test_energy_timeline_on_gpu_results(gpu_results, monkeypatch):
     text = _text(outputs)
     assert "trial d58a02976863a6f0: llama-3.1-8b transformers/fp16 bs=64" in text
     assert "prefill" in text and "decode" in text and "idle baseline" in text
+
+
+@pytest.mark.slow
+def test_the_readme_notebook_command_runs_with_papermill(quickstart_results, tmp_path):
+    """The documented command: papermill, the results directory as the RESULTS parameter."""
+    import subprocess
+    import sys
+
+    import nbformat
+
+    out = tmp_path / "analysis.ipynb"
+    r = subprocess.run([sys.executable, "-m", "papermill", str(NOTEBOOKS / "analysis.ipynb"), str(out),
+                        "-p", "RESULTS", str(quickstart_results), "--cwd", str(NOTEBOOKS), "--no-progress-bar"],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    nb = nbformat.read(out, as_version=4)
+    injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert len(injected) == 1 and str(quickstart_results) in injected[0].source
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert _images(outputs) == 3 and "tiny-llama" in _text(outputs)

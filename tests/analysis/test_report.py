@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import re
 import shutil
 import subprocess
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pyarrow as pa
@@ -133,8 +135,9 @@ def test_report_on_quickstart_leaves_out_energy_plots_with_notes(quickstart_copy
 
     # The plots a CPU run can have, embedded and also written beside the page.
     pngs = _embedded_pngs(page)
-    assert len(pngs) == 2 and all(p.startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
+    assert len(pngs) == 3 and all(p.startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
     assert (quickstart_copy / "report" / "throughput.png").read_bytes() == pngs[0]
+    assert (quickstart_copy / "report" / "latency.png").read_bytes() == pngs[1]
     assert (quickstart_copy / "report" / "weight_memory.png").is_file()
     for missing in ("energy_per_token.png", "pareto.png", "power_timeline.png", "layer_shares.png",
                     "fidelity.png"):
@@ -173,7 +176,7 @@ def test_markdown_report_keeps_images_beside_it(quickstart_copy):
     assert r.returncode == 0, r.stderr
     md = (quickstart_copy / "report" / "report.md").read_text()
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
-    assert images == ["throughput.png", "weight_memory.png"]
+    assert images == ["throughput.png", "latency.png", "weight_memory.png"]
     assert all((quickstart_copy / "report" / name).stat().st_size > 5000 for name in images)
     assert "> Power timeline left out" in md
     assert "| model | backend | precision |" in md
@@ -245,13 +248,13 @@ def test_report_on_gpu_results_has_every_plot(gpu_results):
 
     report = build_report(gpu_results, max_tpot_ms=15.0)
     names = [p.filename for p in report.plots]
-    assert names == ["throughput.png", "energy_per_token.png", "pareto.png", "weight_memory.png",
+    assert names == ["throughput.png", "latency.png", "energy_per_token.png", "pareto.png", "weight_memory.png",
                      "power_timeline.png", "layer_shares.png"]
     # No fidelity was measured in that run: its plot is the only one left out.
     assert report.notes == ["Fidelity vs J/token left out: no fidelity_kl values in trials.parquet "
                             "(no fidelity measured)"]
     page = report.path.read_text()
-    assert len(_embedded_pngs(page)) == 6
+    assert len(_embedded_pngs(page)) == 7
     assert "NVIDIA H200" in page
     # The power timeline defaults to the ok trial with the most energy (llama-3.1-8b fp16 bs=64, 4503 J).
     assert "trial d58a02976863a6f0: llama-3.1-8b transformers/fp16 bs=64 (the ok trial with the most energy" in page
@@ -314,7 +317,7 @@ def test_unstable_trials_are_marked_not_hidden(gpu_results, tmp_path):
     for tid in trials.loc[flagged, "trial_id"]:
         assert tid in section
     assert "hollow hatched markers: the 4 unstable trial(s) listed below" in page  # the plots' captions
-    assert len(report.plots) == 4  # every plot still drawn: throughput, J/token, Pareto, memory
+    assert len(report.plots) == 5  # every plot still drawn: throughput, latency, J/token, Pareto, memory
 
 
 def test_fidelity_plot_when_the_column_exists(gpu_results, tmp_path):
@@ -415,30 +418,182 @@ def test_report_does_not_import_plotting_at_cli_import():
 # -- the page in a real browser -------------------------------------------------------------
 
 
+def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run",
+         f"--user-data-dir={tmp_path / 'profile'}", *args],
+        capture_output=True, text=True, timeout=120)
+
+
+class _Figures(HTMLParser):
+    """The report's figures as a browser left them: attributes (set by the page's script) and data."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.figures: list[dict] = []
+        self._in_data = False
+        self.loaded = False
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        a = dict(attrs)
+        if tag == "body":
+            self.loaded = a.get("data-loaded") == "1"
+        if tag == "figure" and "plot" in (a.get("class") or ""):
+            self.figures.append({"attrs": a, "data": ""})
+        self._in_data = tag == "script" and a.get("class") == "plot-data"
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in_data = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_data:
+            self.figures[-1]["data"] += data
+
+
+def rendered_figures(page: Path, tmp_path: Path) -> dict[str, dict]:
+    """Load the page in headless Chromium and read back its DOM: per plot file, what it shows."""
+    r = _chromium(["--virtual-time-budget=10000", "--dump-dom", page.as_uri()], tmp_path)
+    parser = _Figures()
+    parser.feed(r.stdout)
+    assert parser.loaded, f"the page's load handler did not run: {r.stderr[-2000:]}"
+    figures = {}
+    for f in parser.figures:
+        # The page's own script recorded the size each embedded image decoded to.
+        assert int(f["attrs"]["data-rendered-width"]) > 300, f["attrs"]
+        figures[f["attrs"]["data-file"]] = json.loads(f["data"])
+    return figures
+
+
+def _overlapping(labels: list[dict]) -> list[tuple[str, str]]:
+    def cross(a: list[float], b: list[float]) -> bool:
+        return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+    return [(x["text"], y["text"]) for i, x in enumerate(labels) for y in labels[i + 1:] if cross(x["box"], y["box"])]
+
+
+def check_figures(figures: dict[str, dict], page_text: str) -> None:
+    """What every report must satisfy, read from the figures' data."""
+    for name, fig in figures.items():
+        for panel in fig["panels"]:
+            for axis in ("x", "y"):
+                if panel[f"{axis}scale"] == "log":  # readable: several plain-number labels
+                    ticks = panel[f"{axis}ticks"]
+                    assert len(ticks) >= 2, (name, panel["title"], axis, ticks)
+                    assert all(re.fullmatch(r"[0-9.]+", t) for t in ticks), (name, ticks)
+            assert not _overlapping(panel["labels"]), (name, _overlapping(panel["labels"]))
+    for name in ("throughput.png", "latency.png", "energy_per_token.png"):
+        if name not in figures:
+            continue
+        by_metric: dict[str, set[str]] = {}
+        for panel in figures[name]["panels"]:
+            by_metric.setdefault(panel["ylabel"], set()).add(panel["yscale"])
+            batches = [x for x, _ in next(s for s in panel["series"] if s["kind"] == "line")["points"]]
+            for series in panel["series"]:  # one point per batch size, repeats or not
+                xs = [x for x, _ in series["points"]]
+                assert len(xs) == len(set(xs)), (name, series["label"], xs)
+            assert batches
+        # every panel of one metric on the same scale
+        assert all(len(scales) == 1 for scales in by_metric.values()), (name, by_metric)
+    if "weight_memory.png" in figures:
+        unit = re.search(r"\((GB|MB)\)", figures["weight_memory.png"]["panels"][0]["ylabel"]).group(1)
+        assert f"weights {unit}" in page_text or "Precisions against the reference" not in page_text
+        for series in figures["weight_memory.png"]["panels"][0]["series"]:
+            assert all(height >= 0 for _, height in series["points"])
+        assert figures["weight_memory.png"]["panels"][0]["ylim"][0] == 0
+
+
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (CI installs it)")
 @pytest.mark.slow
 def test_html_report_renders_in_headless_chromium(gpu_results, tmp_path):
     import numpy as np
+    import pandas as pd
     from PIL import Image
 
     from sweeper.analysis.report import build_report
 
-    page = build_report(gpu_results).path
+    trials = pd.read_parquet(gpu_results / "trials.parquet")
+    # The fidelity pass's column: one KL per precision, repeated on each batch size's row.
+    trials["fidelity_kl"] = trials["precision"].map({"bf16": 0.0, "fp16": 2.1e-4})
+    root = Path(shutil.copytree(gpu_results, tmp_path / "gpu"))
+    trials.to_parquet(root / "trials.parquet")
+    report = build_report(root)
+    page = report.path.read_text()
+    figures = rendered_figures(report.path, tmp_path)
+    assert set(figures) == {p.filename for p in report.plots}
+    check_figures(figures, page)
+    # Weight memory in GB in the plot and the table alike (16 GB of llama-3.1-8b at bf16).
+    memory = figures["weight_memory.png"]["panels"][0]
+    assert memory["ylabel"] == "weight memory (GB)" and "<th>weights GB</th>" in page
+    assert max(h for s in memory["series"] for _, h in s["points"]) == pytest.approx(16.06, abs=0.1)
+    # Fidelity: one point per model and precision, not one per batch size.
+    fidelity = figures["fidelity.png"]["panels"][0]
+    assert sorted(s["label"] for s in fidelity["series"]) == [
+        "llama-3.1-8b bf16", "llama-3.1-8b fp16", "llama-3.2-1b bf16", "llama-3.2-1b fp16"]
+    assert all(len(s["points"]) == 1 for s in fidelity["series"])
+    # Throughput: a log axis on both models' panels, each labelled more than once.
+    throughput = figures["throughput.png"]["panels"]
+    assert [p["yscale"] for p in throughput] == ["log", "log"]
+    # The layer panel states a measured verdict (the profile's blocks are equal by construction).
+    layer = figures["layer_shares.png"]["panels"][1]["title"]
+    assert re.search(r"equal within CV \d+\.\d% \(max/min 1\.00\)", layer), layer
+
     shot = tmp_path / "page.png"
-    r = subprocess.run(
-        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1280,2000",
-         page.as_uri()],
-        capture_output=True, text=True, timeout=120)
+    r = _chromium([f"--screenshot={shot}", "--window-size=1280,2000", report.path.as_uri()], tmp_path)
     assert shot.is_file(), r.stderr
     pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
     assert pixels.shape[:2] == (2000, 1280)
-    non_white = (pixels.min(axis=2) < 240).mean()
-    assert non_white > 0.03, f"only {non_white:.1%} of the page is drawn"
     # Saturated pixels come only from the plots (the text is grey): the embedded images rendered.
     colourful = (pixels.max(axis=2) - pixels.min(axis=2) > 80).sum()
     assert colourful > 5000, f"{colourful} coloured pixels: the plots did not render"
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (CI installs it)")
+@pytest.mark.slow
+def test_cpu_report_has_latency_and_readable_figures_in_chromium(quickstart_copy, tmp_path):
+    from sweeper.analysis.report import build_report
+
+    report = build_report(quickstart_copy)
+    page = report.path.read_text()
+    figures = rendered_figures(report.path, tmp_path)
+    check_figures(figures, page)
+    latency = figures["latency.png"]["panels"]
+    assert [p["ylabel"] for p in latency] == ["TTFT (ms)", "TPOT (ms)"]
+    for panel in latency:
+        assert {x for s in panel["series"] for x, _ in s["points"]} == {1.0, 2.0}
+        assert all(y > 0 for s in panel["series"] for _, y in s["points"])
+    # Tiny synthetic models: megabytes, in the plot and the table alike.
+    assert figures["weight_memory.png"]["panels"][0]["ylabel"] == "weight memory (MB)"
+
+
+def test_a_weightless_backend_leaves_weight_memory_out_with_a_note(quickstart_copy):
+    import pandas as pd
+
+    from sweeper.analysis.report import build_report
+
+    trials = pd.read_parquet(quickstart_copy / "trials.parquet")
+    trials["backend"], trials["weight_memory_bytes"] = "noop", 0  # what noop rows hold
+    trials.to_parquet(quickstart_copy / "trials.parquet")
+    report = build_report(quickstart_copy)
+    assert "weight_memory.png" not in [p.filename for p in report.plots]
+    assert any(n.startswith("Weight memory per precision left out: every weight_memory_bytes is 0")
+               for n in report.notes)
+
+
+def test_repeats_are_one_median_point_with_their_range(gpu_results):
+    import pandas as pd
+
+    from sweeper.analysis import plots
+
+    trials = pd.read_parquet(gpu_results / "trials.parquet")
+    again = trials.copy()
+    again["throughput_tok_s"] *= 1.2
+    data = plots.figure_data(plots.plot_throughput(pd.concat([trials, again], ignore_index=True)))
+    assert "points: median of repeats, whiskers: their range" in data["title"]
+    for panel in data["panels"]:
+        for series in panel["series"]:
+            xs = [x for x, _ in series["points"]]
+            assert len(xs) == len(set(xs)) == 4
 
 
 def test_precisions_against_the_reference_on_the_h200_quantization_study(tmp_path):

@@ -154,10 +154,18 @@ def test_a_real_run_in_a_terminal_shows_a_bar_results_and_a_best_table(tmp_path)
 def test_quiet_and_pipes_keep_the_plain_log(tmp_path):
     from tests.conftest import run_cli
 
+    from sweeper.analysis.results import load_results
+    from sweeper.core.plan_record import PLAN_FILE, PlanRecord
+
     sweep = tmp_path / "progress.yaml"
-    sweep.write_text(NOOP_SWEEP)
+    sweep.write_text(NOOP_SWEEP + "report: {price_per_kwh: 0.15}\n")
     r = run_cli("run", str(sweep), "-o", str(tmp_path / "out"))  # stderr is a pipe: no live display
     assert r.returncode == 0, r.stderr
     assert "sweeper ━" not in r.stderr and "ETA" not in r.stderr
     lines = [line for line in r.stderr.splitlines() if re.match(r"\[\d/6\] ok ", line)]
     assert len(lines) == 6
+    # The run records the sweep's pricing for the analysis; a CPU run has no energy to price.
+    record = PlanRecord.parse((tmp_path / "out" / PLAN_FILE).read_bytes())
+    assert record is not None and record.report.price_per_kwh == 0.15
+    trials = load_results(tmp_path / "out").trials
+    assert len(trials) == 6 and trials["cost_per_1m_tokens"].isna().all()
