@@ -152,10 +152,9 @@ def test_a_real_run_in_a_terminal_shows_a_bar_results_and_a_best_table(tmp_path)
 
 @pytest.mark.slow
 def test_quiet_and_pipes_keep_the_plain_log(tmp_path):
-    from tests.conftest import run_cli
-
     from sweeper.analysis.results import load_results
     from sweeper.core.plan_record import PLAN_FILE, PlanRecord
+    from tests.conftest import run_cli
 
     sweep = tmp_path / "progress.yaml"
     sweep.write_text(NOOP_SWEEP + "report: {price_per_kwh: 0.15}\n")
