@@ -20,13 +20,32 @@ from rich.table import Table
 from sweeper.core.errors import UserInputError
 from sweeper.core.settings import Device
 
+class _FlagHelp:
+    """--help shown as the flag it is (typer labels its own help option "<bool>")."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = FLAG
+        return option
+
+
+class _Command(_FlagHelp, typer.core.TyperCommand):
+    pass
+
+
+class _Group(_FlagHelp, typer.core.TyperGroup):
+    pass
+
+
+# A flag takes no value: no metavar in the help (typer would print "<bool>").
+FLAG = ""
+
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    cls=_Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
     help="Measure seconds, bytes and joules of LLM inference across sweeps of models, "
          "backends, precisions and batch sizes.",
 )
-# A flag takes no value: no metavar in the help (typer would print "<bool>").
-FLAG = ""
 
 
 def _show_version(value: bool) -> None:
@@ -83,7 +102,7 @@ def _local_device() -> str:
 SweepArg = Annotated[Path, typer.Argument(help="sweep file (YAML)", show_default=False)]
 
 
-@app.command()
+@app.command(cls=_Command)
 def plan(
     sweep_file: SweepArg,
     device: Annotated[DeviceChoice, typer.Option(help="plan for this device; auto: this machine's")] = DeviceChoice.auto,
@@ -170,7 +189,7 @@ def plan(
         out.print(f"note: {note}", highlight=False)
 
 
-@app.command()
+@app.command(cls=_Command)
 def run(
     sweep_file: SweepArg,
     output: Annotated[str | None, typer.Option("--output", "-o", help="results directory or URI [default: results/<sweep name>]")] = None,
@@ -376,7 +395,7 @@ def _print_best(store: Any) -> None:
     err.print(table)
 
 
-@app.command()
+@app.command(cls=_Command)
 def aggregate(
     output: Annotated[str, typer.Argument(help="results directory or URI", show_default=False)],
 ) -> None:
@@ -391,7 +410,7 @@ def aggregate(
     out.print(", ".join(f"{kind}.parquet: {n} rows" for kind, n in counts.items()), highlight=False)
 
 
-@app.command()
+@app.command(cls=_Command)
 def presets() -> None:
     """List the bundled synthetic model presets."""
     from sweeper.core.presets import PRESETS
@@ -412,7 +431,7 @@ class ReportFormat(str, Enum):
     md = "md"
 
 
-@app.command()
+@app.command(cls=_Command)
 def report(
     output: Annotated[str, typer.Argument(help="results directory", show_default=False)],
     fmt: Annotated[ReportFormat, typer.Option("--format", help="html: one self-contained page; md: Markdown with the PNGs beside it")] = ReportFormat.html,
@@ -435,7 +454,7 @@ def report(
         out.print(f"  note: {note}", highlight=False, soft_wrap=True)
 
 
-@app.command()
+@app.command(cls=_Command)
 def query(
     output: Annotated[str, typer.Argument(help="results directory", show_default=False)],
     sql: Annotated[str, typer.Argument(help="DuckDB SQL over the views trials, requests, timeline, layers", show_default=False)],
