@@ -20,6 +20,7 @@ from rich.table import Table
 from sweeper.core.errors import UserInputError
 from sweeper.core.settings import Device
 
+
 class _FlagHelp:
     """--help shown as the flag it is (typer labels its own help option "<bool>")."""
 
