@@ -23,7 +23,7 @@ from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
-    from actors.telemetry import TelemetryBase
+    from actors.telemetry import IdleBaseline, TelemetryBase
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class TrialRunner:
         self.load_info: LoadInfo | None = None
         self.load_s: float | None = None
         self.telemetry: TelemetryBase | None = None
+        self.pre_load_idle: IdleBaseline | None = None
         self.env = environment.capture()
         self._fidelity: dict[str, Any] | None = None  # the group's fidelity columns, once per load
 
@@ -56,6 +57,7 @@ class TrialRunner:
         """Load the group's model once; every later ``run`` reuses it."""
         self._fidelity = None
         try:
+            self.pre_load_idle = self._pre_load_idle(trial)
             self.backend = create_backend(trial.backend)
             t0 = time.monotonic()
             self.load_info = self.backend.load(ModelSpec(
@@ -75,6 +77,24 @@ class TrialRunner:
             "device": self.load_info.device, "device_name": self.load_info.device_name,
             "weight_memory_bytes": self.load_info.weight_memory_bytes,
         })
+
+    @staticmethod
+    def _pre_load_idle(trial: Trial) -> IdleBaseline | None:
+        """The held GPUs' settled idle power before this group's model loads (no context of
+        ours on them): what the GPU draws untouched, beside the trial's own baseline, which
+        is taken with the model loaded. None without GPUs or with ``idle_s: 0``."""
+        from actors.telemetry import Telemetry
+
+        if trial.measure.idle_s <= 0:
+            return None
+        telemetry = Telemetry.open(interval_s=trial.measure.sample_interval_s, sync=lambda: None)
+        if not telemetry.active:
+            return None
+        telemetry.start()
+        try:
+            return telemetry.idle_baseline(trial.measure.idle_s)
+        finally:
+            telemetry.close()
 
     def _open_telemetry(self, trial: Trial) -> TelemetryBase:
         from actors.telemetry import NullTelemetry, Telemetry
@@ -113,6 +133,7 @@ class TrialRunner:
             "device": self.load_info.device if self.load_info else None,
             "device_name": self.load_info.device_name if self.load_info else None,
             "weight_memory_bytes": self.load_info.weight_memory_bytes if self.load_info else None,
+            "pre_load_idle_power_w": self.pre_load_idle.power_w if self.pre_load_idle else None,
         }
         if self.telemetry is not None:
             base.update(self.telemetry.environment())

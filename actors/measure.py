@@ -25,7 +25,7 @@ from sweeper.core.trial import Trial
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from actors.telemetry import TelemetryBase
+    from actors.telemetry import IdleBaseline, TelemetryBase
 
 
 @dataclass
@@ -70,6 +70,37 @@ def latency_columns(requests: list[dict[str, Any]]) -> dict[str, float | None]:
     }
 
 
+# A CV from fewer iterations says little about the next ones.
+MIN_CV_ITERATIONS = 3
+
+
+def iteration_throughput_cv(generations: list[Generation]) -> float | None:
+    """The coefficient of variation of output tokens per second across the window's
+    generate calls (each timed between device synchronizations); None with fewer than
+    ``MIN_CV_ITERATIONS``. Host-bound loops (eager decode at small batch, any CPU run)
+    vary here first, and it needs no GPU to measure."""
+    rates = [g.output_tokens / (g.t_end_s - g.t_start_s) for g in generations if g.t_end_s > g.t_start_s]
+    if len(rates) < MIN_CV_ITERATIONS:
+        return None
+    mean = float(np.mean(rates))
+    return float(np.std(rates, ddof=1) / mean) if mean > 0 else None
+
+
+def stability_columns(row: dict[str, Any], throughput_cv: float | None, max_cv: float, n: int,
+                      baseline: IdleBaseline | None = None) -> dict[str, Any]:
+    """The telemetry's verdict (window length, energy CV) joined by the throughput CV's and
+    by an idle baseline taken while the power was still falling."""
+    reasons = [row["unstable_reason"]] if row.get("unstable_reason") else []
+    if baseline is not None and not baseline.settled:
+        reasons.append(f"idle power still falling after {baseline.settle_s:g} s: idle_power_w "
+                       "(and active_energy_j) include the warm-up's tail")
+    if throughput_cv is not None and throughput_cv > max_cv:
+        reasons.append(f"per-iteration throughput CV {throughput_cv:.3f} (over {n} iterations) "
+                       f"> max_iteration_cv {max_cv:g}")
+    return {"iteration_throughput_cv": throughput_cv, "unstable": bool(reasons),
+            "unstable_reason": "; ".join(reasons) or None}
+
+
 def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: TelemetryBase,
                   clock: Callable[[], float] = time.monotonic) -> Measurement:
     m = trial.measure
@@ -85,7 +116,9 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Tel
 
     backend.sync()
     t_idle = clock()
-    idle_power_w = telemetry.idle_baseline(m.idle_s) if telemetry.active and m.idle_s > 0 else None
+    # After the warm-up, the GPUs first settle (its power tail is not idle), then the baseline.
+    baseline = telemetry.idle_baseline(m.idle_s) if telemetry.active and m.idle_s > 0 else None
+    idle_power_w = baseline.power_w if baseline is not None else None
 
     generations: list[Generation] = []
     with telemetry.measure(trial.trial_id) as handle:
@@ -110,6 +143,7 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Tel
         **latency_columns(requests),
         "peak_memory_bytes": backend.peak_memory_bytes(),
         "compile_s": prepared.compile_s, "compile_status": prepared.compile_status,
+        "idle_settle_s": baseline.settle_s if baseline is not None else None,
     }
     marks = [mark for g in generations for mark in g.marks]
     decode_tokens = sum(max(r.output_tokens - 1, 0) for g in generations for r in g.requests)
@@ -120,6 +154,8 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Tel
         min_window_s=m.min_window_s, max_iteration_cv=m.max_iteration_cv,
         duration_s=duration_s,
     ))
+    row.update(stability_columns(row, iteration_throughput_cv(generations), m.max_iteration_cv,
+                                 len(generations), baseline))
     if load.architecture is not None:
         from sweeper.core.gpus import held_gpu_names
         from sweeper.core.precisions import PRECISIONS

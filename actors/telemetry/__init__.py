@@ -21,6 +21,7 @@ from actors.telemetry.meter import (
     METHOD_POWER,
     EnergyMeter,
     EnergyWindow,
+    IdleBaseline,
 )
 from actors.telemetry.nvml import (
     DeviceMappingError,
@@ -54,6 +55,7 @@ __all__ = [
     "EnergyRead",
     "EnergyWindow",
     "GpuInfo",
+    "IdleBaseline",
     "Measurement",
     "NullTelemetry",
     "NvmlUnavailableError",

@@ -85,7 +85,25 @@ class EnergyWindow:
     method: str
     uncertainty_j: float
     avg_power_w: float
-    peak_power_w: float | None  # highest per-sample sum over GPUs within the window
+    # Per-sample sums over GPUs of the sampled power reading (the instantaneous field where the
+    # driver has one, NVML's own ~100 ms average; else the 1 s trailing mean) within the window:
+    peak_power_w: float | None  # the highest such sum: one reading can set it
+    p99_power_w: float | None = None  # their 99th percentile: what a single reading cannot dominate
+
+
+@dataclass(frozen=True)
+class IdleBaseline:
+    power_w: float  # mean over the baseline window, summed over GPUs
+    settle_s: float  # how long the power took to stop falling before the window began
+    settled: bool  # False: still falling when the wait's cap ran out
+    window: EnergyWindow
+
+
+# The settle rule (see EnergyMeter.settle): spans compared, the fall that still counts as
+# falling, and how long to wait at most (a GPU that keeps cooling past this is flagged).
+IDLE_SETTLE_SPAN_S = 0.3
+IDLE_SETTLE_TOLERANCE = 0.02
+IDLE_SETTLE_MAX_S = 10.0
 
 
 # -- the meter --------------------------------------------------------------------------
@@ -191,14 +209,47 @@ class EnergyMeter:
         """Forget an open window (its block failed); unknown names are ignored."""
         self._open.pop(name, None)
 
-    def idle_baseline(self, duration_s: float) -> float:
-        """Idle power in W, summed over GPUs, over a quiet window of ``duration_s``."""
+    def idle_baseline(self, duration_s: float, settle_max_s: float = IDLE_SETTLE_MAX_S) -> IdleBaseline:
+        """Idle power in W, summed over GPUs, over a quiet window of ``duration_s`` that
+        starts once the power has stopped falling (see ``settle``)."""
+        settle_s = self.settle(settle_max_s)
         name = "__idle_baseline__"
         self.begin(name)
         self._pause(duration_s)
         window = self.end(name)
         self.last_idle_window = window
-        return window.avg_power_w
+        return IdleBaseline(power_w=window.avg_power_w, settle_s=settle_s,
+                            settled=settle_s < settle_max_s, window=window)
+
+    def settle(self, max_s: float = IDLE_SETTLE_MAX_S) -> float:
+        """Wait until the summed power stops falling; the seconds waited (``max_s`` at most).
+
+        Work just finished leaves its power behind for a while (clocks and fans come
+        down over seconds; on an H100 the first idle sample after a warm-up read 530 W
+        against 72 W at rest): a baseline that starts in that tail overstates idle power,
+        and active energy, which subtracts it, understates. Power is compared over
+        consecutive spans of ``IDLE_SETTLE_SPAN_S``; it has stopped falling when a span's
+        mean is within ``IDLE_SETTLE_TOLERANCE`` (or 1 W) of the span before.
+        """
+        self._sync()
+        start = self._clock()
+        span = max(IDLE_SETTLE_SPAN_S, 3 * self._sampler.interval_s)
+        self._pause(span)
+        previous = self._mean_power(self._clock() - span, self._clock())
+        while self._clock() - start < max_s:
+            self._pause(span)
+            now = self._clock()
+            current = self._mean_power(now - span, now)
+            if previous is None or current is None:
+                return now - start  # nothing sampled: nothing to wait for
+            if previous - current <= max(IDLE_SETTLE_TOLERANCE * previous, 1.0):
+                return now - start
+            previous = current
+        return max_s
+
+    def _mean_power(self, t0: float, t1: float) -> float | None:
+        sums = self._power_sums(t0, t1)
+        return sum(sums) / len(sums) if sums else None
 
     # -- intervals ----------------------------------------------------------------------
 
@@ -353,6 +404,7 @@ class EnergyMeter:
         energy_j = sum(e.energy_j for e in estimates.values())
         duration_s = t1 - t0
         terms = [u for e in estimates.values() for u in e.boundary_uncertainty_j]
+        sums = self._power_sums(t0, t1)
         return EnergyWindow(
             name=name, t_start_s=t0, t_end_s=t1, duration_s=duration_s,
             energy_j=energy_j,
@@ -361,7 +413,8 @@ class EnergyMeter:
                        default=METHOD_INTERPOLATED),
             uncertainty_j=math.sqrt(sum(u * u for u in terms)),
             avg_power_w=energy_j / duration_s if duration_s > 0 else 0.0,
-            peak_power_w=self._peak_power_w(t0, t1),
+            peak_power_w=max(sums) if sums else None,
+            p99_power_w=_percentile(sums, 99.0) if sums else None,
         )
 
     def _estimate(self, gpu: GpuInfo, t0: float, t1: float, raw0: int | None, raw1: int | None,
@@ -396,7 +449,8 @@ class EnergyMeter:
         return _GpuEstimate(power.at(t1) - power.at(t0), METHOD_POWER,
                             (power.boundary_uncertainty_j(t0), power.boundary_uncertainty_j(t1)))
 
-    def _peak_power_w(self, t0: float, t1: float) -> float | None:
+    def _power_sums(self, t0: float, t1: float) -> list[float]:
+        """Per sample in [t0, t1], the power summed over the metered GPUs."""
         # Rows of one sample are consecutive, one per GPU; a GPU seen again starts the next sample.
         metered = {g.uuid for g in self.gpus}
         sums: list[float] = []
@@ -411,5 +465,13 @@ class EnergyMeter:
             seen.add(uuid)
             if row[POWER_W] is not None:
                 sums[-1] = row[POWER_W] if math.isnan(sums[-1]) else sums[-1] + row[POWER_W]
-        known = [s for s in sums if not math.isnan(s)]
-        return max(known) if known else None
+        return [s for s in sums if not math.isnan(s)]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), without numpy."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
-from actors.telemetry.meter import EnergyMeter, EnergyWindow
+from actors.telemetry.meter import EnergyMeter, EnergyWindow, IdleBaseline
 from actors.telemetry.nvml import GpuInfo, NvmlUnavailableError, TelemetryError, resolve_gpus
 from actors.telemetry.policy import DEFAULT_POLICY, SamplingPolicy
 from actors.telemetry.rapl import RaplReader
@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 
 TRIAL_COLUMNS: tuple[str, ...] = (
     "energy_j", "energy_per_token_j", "energy_per_request_j", "avg_power_w", "peak_power_w",
-    "idle_power_w", "active_energy_j", "prefill_energy_j", "decode_energy_j",
-    "decode_energy_per_token_j", "energy_method", "energy_uncertainty_j", "cpu_energy_j",
+    "p99_power_w", "idle_power_w", "active_energy_j", "prefill_energy_j", "decode_energy_j",
+    "decode_energy_per_token_j", "energy_method", "energy_uncertainty_j",
+    "energy_per_token_uncertainty_j", "iteration_energy_cv", "cpu_energy_j",
     "dram_energy_j", "gpu_uuids", "gpu_names", "gpu_power_limit_w", "driver_version",
     "unstable", "unstable_reason",
 )
@@ -164,8 +165,9 @@ class TelemetryBase(ABC):
         self.close()
 
     @abstractmethod
-    def idle_baseline(self, duration_s: float) -> float | None:
-        """Idle power in W summed over GPUs, over a quiet window of ``duration_s``; None without GPUs."""
+    def idle_baseline(self, duration_s: float) -> IdleBaseline | None:
+        """Idle power summed over GPUs, over a quiet window of ``duration_s`` begun once the
+        power has stopped falling; None without GPUs."""
 
     @abstractmethod
     def measure(self, name: str) -> AbstractContextManager[Measurement]:
@@ -258,7 +260,7 @@ class Telemetry(TelemetryBase):
 
     # -- measuring --------------------------------------------------------------------
 
-    def idle_baseline(self, duration_s: float) -> float | None:
+    def idle_baseline(self, duration_s: float) -> IdleBaseline | None:
         return self.meter.idle_baseline(duration_s)
 
     @contextmanager
@@ -313,10 +315,12 @@ class Telemetry(TelemetryBase):
             energy_per_request_j=_ratio(w.energy_j, requests),
             avg_power_w=w.avg_power_w,
             peak_power_w=w.peak_power_w,
+            p99_power_w=w.p99_power_w,
             idle_power_w=idle_power_w,
             active_energy_j=None if idle_power_w is None else w.energy_j - idle_power_w * w.duration_s,
             energy_method=w.method,
             energy_uncertainty_j=w.uncertainty_j,
+            energy_per_token_uncertainty_j=_ratio(w.uncertainty_j, output_tokens),
             cpu_energy_j=handle.cpu_energy_j,
             dram_energy_j=handle.dram_energy_j,
         )
@@ -328,30 +332,34 @@ class Telemetry(TelemetryBase):
         cols["prefill_energy_j"] = phases.get("prefill")
         cols["decode_energy_j"] = phases.get("decode")
         cols["decode_energy_per_token_j"] = _ratio(phases.get("decode"), decode_tokens)
-        reasons += self._iteration_reasons(iteration_bounds, max_iteration_cv)
+        cv, n_blocks = self._iteration_energy_cv(iteration_bounds)
+        cols["iteration_energy_cv"] = cv
+        if cv is not None and cv > max_iteration_cv:
+            reasons.append(f"per-iteration energy CV {cv:.3f} (over {n_blocks} blocks of >= "
+                           f"{MIN_STABILITY_BLOCK_S:g} s) > max_iteration_cv {max_iteration_cv:g}")
         cols.update(unstable=bool(reasons), unstable_reason="; ".join(reasons) or None)
         return cols
-    def _iteration_reasons(self, bounds: list[tuple[float, float]], max_cv: float) -> list[str]:
+
+    def _iteration_energy_cv(self, bounds: list[tuple[float, float]]) -> tuple[float | None, int]:
+        """The CV of energy per iteration over blocks of >= 1 s (counters move every ~100 ms),
+        and the number of blocks; None with fewer than two blocks."""
         blocks = iteration_blocks(bounds, MIN_STABILITY_BLOCK_S)
         if len(blocks) < 2:
-            return []
+            return None, len(blocks)
         try:
             block_energies = self.meter.energies_between([(t0, t1) for t0, t1, _ in blocks])
         except TelemetryError as exc:
             log.warning("per-iteration energy unavailable: %s", exc)
-            return []
+            return None, len(blocks)
         # Per iteration, not per block: blocks differ in iteration count (the remainder
         # joins the last), and on an H200 17 steady 0.74 s iterations read as CV 0.17
         # when their 2-, 2-, ..., 3-iteration blocks were compared whole.
         energies = [e / n for e, (_, _, n) in zip(block_energies, blocks, strict=True)]
         mean = statistics.fmean(energies)
         if mean <= 0:
-            return []
+            return None, len(blocks)
         cv = statistics.stdev(energies) / mean
-        if math.isfinite(cv) and cv > max_cv:
-            return [f"per-iteration energy CV {cv:.3f} (over {len(blocks)} blocks of >= {MIN_STABILITY_BLOCK_S:g} s) "
-                    f"> max_iteration_cv {max_cv:g}"]
-        return []
+        return (cv if math.isfinite(cv) else None), len(blocks)
 
     def _gpu_columns(self) -> dict[str, Any]:
         limits = [g.power_limit_w for g in self.gpus if g.power_limit_w is not None]
@@ -388,7 +396,7 @@ class NullTelemetry(TelemetryBase):
     def close(self) -> None:
         pass
 
-    def idle_baseline(self, duration_s: float) -> float | None:
+    def idle_baseline(self, duration_s: float) -> IdleBaseline | None:
         return None
 
     @contextmanager

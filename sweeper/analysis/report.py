@@ -35,6 +35,7 @@ from sweeper.analysis.tables import (
     precision_summary,
     unstable_trials,
 )
+from sweeper.core.budget import BUDGET_COLUMNS, per_tokens
 from sweeper.core.settings import ReportSettings
 
 FORMATS = ("html", "md")
@@ -84,25 +85,38 @@ def _shape(input_len: Any, output_len: Any) -> str:
 def _best_table(results: Results, max_tpot_ms: float | None, max_ttft_ms: float | None,
                 bounds: list[str]) -> Table:
     best = best_configs(results.trials, max_tpot_ms, max_ttft_ms)
-    priced = [(column, header) for column, header in (("co2e_g_per_1k_tokens", "gCO2e/1k tok"),
-                                                      ("cost_per_1m_tokens", "cost/1M tok"))
-              if results.trials[column].notna().any()]
-    by_id = results.trials.set_index("trial_id")
+    headers = {"co2e_g_per_1k_tokens": "gCO2e/1k tok", "cost_per_1m_tokens": "cost/1M tok"}
+    priced = [(column, header) for column, header in headers.items() if results.trials[column].notna().any()]
     rows = []
     for r in best.itertuples():
         row = [_fmt(r.model), _fmt(r.backend), _fmt(r.precision), _fmt(r.batch_size),
-               _shape(r.input_len, r.output_len), _fmt(r.throughput_tok_s), _fmt(r.ttft_ms), _fmt(r.tpot_ms),
-               _fmt(r.energy_per_token_j)]
-        row += [_fmt(by_id.at[r.trial_id, c]) if _fmt(r.trial_id) else "" for c, _ in priced]
-        row += [_fmt(r.mbu), _fmt(r.criterion) + (" ⚠ unstable" if r.unstable is True else ""), _fmt(r.trial_id)]
+               _shape(r.input_len, r.output_len), _fmt(r.n_repeats),
+               _with_interval(r.throughput_tok_s, r.throughput_lo, r.throughput_hi),
+               _fmt(r.ttft_ms), _fmt(r.tpot_ms),
+               _with_interval(r.energy_per_token_j, r.energy_per_token_lo, r.energy_per_token_hi)]
+        for column, _ in priced:  # priced at the median J/token
+            setting, tokens = BUDGET_COLUMNS[column]
+            energy = r.energy_per_token_j if _fmt(r.energy_per_token_j) else None
+            row.append(_fmt(per_tokens(energy, getattr(results.report, setting), tokens)))
+        flags = (" ⚠ unstable" if r.unstable is True else "") + (" ⚠ repeats disagree" if r.repeats_disagree is True else "")
+        row += [_fmt(r.mbu), _fmt(r.criterion) + flags, _fmt(r.trial_id)]
         rows.append(row)
+    bound = "under " + " and ".join(bounds) if bounds else "no latency bound (--max-tpot-ms / --max-ttft-ms)"
     return Table(
         "Best configuration per model",
-        ["model", "backend", "precision", "batch", "in/out", "tok/s", "TTFT ms", "TPOT ms", "J/token",
+        ["model", "backend", "precision", "batch", "in/out", "repeats", "tok/s", "TTFT ms", "TPOT ms", "J/token",
          *[h for _, h in priced], "MBU", "criterion", "trial"],
         rows,
-        "under " + " and ".join(bounds) if bounds else "no latency bound (--max-tpot-ms / --max-ttft-ms)",
+        f"{bound}; each configuration's figures are the medians of its repeats, [95 % interval] where "
+        "it has several (a bootstrap of the median); the trial is the repeat nearest the median",
     )
+
+
+def _with_interval(value: Any, lo: Any, hi: Any) -> str:
+    text = _fmt(value)
+    if text and _fmt(lo) and _fmt(hi):
+        text += f" [{_fmt(lo)}–{_fmt(hi)}]"
+    return text
 
 
 def best_table(root: str | os.PathLike) -> Table:

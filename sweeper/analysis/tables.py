@@ -50,24 +50,90 @@ def memory_unit(values: Any) -> tuple[str, float]:
     return ("GB", 1e9) if finite and max(finite) >= 1e9 else ("MB", 1e6)
 
 
+# The figures repeats are summarised by (median and a 95 % interval each).
+REPEAT_METRICS = ("throughput_tok_s", "ttft_s", "tpot_s", "energy_per_token_j")
+# Repeats whose 95 % interval is wider than this share of their median disagree: the
+# configuration's number is not one number, whatever each repeat's own flag says.
+MAX_REPEAT_SPREAD = 0.10
+_BOOTSTRAP_RESAMPLES = 4000
+
+
+def median_interval(values: Any, confidence: float = 0.95) -> tuple[float, float, float]:
+    """The median of ``values`` and a ``confidence`` interval for it: a percentile bootstrap
+    of the median (seeded, so a report is reproducible); NaN bounds for fewer than two values.
+
+    With two or three repeats the interval is the range they span, which is what a
+    bootstrap of so few can say; more repeats narrow it.
+    """
+    import numpy as np
+
+    v = np.asarray([x for x in values if x is not None and x == x], dtype=float)
+    if len(v) == 0:
+        return (float("nan"),) * 3
+    median = float(np.median(v))
+    if len(v) < 2:
+        return median, float("nan"), float("nan")
+    rng = np.random.default_rng(0)
+    medians = np.median(rng.choice(v, size=(_BOOTSTRAP_RESAMPLES, len(v)), replace=True), axis=1)
+    tail = (1 - confidence) / 2 * 100
+    lo, hi = np.percentile(medians, [tail, 100 - tail])
+    return median, float(lo), float(hi)
+
+
+def repeat_summary(trials: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration (every axis but ``repeat``): how many ok repeats it has,
+    the median and 95 % interval of each of ``REPEAT_METRICS``, whether any repeat was
+    flagged unstable, and whether the repeats disagree (``repeats_disagree``: a throughput
+    or J/token interval wider than ``MAX_REPEAT_SPREAD`` of its median)."""
+    import pandas as pd
+
+    df = ok_trials(trials)
+    keys = [k for k in (*AXES.series_columns(), "batch_size", *AXES.shape_columns()) if k in df.columns]
+    rows = []
+    for _, g in df.groupby(keys, sort=True, dropna=False):
+        first = g.iloc[0]
+        row: dict[str, Any] = {k: first[k] for k in keys}
+        row.update(n_repeats=len(g), unstable=bool(g["unstable"].any()),
+                   trial_ids=",".join(g["trial_id"]), mbu=first.get("mbu"))
+        spreads = []
+        for metric in REPEAT_METRICS:
+            median, lo, hi = median_interval(g[metric]) if metric in g.columns else (float("nan"),) * 3
+            row.update({metric: median, f"{metric}_lo": lo, f"{metric}_hi": hi})
+            if metric in ("throughput_tok_s", "energy_per_token_j") and median == median and median > 0 and lo == lo:
+                spreads.append((hi - lo) / median)
+        row["repeats_disagree"] = bool(spreads) and max(spreads) > MAX_REPEAT_SPREAD
+        # The repeat nearest the median throughput stands for the configuration in links.
+        nearest = (g["throughput_tok_s"] - row["throughput_tok_s"]).abs().idxmin() \
+            if g["throughput_tok_s"].notna().any() else g.index[0]
+        row["trial_id"] = g.loc[nearest, "trial_id"]
+        rows.append(row)
+    columns = [*keys, "n_repeats", *(f"{m}{sfx}" for m in REPEAT_METRICS for sfx in ("", "_lo", "_hi")),
+               "mbu", "unstable", "repeats_disagree", "trial_id", "trial_ids"]
+    return pd.DataFrame(rows, columns=columns)
+
+
 def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None,
                  max_ttft_ms: float | None = None) -> pd.DataFrame:
-    """The best ok trial per model under the latency bounds.
+    """The best configuration per model under the latency bounds, judged on its repeats' medians.
 
-    Best is the lowest J/token; where a model has no energy measured (CPU runs)
-    it is the highest throughput instead, and ``criterion`` says which. A trial
-    without the bounded latency cannot be shown to meet the bound and is left
-    out. Models with no trial under the bounds get a row with only ``criterion``.
+    Best is the lowest median J/token; where a model has no energy measured (CPU
+    runs) it is the highest median throughput instead, and ``criterion`` says which.
+    Repeats are never picked apart: a configuration's numbers are the medians of its
+    repeats with their 95 % intervals (``*_lo``/``*_hi``, NaN for a single run), and
+    ``repeats_disagree`` marks one whose repeats spread beyond ``MAX_REPEAT_SPREAD``.
+    A configuration without the bounded latency cannot be shown to meet the bound and
+    is left out. Models with no configuration under the bounds get a row with only
+    ``criterion``.
     """
     import pandas as pd
 
     for name, bound in (("--max-tpot-ms", max_tpot_ms), ("--max-ttft-ms", max_ttft_ms)):
         if bound is not None and not bound > 0:
             raise ReportError(f"{name} must be a positive number of milliseconds, got {bound}")
-    df = ok_trials(trials)
+    configs = repeat_summary(trials)
     rows = []
     for model in sorted(trials["model"].dropna().unique()):
-        cand = df[df["model"] == model]
+        cand = configs[configs["model"] == model]
         if max_tpot_ms is not None:
             cand = cand[cand["tpot_s"].notna() & (cand["tpot_s"] * 1e3 <= max_tpot_ms)]
         if max_ttft_ms is not None:
@@ -83,14 +149,21 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None,
         rows.append({
             "model": model, "backend": best["backend"], "precision": best["precision"],
             "batch_size": best["batch_size"], "input_len": best["input_len"],
-            "output_len": best["output_len"], "throughput_tok_s": best["throughput_tok_s"],
+            "output_len": best["output_len"], "n_repeats": best["n_repeats"],
+            "throughput_tok_s": best["throughput_tok_s"],
+            "throughput_lo": best["throughput_tok_s_lo"], "throughput_hi": best["throughput_tok_s_hi"],
             "ttft_ms": best["ttft_s"] * 1e3, "tpot_ms": best["tpot_s"] * 1e3,
-            "energy_per_token_j": best["energy_per_token_j"], "mbu": best.get("mbu"),
-            "criterion": criterion, "unstable": bool(best["unstable"]), "trial_id": best["trial_id"],
+            "energy_per_token_j": best["energy_per_token_j"],
+            "energy_per_token_lo": best["energy_per_token_j_lo"],
+            "energy_per_token_hi": best["energy_per_token_j_hi"], "mbu": best.get("mbu"),
+            "criterion": criterion, "unstable": bool(best["unstable"]),
+            "repeats_disagree": bool(best["repeats_disagree"]), "trial_id": best["trial_id"],
         })
     return pd.DataFrame(rows, columns=[
-        "model", "backend", "precision", "batch_size", "input_len", "output_len", "throughput_tok_s",
-        "ttft_ms", "tpot_ms", "energy_per_token_j", "mbu", "criterion", "unstable", "trial_id"])
+        "model", "backend", "precision", "batch_size", "input_len", "output_len", "n_repeats",
+        "throughput_tok_s", "throughput_lo", "throughput_hi", "ttft_ms", "tpot_ms", "energy_per_token_j",
+        "energy_per_token_lo", "energy_per_token_hi", "mbu", "criterion", "unstable", "repeats_disagree",
+        "trial_id"])
 
 
 def unstable_trials(trials: pd.DataFrame) -> pd.DataFrame:
@@ -139,12 +212,24 @@ def layers_trial(results: Results, preferred: str | None) -> str | None:
     return sorted(profiled)[0] if profiled else None
 
 
+# Per-trial noise columns compare_sweeps reads from each side when both tables have them.
+_NOISE_COLUMNS = ("iteration_throughput_cv", "iteration_energy_cv", "n_iterations", "duration_s",
+                  "energy_per_token_uncertainty_j")
+
+
 def compare_sweeps(baseline: str | os.PathLike[str], candidate: str | os.PathLike[str]) -> pd.DataFrame:
     """Join two results directories' ok trials on their configuration; ratios are candidate / baseline.
 
-    Runs in DuckDB straight over the two Parquet files, the way a user would.
+    Runs in DuckDB straight over the two Parquet files, the way a user would. Each
+    ratio comes with the half-width of its 95 % interval from both trials' own noise
+    (``throughput_noise``: the per-iteration throughput CV over the square root of the
+    iterations, on each side; ``energy_noise``: the per-iteration energy CV over the
+    square root of the >= 1 s blocks, plus the window-boundary uncertainty), and
+    ``*_within_noise`` says when the difference is inside it: such a difference is not
+    one to act on. Null where a side lacks the columns (results from older versions).
     """
     import duckdb
+    import pyarrow.parquet as pq
 
     from sweeper.core.trial import variant_label
 
@@ -152,6 +237,9 @@ def compare_sweeps(baseline: str | os.PathLike[str], candidate: str | os.PathLik
     b = check_results_dir(candidate) / "trials.parquet"
     keys = AXES.compare_keys()  # at call time: axes added since import count too
     on = " AND ".join(f"a.{k} IS NOT DISTINCT FROM b.{k}" for k in keys)
+    both = set(pq.read_schema(a).names) & set(pq.read_schema(b).names)
+    noise = ", ".join(f"a.{c} AS baseline_{c}, b.{c} AS candidate_{c}" if c in both
+                      else f"NULL AS baseline_{c}, NULL AS candidate_{c}" for c in _NOISE_COLUMNS)
     with_variant = "SELECT *, variant(backend, backend_options, TRY_CAST(tensor_parallel AS BIGINT)) AS variant FROM read_parquet(?)"
     sql = f"""
         WITH a AS ({with_variant}), b AS ({with_variant})
@@ -161,7 +249,7 @@ def compare_sweeps(baseline: str | os.PathLike[str], candidate: str | os.PathLik
                b.tpot_s / a.tpot_s AS tpot_ratio,
                a.energy_per_token_j AS baseline_j_per_tok, b.energy_per_token_j AS candidate_j_per_tok,
                b.energy_per_token_j / a.energy_per_token_j AS energy_per_token_ratio,
-               a.unstable OR b.unstable AS either_unstable
+               a.unstable OR b.unstable AS either_unstable, {noise}
         FROM a JOIN b ON {on}
         WHERE a.status = 'ok' AND b.status = 'ok'
         ORDER BY {", ".join(f"a.{k}" for k in keys)}"""
@@ -171,9 +259,37 @@ def compare_sweeps(baseline: str | os.PathLike[str], candidate: str | os.PathLik
         # the string is accepted at run time by all of them.
         con.create_function("variant", variant_label, ["VARCHAR", "VARCHAR", "BIGINT"], "VARCHAR",  # type: ignore[call-overload]
                             null_handling="special")
-        return con.execute(sql, [str(a), str(b)]).df()
+        df = con.execute(sql, [str(a), str(b)]).df()
     finally:
         con.close()
+    return _with_noise(df)
+
+
+def _with_noise(df: pd.DataFrame) -> pd.DataFrame:
+    import numpy as np
+
+    def rel_se(side: str, cv: str, samples: Any) -> Any:
+        return df[f"{side}_{cv}"].astype(float) / np.sqrt(np.maximum(samples.astype(float), 1.0))
+
+    def blocks(side: str) -> Any:  # energy CV is over blocks of >= 1 s of iterations
+        return np.minimum(df[f"{side}_n_iterations"].astype(float), np.floor(df[f"{side}_duration_s"].astype(float)))
+
+    def boundary(side: str, per_token: str) -> Any:
+        return df[f"{side}_energy_per_token_uncertainty_j"].astype(float) / df[per_token].astype(float)
+
+    tp = np.hypot(rel_se("baseline", "iteration_throughput_cv", df["baseline_n_iterations"]),
+                  rel_se("candidate", "iteration_throughput_cv", df["candidate_n_iterations"]))
+    energy = np.sqrt(rel_se("baseline", "iteration_energy_cv", blocks("baseline")) ** 2
+                     + rel_se("candidate", "iteration_energy_cv", blocks("candidate")) ** 2
+                     + boundary("baseline", "baseline_j_per_tok") ** 2
+                     + boundary("candidate", "candidate_j_per_tok") ** 2)
+    df["throughput_noise"] = 1.96 * tp * df["throughput_ratio"]
+    df["energy_noise"] = 1.96 * energy * df["energy_per_token_ratio"]
+    for ratio, half in (("throughput_ratio", "throughput_noise"), ("energy_per_token_ratio", "energy_noise")):
+        inside = (df[ratio] - 1.0).abs() <= df[half]
+        name = "throughput_within_noise" if ratio.startswith("throughput") else "energy_within_noise"
+        df[name] = inside.astype("boolean").mask(df[half].isna())
+    return df.drop(columns=[f"{side}_{c}" for side in ("baseline", "candidate") for c in _NOISE_COLUMNS])
 
 
 # -- precisions --------------------------------------------------------------------------

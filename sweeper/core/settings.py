@@ -40,7 +40,7 @@ class MeasureSettings(Settings):
     idle_s: float = Field(2.0, ge=0, le=MAX_SECONDS, description="idle-baseline window before the measured phase")
     sample_interval_s: float = Field(0.1, gt=0, le=10)
     min_window_s: float = Field(10.0, ge=0, le=MAX_SECONDS, description="shorter measured windows are flagged unstable")
-    max_iteration_cv: float = Field(0.05, gt=0, description="per-iteration energy CV above this is flagged unstable")
+    max_iteration_cv: float = Field(0.05, gt=0, description="per-iteration throughput or energy CV above this is flagged unstable")
     # A limit on the driver's patience, not a measurement setting: it never
     # shapes an ok row's numbers.
     timeout_s: float | None = Field(None, gt=0, le=7 * MAX_SECONDS, description="a trial running longer is recorded failed (timeout) and its actor replaced")

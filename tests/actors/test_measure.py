@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from actors.backends.base import ModelSpec
 from actors.backends.noop import NoopBackend
 from actors.measure import measure_trial
@@ -59,3 +61,58 @@ def test_warmup_s_at_its_default_leaves_the_trial_id_alone():
     spelled = expand(parse_sweep({**base, "measure": {"warmup_s": 0}}))[0][0]
     longer = expand(parse_sweep({**base, "measure": {"warmup_s": 5}}))[0][0]
     assert plain.trial_id == spelled.trial_id != longer.trial_id
+
+
+class ContendedClock(FakeClock):
+    """A host that other work slows down: each generate call's sleeps are stretched by the
+    next factor of a cycle (1 = a quiet host). Deterministic, unlike real contention."""
+
+    def __init__(self, factors: list[float]) -> None:
+        super().__init__()
+        self.factors, self.calls, self.factor = factors, 0, 1.0
+
+    def next_call(self) -> None:
+        self.factor = self.factors[self.calls % len(self.factors)]
+        self.calls += 1
+
+    def sleep(self, seconds: float) -> None:
+        self.now_s += seconds * self.factor
+
+
+def measured(clock: ContendedClock, measure: dict) -> dict:
+    sweep = parse_sweep({
+        "name": "noise", "models": "tiny-llama", "backends": "noop", "precisions": "bf16", "batch_sizes": 1,
+        "workload": {"input_len": 8, "output_len": 4}, "backend_options": {"noop": {"step_s": 0.1}},
+        "measure": {"warmup_iters": 0, "min_iters": 8, "min_duration_s": 0, "idle_s": 0, "min_window_s": 0,
+                    **measure},
+    })
+    trial = expand(sweep)[0][0]
+    backend = NoopBackend()
+    backend.clock, backend.sleep = clock, clock.sleep
+    load = backend.load(ModelSpec("synthetic", "tiny-llama", "bf16", trial.backend_options))
+    generate = backend.generate
+    backend.generate = lambda *a: clock.next_call() or generate(*a)
+    return measure_trial(backend, trial, load, NullTelemetry(reason="test"), clock=clock).row
+
+
+def test_a_steady_cpu_trial_records_its_cv_and_is_not_flagged():
+    row = measured(ContendedClock([1.0]), {})
+    assert row["iteration_throughput_cv"] == pytest.approx(0.0, abs=1e-9)
+    assert row["unstable"] is False and row["unstable_reason"] is None
+    assert row["iteration_energy_cv"] is None and row["energy_j"] is None  # no GPU: no energy, never zero
+
+
+def test_a_noisy_cpu_trial_is_flagged_by_its_throughput_alone():
+    # Every other call twice as slow (a loaded host): tokens/s 10 and 5 in turn; sample CV
+    # sqrt(8/7) x 2.5 / 7.5 = 0.356.
+    row = measured(ContendedClock([1.0, 2.0]), {})
+    assert row["iteration_throughput_cv"] == pytest.approx((8 / 7) ** 0.5 * 2.5 / 7.5)
+    assert row["unstable"] is True
+    assert row["unstable_reason"] == "per-iteration throughput CV 0.356 (over 8 iterations) > max_iteration_cv 0.05"
+    # The threshold is the sweep's: a looser one accepts the same trial.
+    assert measured(ContendedClock([1.0, 2.0]), {"max_iteration_cv": 0.5})["unstable"] is False
+
+
+def test_too_few_iterations_give_no_cv():
+    row = measured(ContendedClock([1.0, 2.0]), {"min_iters": 2})
+    assert row["iteration_throughput_cv"] is None and row["unstable"] is False

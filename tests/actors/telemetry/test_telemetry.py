@@ -518,10 +518,57 @@ def test_idle_baseline(monkeypatch, clock):
     gpu = FakeGpu(uuid(0), power=PowerTrace(62.0, [(START_S + 30.0, 500.0)]))
     _, sampler, meter = rig(monkeypatch, clock, [gpu], quiet_boundaries=True)
     sampler.run_inline(START_S + 1.0, clock.sleep)
-    idle_w = meter.idle_baseline(2.0)
-    assert idle_w == pytest.approx(62.0, rel=1e-3)  # update instants caught to about 1 ms
+    idle = meter.idle_baseline(2.0)
+    assert idle.power_w == pytest.approx(62.0, rel=1e-3)  # update instants caught to about 1 ms
+    assert idle.settled and idle.settle_s == pytest.approx(0.6, abs=0.05)  # two spans: nothing falling
     assert meter.last_idle_window.duration_s == pytest.approx(2.0)
     assert meter.last_idle_window.method == METHOD_INTERPOLATED
+
+
+def _warmup_tail(t_end_s: float, busy_w: float = 530.0, rest_w: float = 72.5, tau_s: float = 0.8) -> list:
+    """A warm-up ending at ``t_end_s``, then power decaying to rest (clocks and fans coming down),
+    as 50 ms steps: what an H100 showed after a warm-up (first idle sample 530 W, 72.5 W at rest)."""
+    import math
+
+    return [(t_end_s + k * 0.05, rest_w + (busy_w - rest_w) * math.exp(-k * 0.05 / tau_s)) for k in range(200)]
+
+
+def test_the_idle_baseline_waits_out_the_warmups_tail(monkeypatch, clock):
+    warm_end = START_S + 2.0
+    gpu = FakeGpu(uuid(0), power=PowerTrace(530.0, _warmup_tail(warm_end)))
+    _, sampler, meter = rig(monkeypatch, clock, [gpu], quiet_boundaries=True)
+    sampler.run_inline(warm_end, clock.sleep)
+    # Without settling, the window would open on the tail: its mean is far above rest.
+    true_rest_w = 72.5
+    idle = meter.idle_baseline(2.0)
+    assert idle.settled and 1.5 < idle.settle_s < 6.0, idle.settle_s
+    # Settled to within the rule's 2 % per 0.3 s span: the residual tail is a few W, not 60+.
+    assert idle.power_w == pytest.approx(true_rest_w, abs=4.0)
+    window = meter.last_idle_window
+    assert window.t_start_s >= warm_end + idle.settle_s - 1e-9
+    # What the old rule (a window straight after the warm-up) read on the same trace:
+    assert meter.energy_between(warm_end, warm_end + 2.0) / 2.0 > true_rest_w + 100.0
+
+
+def test_a_gpu_still_cooling_at_the_cap_says_so(monkeypatch, clock):
+    slow = _warmup_tail(START_S + 2.0, tau_s=3.0)  # still falling > 2 % per span at the 3 s cap
+    gpu = FakeGpu(uuid(0), power=PowerTrace(530.0, slow))
+    _, sampler, meter = rig(monkeypatch, clock, [gpu], quiet_boundaries=True)
+    sampler.run_inline(START_S + 2.0, clock.sleep)
+    idle = meter.idle_baseline(1.0, settle_max_s=3.0)
+    assert not idle.settled and idle.settle_s == 3.0
+
+
+def test_peak_is_one_reading_and_p99_is_not_dominated_by_it(monkeypatch, clock):
+    # 400 W steady with one 100 ms spike to 900 W (a real transient or a bad read: one sample).
+    gpu = FakeGpu(uuid(0), power=PowerTrace(400.0, [(START_S + 5.0, 900.0), (START_S + 5.1, 400.0)]))
+    _, sampler, meter = rig(monkeypatch, clock, [gpu], catch_updates=False)
+    sampler.run_inline(START_S + 2.0, clock.sleep)
+    meter.begin("w")
+    sampler.run_inline(START_S + 22.0, clock.sleep)  # 200 samples: one of them in the spike
+    w = meter.end("w")
+    assert w.peak_power_w == pytest.approx(900.0)
+    assert w.p99_power_w == pytest.approx(400.0, abs=1.0)
 
 
 def test_power_integral_fallback_without_counter(monkeypatch, clock):
@@ -682,7 +729,7 @@ def test_telemetry_trial_columns(monkeypatch, clock, tmp_path):
     gpu = FakeGpu(uuid(0), name="NVIDIA H200", power=PowerTrace(60.0, [(START_S + 4.0, 500.0)]))
     tel, p0 = open_telemetry(monkeypatch, clock, [gpu], tmp_path)
     tel.sampler.run_inline(START_S + 1.0, clock.sleep)
-    idle_w = tel.meter.idle_baseline(2.0)
+    idle_w = tel.meter.idle_baseline(2.0).power_w
     tel.sampler.run_inline(START_S + 4.0, clock.sleep)
     handle, marks, bounds = measured_trial(tel, clock, p0)
     w = handle.window
@@ -694,6 +741,9 @@ def test_telemetry_trial_columns(monkeypatch, clock, tmp_path):
     assert cols["energy_j"] == pytest.approx(500.0 * w.duration_s, rel=1e-3)
     assert cols["energy_per_token_j"] == pytest.approx(cols["energy_j"] / 1200)
     assert cols["energy_per_request_j"] == pytest.approx(cols["energy_j"] / 12)
+    assert cols["energy_per_token_uncertainty_j"] == pytest.approx(cols["energy_uncertainty_j"] / 1200)
+    assert cols["p99_power_w"] == pytest.approx(500.0, rel=1e-3) and cols["peak_power_w"] == pytest.approx(500.0)
+    assert 0 <= cols["iteration_energy_cv"] < 0.05  # steady 500 W iterations: under max_iteration_cv
     assert cols["idle_power_w"] == pytest.approx(60.0, rel=1e-3)
     assert cols["active_energy_j"] == pytest.approx(cols["energy_j"] - 60.0 * w.duration_s, rel=1e-3)
     assert cols["prefill_energy_j"] + cols["decode_energy_j"] == pytest.approx(cols["energy_j"], abs=cols["energy_uncertainty_j"])
@@ -729,6 +779,7 @@ def test_trial_flagged_unstable_by_short_window_and_iteration_spread(monkeypatch
                              decode_tokens=54, iteration_bounds=bounds, min_window_s=10.0)
     assert cols["unstable"] is True
     assert "min_window_s" in cols["unstable_reason"] and "CV" in cols["unstable_reason"]
+    assert cols["iteration_energy_cv"] > 0.05
     assert cols["idle_power_w"] is None and cols["active_energy_j"] is None
 
 
