@@ -27,10 +27,9 @@ What is measured how
   ``gpu_memory_utilization``) and holds it. ``peak_memory_bytes`` is NVML's
   memory used on the trial's GPUs, i.e. that reservation, summed over them.
   ``weight_memory_bytes`` is the workers' own count of what loading the model
-  took, where this vLLM lets it be asked (else None). vLLM 0.26 sends the
-  question (a function run on each worker) only with
-  ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, which lets its engine processes
-  unpickle what they receive; sweeper leaves that switch to the user.
+  took, summed over the tensor-parallel ranks: asked through a worker extension
+  method called by name (``vllm_worker``), so no function is pickled across and
+  ``VLLM_ALLOW_INSECURE_SERIALIZATION`` stays off.
 """
 
 from __future__ import annotations
@@ -53,6 +52,7 @@ from actors.backends.base import (
     PrepareInfo,
     RequestTiming,
 )
+from actors.backends.vllm_worker import WORKER_EXTENSION
 from sweeper.core.backends import VllmOptions
 from sweeper.core.precisions import PRECISIONS
 
@@ -96,6 +96,8 @@ def engine_kwargs(*, model_path: str, precision: str, options: VllmOptions, tens
         "skip_tokenizer_init": True,
         # Per-request stats (RequestOutput.metrics) exist only with stats on.
         "disable_log_stats": False,
+        # Methods the actor calls in each worker by name (weight memory).
+        "worker_extension_cls": WORKER_EXTENSION,
     }
     if p.quantization is not None:
         if p.quantization not in VLLM_QUANTIZATION:
@@ -208,11 +210,6 @@ def _architecture(model_config: Any) -> dict[str, Any] | None:
         return None
 
 
-def _worker_weight_bytes(worker: Any) -> int:
-    """Run inside each vLLM worker: what loading the model took there."""
-    return int(worker.model_runner.model_memory_usage)
-
-
 class VllmBackend(Backend):
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.llm: Any = None
@@ -278,11 +275,11 @@ class VllmBackend(Backend):
 
     def _weight_memory_bytes(self) -> int | None:
         try:
-            per_rank = self.llm.collective_rpc(_worker_weight_bytes, timeout=60)
+            per_rank = self.llm.collective_rpc("sweeper_weight_memory_bytes", timeout=60)
             return int(sum(per_rank))
-        except Exception as exc:  # this vLLM does not let a callable through: not a load failure
-            log.warning("vLLM did not report its weight memory, weight_memory_bytes is null (%s: %s; "
-                        "vLLM 0.26 answers only with VLLM_ALLOW_INSECURE_SERIALIZATION=1)", type(exc).__name__, exc)
+        except Exception as exc:  # an engine without the extension's method: not a load failure
+            log.warning("vLLM did not report its weight memory, weight_memory_bytes is null (%s: %s)",
+                        type(exc).__name__, exc)
             return None
 
     def prepare(self, batch_size: int, input_len: int, output_len: int) -> PrepareInfo:

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 TRIAL_COLUMNS: tuple[str, ...] = (
     "energy_j", "energy_per_token_j", "energy_per_request_j", "avg_power_w", "peak_power_w",
     "p99_power_w", "idle_power_w", "active_energy_j", "prefill_energy_j", "decode_energy_j",
-    "decode_energy_per_token_j", "energy_method", "energy_uncertainty_j",
+    "decode_energy_per_token_j", "between_phases_energy_j", "energy_method", "energy_uncertainty_j",
     "energy_per_token_uncertainty_j", "iteration_energy_cv", "cpu_energy_j",
     "dram_energy_j", "gpu_uuids", "gpu_names", "gpu_power_limit_w", "driver_version",
     "unstable", "unstable_reason",
@@ -331,6 +331,7 @@ class Telemetry(TelemetryBase):
             phases = {}
         cols["prefill_energy_j"] = phases.get("prefill")
         cols["decode_energy_j"] = phases.get("decode")
+        cols["between_phases_energy_j"] = self._between_phases_energy(w, marks) if phases else None
         cols["decode_energy_per_token_j"] = _ratio(phases.get("decode"), decode_tokens)
         cv, n_blocks = self._iteration_energy_cv(iteration_bounds)
         cols["iteration_energy_cv"] = cv
@@ -339,6 +340,26 @@ class Telemetry(TelemetryBase):
                            f"{MIN_STABILITY_BLOCK_S:g} s) > max_iteration_cv {max_iteration_cv:g}")
         cols.update(unstable=bool(reasons), unstable_reason="; ".join(reasons) or None)
         return cols
+
+    def _between_phases_energy(self, window: EnergyWindow, marks: Marks) -> float | None:
+        """J in the window outside every phase mark: host time between generate calls, where the
+        GPU idles at the power of a loaded model. Measured over those gaps on the same curve as
+        the phases, so prefill + decode + this accounts for energy_j up to the boundary error."""
+        spans = sorted((max(a, window.t_start_s), min(b, window.t_end_s)) for _, a, b in marks)
+        gaps, t = [], window.t_start_s
+        for a, b in spans:
+            if a > t:
+                gaps.append((t, a))
+            t = max(t, b)
+        if window.t_end_s > t:
+            gaps.append((t, window.t_end_s))
+        if not gaps:
+            return 0.0
+        try:
+            return sum(self.meter.energies_between(gaps))
+        except TelemetryError as exc:
+            log.warning("energy between phases unavailable: %s", exc)
+            return None
 
     def _iteration_energy_cv(self, bounds: list[tuple[float, float]]) -> tuple[float | None, int]:
         """The CV of energy per iteration over blocks of >= 1 s (counters move every ~100 ms),

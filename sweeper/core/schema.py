@@ -96,6 +96,7 @@ _RESULT: tuple[Column, ...] = (
     _c("prefill_energy_j", F, "energy attributed to prefill (timeline over phase marks)"),
     _c("decode_energy_j", F, "energy attributed to decode"),
     _c("decode_energy_per_token_j", F, "decode_energy_j / decode tokens"),
+    _c("between_phases_energy_j", F, "energy in the window outside every prefill and decode mark (the host's time between generate calls), on the same curve: prefill + decode + this equals energy_j within energy_uncertainty_j"),
     _c("energy_method", S, "nvml_counter_interpolated | nvml_counter | power_integral"),
     _c("energy_uncertainty_j", F, "bound on the window-boundary error of energy_j"),
     _c("energy_per_token_uncertainty_j", F, "energy_uncertainty_j / output_tokens"),

@@ -186,6 +186,7 @@ def test_engine_kwargs_for_a_synthetic_bf16_model():
         "model": "/m", "dtype": "bfloat16", "seed": 3, "tensor_parallel_size": 1,
         "gpu_memory_utilization": 0.9, "enforce_eager": False, "enable_prefix_caching": False,
         "kv_cache_dtype": "auto", "skip_tokenizer_init": True, "disable_log_stats": False,
+        "worker_extension_cls": "actors.backends.vllm_worker.SweeperWorkerExtension",
         "load_format": "dummy", "hf_overrides": {"architectures": ["LlamaForCausalLM"]},
     }
 
@@ -367,3 +368,17 @@ def test_a_shape_longer_than_max_model_len_is_skipped_at_plan_time():
     reasons = {p.trial.input_len: p.skip_reason for p in make_plan(sweep, "cuda").trials}
     assert "exceeds backend_options.vllm.max_model_len = 512" in reasons[1000]
     assert "max_model_len" not in (reasons[128] or "")  # 256 tokens fit (vllm itself may be missing here)
+
+
+def test_the_worker_extension_answers_by_name_without_vllm():
+    """The method vLLM runs in each worker, on a stand-in worker (vLLM itself cannot run on a CPU)."""
+    import importlib
+    from types import SimpleNamespace
+
+    module_name, _, class_name = engine_kwargs(
+        model_path="/m", precision="bf16", options=VllmOptions(), tensor_parallel=1, seed=0,
+        dummy_weights=True)["worker_extension_cls"].rpartition(".")
+    extension = getattr(importlib.import_module(module_name), class_name)
+    worker = type("Worker", (extension,), {})()
+    worker.model_runner = SimpleNamespace(model_memory_usage=2_471_000_000.0)
+    assert worker.sweeper_weight_memory_bytes() == 2_471_000_000

@@ -747,6 +747,8 @@ def test_telemetry_trial_columns(monkeypatch, clock, tmp_path):
     assert cols["idle_power_w"] == pytest.approx(60.0, rel=1e-3)
     assert cols["active_energy_j"] == pytest.approx(cols["energy_j"] - 60.0 * w.duration_s, rel=1e-3)
     assert cols["prefill_energy_j"] + cols["decode_energy_j"] == pytest.approx(cols["energy_j"], abs=cols["energy_uncertainty_j"])
+    # The marks tile the window: nothing lies between phases.
+    assert cols["between_phases_energy_j"] == pytest.approx(0.0, abs=1e-9)
     # Inside a window, energy can shift between adjacent phases by up to P x half a
     # sample gap where the boundary's precise update meets the sampler's coarser ones.
     assert cols["prefill_energy_j"] == pytest.approx(500.0 * 0.04 * 12, abs=500.0 * 0.05)
@@ -1001,3 +1003,26 @@ def test_sparse_reads_place_an_update_within_one_update_period_of_the_read():
     times, _, gaps = CounterCurve.update_instants([(10.0, 1000), (11.0, 31000)])
     assert times == [pytest.approx(11.0 - COUNTER_UPDATE_MAX_S / 2)]
     assert gaps == [pytest.approx(COUNTER_UPDATE_MAX_S)]
+
+
+def test_energy_between_generate_calls_is_its_own_column(monkeypatch, clock, tmp_path):
+    """Host gaps between calls (vLLM's batch assembly, Python) hold energy no phase has:
+    the three parts account for the window, within its uncertainty."""
+    gpu = FakeGpu(uuid(0), power=PowerTrace(80.0, [(START_S + 4.0, 450.0)]))
+    tel, p0 = open_telemetry(monkeypatch, clock, [gpu], tmp_path)
+    tel.sampler.run_inline(START_S + 4.0, clock.sleep)
+    marks, bounds = [], []
+    with tel.measure("trial") as handle:
+        t = clock()
+        for _ in range(10):  # 0.9 s of work, then a 0.1 s gap, per call
+            marks += [("prefill", t, t + 0.05), ("decode", t + 0.05, t + 0.9)]
+            bounds.append((t, t + 0.9))
+            t += 1.0
+            tel.sampler.run_inline(t, clock.sleep)
+    cols = tel.trial_columns(handle, idle_power_w=None, marks=marks, output_tokens=100, requests=10,
+                             decode_tokens=90, iteration_bounds=bounds, min_window_s=0)
+    gap_j = cols["between_phases_energy_j"]
+    assert gap_j == pytest.approx(450.0 * 0.1 * 10, rel=0.05)  # the trace is 450 W throughout the window
+    total = cols["prefill_energy_j"] + cols["decode_energy_j"] + gap_j
+    assert total == pytest.approx(cols["energy_j"], abs=cols["energy_uncertainty_j"] + 1e-6)
+    assert cols["prefill_energy_j"] + cols["decode_energy_j"] < cols["energy_j"] - cols["energy_uncertainty_j"]
