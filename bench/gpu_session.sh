@@ -30,6 +30,8 @@
 #   vllm_tp2    vLLM backend: tensor parallel 2 (needs nvidia-h200-x2) (§6)
 #   quant_vllm  the vllm rows (bf16, fp8) of sweeps/quantization.yaml (§5)
 #   multi_gpu   sweeps/quantization.yaml (1B) spread over every GPU, busy fraction (§4)
+#   truth       bench/measurement_truth.yaml: settled idle baseline and pre-load idle, peak vs p99
+#               power, vLLM phase sums and weight memory, per-iteration CVs (§10)
 set -uo pipefail
 [ -f /tmp/site/env.sh ] && source /tmp/site/env.sh
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
@@ -71,6 +73,8 @@ step() {
         backends) python3 -m bench backends -o "$RESULTS/backends" --out "$OUT/backends.json" \
                       && cp "$RESULTS/backends/trials.parquet" "$OUT/backends_trials.parquet" \
                       && python3 -m sweeper report "$RESULTS/backends" > "$OUT/backends_report.txt" 2>&1 ;;
+        truth) python3 -m sweeper run bench/measurement_truth.yaml -o "$RESULTS/truth" -q 2>&1 | tee "$OUT/truth_run.log"
+               for t in trials timeline requests; do cp "$RESULTS/truth/$t.parquet" "$OUT/truth_$t.parquet"; done ;;
         vllm_fp8) python3 -m bench vllm-compare --model llama-3.1-8b --fp8-only --out "$OUT/vllm_fp8.json" ;;
         vllm_tp2) python3 -m bench vllm-compare --tp 2 --model llama-3.1-8b --no-fp8 --out "$OUT/vllm_tp2.json" ;;
         quant_vllm) one_backend_sweep sweeps/quantization.yaml vllm /tmp/quant_vllm.yaml \
