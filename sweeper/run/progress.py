@@ -100,24 +100,16 @@ class _Clocked:
         return sum(self.seconds) / len(self.seconds) if self.seconds else None
 
 
-class _EtaColumn(ProgressColumn):
-    """The sweep's own estimate (rich's would extrapolate the rate of finished trials only)."""
+class _LiveColumn(ProgressColumn):
+    """A column drawn from the view at every refresh: elapsed time and the sweep's own ETA
+    (rich's would extrapolate the rate of finished trials only, blind to pending loads)."""
 
-    def __init__(self, view: ProgressView):
+    def __init__(self, text: Callable[[], Text]):
         super().__init__()
-        self.view = view
+        self.text = text
 
     def render(self, task: Task) -> Text:
-        return Text(f"ETA {format_duration(self.view.eta_s())}", style="cyan")
-
-
-class _ElapsedColumn(ProgressColumn):
-    def __init__(self, view: ProgressView):
-        super().__init__()
-        self.view = view
-
-    def render(self, task: Task) -> Text:
-        return Text(f"elapsed {format_duration(self.view.elapsed_s())}", style="dim")
+        return self.text()
 
 
 class _SweepProgress(Progress):
@@ -165,8 +157,8 @@ class ProgressView:
                 BarColumn(bar_width=None),
                 MofNCompleteColumn(),
                 TextColumn("{task.description}"),
-                _ElapsedColumn(self),
-                _EtaColumn(self),
+                _LiveColumn(lambda: Text(f"elapsed {format_duration(self.elapsed_s())}", style="dim")),
+                _LiveColumn(lambda: Text(f"ETA {format_duration(self.eta_s())}", style="cyan")),
                 console=self.console, refresh_per_second=REFRESH_PER_S, transient=True,
                 expand=True)
             self._task = self._progress.add_task(self._counts(), total=self.total)
