@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,17 +57,154 @@ def check_address(address: str) -> None:
                                  f"start one with `ray start --head` or check the host and port") from None
 
 
+# How long the head's GCS may take to answer the pre-flight call.
+PROBE_TIMEOUT_S = 5.0
+# A read-only GCS method every driver calls first; its token check precedes reading the request.
+_KV_GET = "/ray.rpc.InternalKVGcsService/InternalKVGet"
+
+
+@dataclass(frozen=True)
+class _Token:
+    value: str
+    source: str  # where it came from, for the message that says it was refused
+
+
+def _auth_token() -> _Token | None:
+    """The token this driver would send, from where Ray looks: RAY_AUTH_TOKEN, then the file
+    RAY_AUTH_TOKEN_PATH names, then ~/.ray/auth_token."""
+    from pathlib import Path
+
+    if os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return _Token(os.environ["RAY_AUTH_TOKEN"].strip(), "RAY_AUTH_TOKEN")
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token")
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    return _Token(text, path) if text else None
+
+
+def _gcs_address(address: str) -> str | None:
+    """HOST:PORT of the head's GCS for a driver address, or None (Ray Client's ray://, which
+    speaks its own protocol; or "auto" with no local cluster: ray.init says so at once)."""
+    if address.startswith("ray://"):
+        return None
+    if address == "auto":
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            return canonicalize_bootstrap_address("auto")
+        except Exception:  # noqa: BLE001 - any failure: leave the judgement to ray.init
+            return None
+    return address
+
+
+def probe_head(address: str) -> _Token | None:
+    """One bounded call to the head's GCS before Ray is imported: ``ray.init`` would retry a
+    missing or refused token for 20 s in a storm of warnings, then raise a traceback.
+
+    The call carries the token this driver would send (an empty request: the token check
+    comes before the request is read). A missing or refused token is one line saying what to
+    do. When the cluster wants a token and accepts ours, token mode is switched on for this
+    driver (before Ray reads it, at import), so a token is all a user has to provide.
+    Returns the token the cluster accepted, or None where it wants none.
+    """
+    import grpc
+
+    def call(token: _Token | None) -> None:
+        metadata = (("authorization", f"Bearer {token.value}"),) if token else ()
+        with grpc.insecure_channel(address) as channel:
+            channel.unary_unary(_KV_GET)(b"", timeout=PROBE_TIMEOUT_S, metadata=metadata)
+
+    token = _auth_token()
+    try:
+        call(token)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+            if token is None:
+                raise ClusterUnreachable(
+                    f"--address {address}: the cluster requires a token (Ray token authentication) and "
+                    f"this driver has none: set RAY_AUTH_TOKEN, or copy the head's token (`ray get-auth-token` "
+                    f"there) into ~/.ray/auth_token") from None
+            raise ClusterUnreachable(f"--address {address}: the cluster refused this driver's token (from "
+                                     f"{token.source}): use the head's (`ray get-auth-token` there)") from None
+        raise ClusterUnreachable(f"--address {address}: no Ray head's GCS answers there "
+                                 f"({exc.code().name.lower()}: {exc.details()}); is it the head's "
+                                 f"--port (6379 by default)?") from None
+    if token is None:
+        return None
+    try:
+        call(None)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.UNAUTHENTICATED:
+            raise
+        if os.environ.get("RAY_AUTH_MODE") != "token":
+            if "ray._raylet" in sys.modules:  # Ray read the mode when it was imported: too late
+                raise ClusterUnreachable(f"--address {address}: the cluster requires token authentication: "
+                                         f"set RAY_AUTH_MODE=token (the token from {token.source} is "
+                                         f"accepted)") from None
+            os.environ["RAY_AUTH_MODE"] = "token"
+        return token
+    return None  # the cluster checks no token: none is sent
+
+
+def cluster_versions(address: str, token: _Token | None) -> bytes:
+    """The cluster's recorded metadata (Ray and Python versions), as every driver reads it first."""
+    import grpc
+    from ray._private import ray_constants
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    request = gcs_service_pb2.InternalKVGetRequest(  # type: ignore[attr-defined]
+        key=b"CLUSTER_METADATA", namespace=ray_constants.KV_NAMESPACE_CLUSTER)
+    metadata = (("authorization", f"Bearer {token.value}"),) if token else ()
+    with grpc.insecure_channel(address) as channel:
+        stub = gcs_service_pb2_grpc.InternalKVGcsServiceStub(channel)
+        return stub.InternalKVGet(request, timeout=PROBE_TIMEOUT_S, metadata=metadata).value
+
+
+def _check_versions(address: str, metadata: bytes) -> None:
+    import json
+    import platform
+
+    import ray
+
+    try:
+        cluster = json.loads(metadata)
+    except ValueError:
+        return  # no metadata recorded: ray.init judges
+    mine = {"ray_version": ray.__version__, "python_version": platform.python_version()}
+    ray_differs = cluster.get("ray_version") not in (None, mine["ray_version"])
+    # Ray itself requires the same Python major.minor on the driver and the cluster.
+    python_differs = (cluster.get("python_version") or "").rsplit(".", 1)[0] not in (
+        "", mine["python_version"].rsplit(".", 1)[0])
+    if ray_differs or python_differs:
+        raise ClusterUnreachable(
+            f"--address {address}: the cluster runs Ray {cluster.get('ray_version')} on Python "
+            f"{cluster.get('python_version')}, this driver Ray {mine['ray_version']} on Python "
+            f"{mine['python_version']}: install the cluster's Ray (pip install \"ray[default]=="
+            f"{cluster.get('ray_version')}\") in a Python {cluster.get('python_version', '').rsplit('.', 1)[0]} "
+            f"environment, or run the driver on the head") from None
+
+
 def connect(address: str | None) -> ClusterInfo:
     """Join ``address`` or start the embedded local Ray; describe what is there."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import logging
+
+    gcs = token = None
+    if address:
+        check_address(address)
+        gcs = _gcs_address(address)
+        if gcs is not None:
+            token = probe_head(gcs)  # before Ray is imported: it may switch token mode on
 
     import ray
 
     if not ray.is_initialized():
         common: dict[str, Any] = dict(logging_level=logging.ERROR, log_to_driver=False)
         if address:
-            check_address(address)
+            if gcs is not None:
+                _check_versions(address, cluster_versions(gcs, token))
             try:
                 ray.init(address=address, **common)
             except (ConnectionError, RuntimeError, ValueError) as exc:

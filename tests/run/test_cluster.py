@@ -45,6 +45,15 @@ def test_cluster_yaml_installs_sweeper_and_keeps_the_dashboard_on_the_head(clust
     assert "--dashboard-host=127.0.0.1" in head_start
 
 
+def test_every_node_starts_with_token_authentication_and_the_token_is_not_in_the_repo(cluster_config):
+    starts = [c for key in ("head_start_ray_commands", "worker_start_ray_commands")
+              for c in cluster_config[key] if "ray start" in c]
+    assert len(starts) == 2 and all("RAY_AUTH_MODE=token ray start" in c for c in starts)
+    # The token travels from the user's machine to each node's default path, never from the checkout.
+    assert cluster_config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+    assert any("RAY_AUTH_MODE=token" in c for c in cluster_config["setup_commands"])  # attach/submit shells
+
+
 def test_ray_validation_rejects_a_broken_cluster_yaml(cluster_config):
     """The check above has teeth: Ray refuses an unknown key and an impossible worker count."""
     import jsonschema
@@ -88,3 +97,25 @@ def test_groups_spread_over_nodes_and_never_share_a_gpu(tmp_path):
     for row in rows:
         groups.setdefault((row["model"], row["precision"]), set()).add(row["ray_node_id"])
     assert all(len(nodes) == 1 for nodes in groups.values())
+
+
+def test_a_cluster_of_another_ray_or_python_is_one_line_with_the_fix():
+    import json
+    import platform
+
+    import ray
+
+    from sweeper.run.cluster import ClusterUnreachable, _check_versions
+
+    py = platform.python_version()
+    _check_versions("h:1", json.dumps({"ray_version": ray.__version__, "python_version": py}).encode())
+    _check_versions("h:1", b"")  # nothing recorded: ray.init judges
+    for other in ({"ray_version": "2.59.1", "python_version": py}, {"ray_version": ray.__version__,
+                                                                    "python_version": "3.9.18"}):
+        with pytest.raises(ClusterUnreachable) as exc:
+            _check_versions("h:1", json.dumps(other).encode())
+        text = str(exc.value)
+        assert len(text.splitlines()) == 1
+        assert text.startswith(f"--address h:1: the cluster runs Ray {other['ray_version']} on Python "
+                               f"{other['python_version']}, this driver Ray {ray.__version__} on Python {py}")
+        assert f'pip install "ray[default]=={other["ray_version"]}"' in text

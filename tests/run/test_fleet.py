@@ -1,0 +1,200 @@
+"""A real Ray fleet on this machine: `ray start` nodes with token authentication on.
+
+Each node is its own `ray start` (the head, and a worker started with `--block` in a
+process session of its own, so that killing that session kills exactly that node's
+Ray processes: a machine lost, as far as the cluster can tell). Every port is one the
+OS just handed out, and the session directory is private, so parallel runs cannot meet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("ray") is None, reason="the ray command line is not installed")]
+
+# Notice a killed node in about a second, not Ray's default of ~30 s.
+FAST_HEALTH_CHECK = '{"health_check_initial_delay_ms": 0, "health_check_period_ms": 200, "health_check_failure_threshold": 5}'
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_ports() -> list[str]:
+    """Every port a node listens on, chosen by the OS now (Ray's defaults are fixed numbers)."""
+    names = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
+             "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port")
+    return [f"{name}={_free_port()}" for name in names]
+
+
+class Fleet:
+    """A head and worker nodes of `ray start`, sharing one token; stopped on close."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        # Short: Ray's Unix sockets live under it, and their paths are limited to 107 bytes.
+        self.temp_dir = tempfile.mkdtemp(prefix="swr", dir="/tmp")
+        self.home = Path(self.temp_dir) / "home"  # no ~/.ray/auth_token of the machine's user
+        self.home.mkdir()
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.workers: list[subprocess.Popen] = []
+        self._ray(["start", "--head", f"--port={self.port}", "--num-cpus=1", "--num-gpus=0",
+                   "--include-dashboard=false", f"--ray-client-server-port={_free_port()}",
+                   f"--temp-dir={self.temp_dir}", f"--system-config={FAST_HEALTH_CHECK}", *_node_ports()])
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        return {**env, "HOME": str(self.home), "RAY_USAGE_STATS_ENABLED": "0", **extra}
+
+    def _ray(self, args: list[str]) -> None:
+        r = subprocess.run(["ray", *args], env=self.env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+    def add_worker(self) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            ["ray", "start", f"--address={self.address}", "--num-cpus=1", "--num-gpus=0", "--block",
+             *_node_ports()],
+            env=self.env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token), start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.workers.append(proc)
+        return proc
+
+    def wait_for_nodes(self, n: int, timeout_s: float = 90.0) -> None:
+        code = ("import ray, sys; ray.init(address=sys.argv[1], logging_level=40); "
+                "print(sum(1 for x in ray.nodes() if x['Alive']))")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            r = subprocess.run([sys.executable, "-c", code, self.address], capture_output=True, text=True,
+                               env=self.env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token), timeout=60)
+            if r.returncode == 0 and r.stdout.strip().splitlines()[-1:] == [str(n)]:
+                return
+            time.sleep(1.0)
+        pytest.fail(f"{n} nodes did not join within {timeout_s} s")
+
+    @staticmethod
+    def kill(worker: subprocess.Popen) -> None:
+        """SIGKILL the worker node's processes, all at once: `ray start`, its raylet, the trial
+        actors' worker processes the raylet started, its agents (by PID: ours alone)."""
+        import psutil
+
+        tree = psutil.Process(worker.pid).children(recursive=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        for p in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        worker.wait(timeout=30)
+
+    def close(self) -> None:
+        for w in self.workers:
+            if w.poll() is None:
+                self.kill(w)
+        subprocess.run(["ray", "stop", "--force"], env=self.env(), capture_output=True, timeout=120)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    f = Fleet(secrets.token_hex(32))
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def sweeper(fleet: Fleet, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sweeper", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**(env or fleet.env()), "COLUMNS": "200"}, timeout=timeout)
+
+
+SWEEP = """
+name: fleet
+models: [tiny-llama, tiny-qwen2]
+backends: noop
+precisions: fp32
+batch_sizes: [1, 2]
+workload: {{input_len: 8, output_len: 4}}
+backend_options: {{noop: {{step_s: 0.01, gate_file: {gate}}}}}
+measure: {{warmup_iters: 0, min_iters: 1, min_duration_s: 0, idle_s: 0}}
+"""
+
+
+def test_a_missing_or_wrong_token_is_one_line_and_the_right_one_is_enough(fleet, tmp_path):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(SWEEP.format(gate=tmp_path / "open"))
+    for env, expected in ((fleet.env(), "the cluster requires a token (Ray token authentication) and this "
+                                        "driver has none: set RAY_AUTH_TOKEN"),
+                          (fleet.env(RAY_AUTH_TOKEN="0" * 64), "the cluster refused this driver's token (from "
+                                                               "RAY_AUTH_TOKEN)")):
+        r = sweeper(fleet, "plan", str(sweep), "--address", fleet.address, env=env, timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip() == f"error: --address {fleet.address}: {expected}" + r.stderr.strip().split(expected)[1]
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+        assert "InvalidAuthToken" not in r.stderr  # no storm of Ray's own retries
+    # The token alone (RAY_AUTH_MODE unset): the driver switches token mode on itself.
+    ok = sweeper(fleet, "plan", str(sweep), "--address", fleet.address, env=fleet.env(RAY_AUTH_TOKEN=fleet.token))
+    assert ok.returncode == 0, ok.stderr
+    assert "installed libraries checked in: cluster" in ok.stdout
+
+
+def test_a_node_lost_mid_sweep_has_its_trial_retried_on_the_other(fleet, tmp_path):
+    worker = fleet.add_worker()
+    fleet.wait_for_nodes(2)
+    gate = tmp_path / "open"
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(SWEEP.format(gate=gate))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper", "run", str(sweep), "--address", fleet.address,
+                             "-o", str(out), "-q"], cwd=ROOT, env={**fleet.env(RAY_AUTH_TOKEN=fleet.token),
+                                                                "COLUMNS": "200"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    try:
+        # Both groups placed, one per node, each held at the gate inside its first trial.
+        deadline = time.monotonic() + 180
+        while sum(line.startswith("placed ") for line in list(lines)) < 2:
+            assert proc.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.2)
+        nodes = {re.search(r" on (\S+) CPU", line).group(1) for line in list(lines) if line.startswith("placed ")}
+        assert len(nodes) == 2, lines  # one group on each node
+        time.sleep(1.0)  # the first trials are submitted behind the loads
+        fleet.kill(worker)
+        gate.touch()
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(timeout=10)
+    text = "".join(lines)
+    assert proc.returncode == 0, text[-3000:]
+    assert re.search(r"retry 1/2: .*actor died", text), text[-3000:]
+    trials = pq.read_table(out / "trials.parquet").to_pylist()
+    assert len(trials) == 4 and len({t["trial_id"] for t in trials}) == 4
+    assert {t["status"] for t in trials} == {"ok"}
+    # The lost node finished nothing (its trial was held at the gate): everything ran on the head.
+    assert len({t["ray_node_id"] for t in trials}) == 1
