@@ -58,28 +58,28 @@ class Fleet:
         self.home.mkdir()
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self.workers: list[subprocess.Popen] = []
-        self._ray(["start", "--head", f"--port={self.port}", "--num-cpus=1", "--num-gpus=0",
-                   "--include-dashboard=false", f"--ray-client-server-port={_free_port()}",
-                   f"--temp-dir={self.temp_dir}", f"--system-config={FAST_HEALTH_CHECK}", *_node_ports()])
+        self.nodes: list[subprocess.Popen] = []
+        self.head = self._start(["--head", f"--port={self.port}", "--include-dashboard=false",
+                                 f"--ray-client-server-port={_free_port()}", f"--temp-dir={self.temp_dir}",
+                                 f"--system-config={FAST_HEALTH_CHECK}"])
+        self.wait_for_nodes(1)
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
         return {**env, "HOME": str(self.home), "RAY_USAGE_STATS_ENABLED": "0", **extra}
 
-    def _ray(self, args: list[str]) -> None:
-        r = subprocess.run(["ray", *args], env=self.env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token),
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-
-    def add_worker(self) -> subprocess.Popen:
+    def _start(self, args: list[str]) -> subprocess.Popen:
+        """A node as a `ray start --block` in its own process session: stopping it stops its
+        processes alone (never `ray stop`, which stops every Ray on the machine)."""
         proc = subprocess.Popen(
-            ["ray", "start", f"--address={self.address}", "--num-cpus=1", "--num-gpus=0", "--block",
-             *_node_ports()],
+            ["ray", "start", "--block", "--num-cpus=1", "--num-gpus=0", *_node_ports(), *args],
             env=self.env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token), start_new_session=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.workers.append(proc)
+        self.nodes.append(proc)
         return proc
+
+    def add_worker(self) -> subprocess.Popen:
+        return self._start([f"--address={self.address}"])
 
     def wait_for_nodes(self, n: int, timeout_s: float = 90.0) -> None:
         code = ("import ray, sys; ray.init(address=sys.argv[1], logging_level=40); "
@@ -94,24 +94,23 @@ class Fleet:
         pytest.fail(f"{n} nodes did not join within {timeout_s} s")
 
     @staticmethod
-    def kill(worker: subprocess.Popen) -> None:
-        """SIGKILL the worker node's processes, all at once: `ray start`, its raylet, the trial
+    def kill(node: subprocess.Popen) -> None:
+        """SIGKILL a node's processes, all at once: `ray start`, its raylet (and GCS), the trial
         actors' worker processes the raylet started, its agents (by PID: ours alone)."""
         import psutil
 
-        tree = psutil.Process(worker.pid).children(recursive=True)
+        tree = psutil.Process(node.pid).children(recursive=True)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
+            os.killpg(node.pid, signal.SIGKILL)
         for p in tree:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-        worker.wait(timeout=30)
+        node.wait(timeout=30)
 
     def close(self) -> None:
-        for w in self.workers:
-            if w.poll() is None:
-                self.kill(w)
-        subprocess.run(["ray", "stop", "--force"], env=self.env(), capture_output=True, timeout=120)
+        for node in reversed(self.nodes):  # workers first, then the head
+            if node.poll() is None:
+                self.kill(node)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
