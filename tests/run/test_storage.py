@@ -120,6 +120,7 @@ def test_schema_names_carry_units():
                    "started_at", "finished_at", "n_iterations", "n_requests", "output_tokens",
                    "energy_method", "unstable", "unstable_reason", "device", "device_name",
                    "gpu_uuids", "gpu_names", "hostname", "ray_node_id", "ray_gpu_ids", "max_iteration_cv",
+                   "iteration_energy_cv", "iteration_throughput_cv",
                    "layer_profile", "layer_profile_status", "layer_profile_overhead",
                    "tensor_parallel", "fidelity", "fidelity_reference", "fidelity_kl",
                    "fidelity_top1", "fidelity_status", "compile_status", "mfu", "mbu", "flops_per_token",
