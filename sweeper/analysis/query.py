@@ -36,14 +36,13 @@ class QueryResult:
 
 def _budget_columns(report: Any) -> str:
     """The trials view's derived pricing columns (null when the sweep gives no price or intensity)."""
-    from sweeper.core.budget import BUDGET_COLUMNS, J_PER_KWH
+    from sweeper.core.budget import BUDGET_COLUMNS
 
     parts = []
-    for column, (setting, tokens) in BUDGET_COLUMNS.items():
-        per_kwh = getattr(report, setting)
-        expr = ("CAST(NULL AS DOUBLE)" if per_kwh is None
-                else f"energy_per_token_j * {tokens} / {J_PER_KWH!r} * {float(per_kwh)!r}")
-        parts.append(f", {expr} AS {column}")
+    for column in BUDGET_COLUMNS:
+        factor = column.factor(report)
+        expr = "CAST(NULL AS DOUBLE)" if factor is None else f"energy_per_token_j * {factor!r}"
+        parts.append(f", {expr} AS {column.name}")
     return "".join(parts)
 
 

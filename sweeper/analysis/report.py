@@ -35,7 +35,7 @@ from sweeper.analysis.tables import (
     precision_summary,
     unstable_trials,
 )
-from sweeper.core.budget import BUDGET_COLUMNS, per_tokens
+from sweeper.core.budget import BUDGET_COLUMNS
 from sweeper.core.settings import ReportSettings
 
 FORMATS = ("html", "md")
@@ -85,8 +85,7 @@ def _shape(input_len: Any, output_len: Any) -> str:
 def _best_table(results: Results, max_tpot_ms: float | None, max_ttft_ms: float | None,
                 bounds: list[str]) -> Table:
     best = best_configs(results.trials, max_tpot_ms, max_ttft_ms)
-    headers = {"co2e_g_per_1k_tokens": "gCO2e/1k tok", "cost_per_1m_tokens": "cost/1M tok"}
-    priced = [(column, header) for column, header in headers.items() if results.trials[column].notna().any()]
+    priced = [c for c in BUDGET_COLUMNS if results.trials[c.name].notna().any()]
     rows = []
     for r in best.itertuples():
         row = [_fmt(r.model), _fmt(r.backend), _fmt(r.precision), _fmt(r.batch_size),
@@ -94,10 +93,7 @@ def _best_table(results: Results, max_tpot_ms: float | None, max_ttft_ms: float 
                _with_interval(r.throughput_tok_s, r.throughput_lo, r.throughput_hi),
                _fmt(r.ttft_ms), _fmt(r.tpot_ms),
                _with_interval(r.energy_per_token_j, r.energy_per_token_lo, r.energy_per_token_hi)]
-        for column, _ in priced:  # priced at the median J/token
-            setting, tokens = BUDGET_COLUMNS[column]
-            energy = r.energy_per_token_j if _fmt(r.energy_per_token_j) else None
-            row.append(_fmt(per_tokens(energy, getattr(results.report, setting), tokens)))
+        row += [_fmt(c.of(r.energy_per_token_j, results.report)) for c in priced]  # at the median J/token
         flags = (" ⚠ unstable" if r.unstable is True else "") + (" ⚠ repeats disagree" if r.repeats_disagree is True else "")
         row += [_fmt(r.mbu), _fmt(r.criterion) + flags, _fmt(r.trial_id)]
         rows.append(row)
@@ -105,7 +101,7 @@ def _best_table(results: Results, max_tpot_ms: float | None, max_ttft_ms: float 
     return Table(
         "Best configuration per model",
         ["model", "backend", "precision", "batch", "in/out", "repeats", "tok/s", "TTFT ms", "TPOT ms", "J/token",
-         *[h for _, h in priced], "MBU", "criterion", "trial"],
+         *[c.header for c in priced], "MBU", "criterion", "trial"],
         rows,
         f"{bound}; each configuration's figures are the medians of its repeats, [95 % interval] where "
         "it has several (a bootstrap of the median); the trial is the repeat nearest the median",
@@ -140,8 +136,7 @@ def _tables(results: Results, max_tpot_ms: float | None, max_ttft_ms: float | No
             ["model", "backend", "precision", f"weights {unit}", "weights × ref", "J/token × ref",
              "tok/s × ref", "KL to ref", "top-1 vs ref", "best MBU"],
             [[_fmt(r.model), _fmt(r.backend), _fmt(r.precision) + (" (reference)" if r.precision == r.reference else ""),
-              _fmt(r.weight_bytes / scale if r.weight_bytes == r.weight_bytes and r.weight_bytes is not None
-                   else None, 3), _fmt(r.weight_vs_ref, 3), _fmt(r.energy_per_token_vs_ref, 3),
+              _fmt(None if r.weight_bytes is None else r.weight_bytes / scale, 3), _fmt(r.weight_vs_ref, 3), _fmt(r.energy_per_token_vs_ref, 3),
               _fmt(r.throughput_vs_ref, 3), _fmt(r.fidelity_kl, 3), _fmt(r.fidelity_top1, 3), _fmt(r.best_mbu, 3)]
              for r in precisions.itertuples()],
             "ratios are geometric means over the batch sizes and shapes both precisions ran; "
@@ -208,7 +203,7 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
                                       price_per_kwh=price_per_kwh)
         except ValidationError as exc:  # the settings' bounds
             first = exc.errors()[0]
-            raise ReportError(f"--{'-'.join(str(first['loc'][0]).split('_'))}: {first['msg']}") from None
+            raise ReportError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
     results = load_results(root, pricing)
     if trial_id is not None and trial_id not in set(results.trials["trial_id"]):
         raise ReportError(f"{root}: no trial {trial_id!r} in trials.parquet")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sweeper.core.budget import BUDGET_COLUMNS, per_tokens
+from sweeper.core.budget import BUDGET_COLUMNS
 from sweeper.core.errors import ResultsError
 from sweeper.core.plan_record import PLAN_FILE, PlanRecord
 from sweeper.core.settings import ReportSettings
@@ -97,15 +97,13 @@ def report_settings(root: str | os.PathLike[str], **overrides: float | None) -> 
 def add_budget_columns(trials: pd.DataFrame, report: ReportSettings) -> pd.DataFrame:
     """``co2e_g_per_1k_tokens`` and ``cost_per_1m_tokens`` from each trial's J/token: null where
     the setting is not given or no energy was measured (never zero)."""
-    import pandas as pd
-
     df = trials.copy()
-    energy = df["energy_per_token_j"] if "energy_per_token_j" in df.columns else None
-    for column, (setting, tokens) in BUDGET_COLUMNS.items():
-        per_kwh = getattr(report, setting)
-        values = ([per_tokens(None if v is None or v != v else float(v), per_kwh, tokens) for v in energy]
-                  if energy is not None else [None] * len(df))
-        df[column] = pd.Series(values, index=df.index, dtype="float64")  # None -> NaN (null)
+    for column in BUDGET_COLUMNS:
+        factor = column.factor(report)
+        if factor is None or "energy_per_token_j" not in df.columns:
+            df[column.name] = float("nan")
+        else:  # NaN energy (no GPU, a failed row) stays NaN: null, never zero
+            df[column.name] = df["energy_per_token_j"].astype("float64") * factor
     return df
 
 

@@ -267,11 +267,11 @@ if __name__ == "__main__":  # python -m sweeper.core.schema > docs/SCHEMA.md
           "a test keeps the two in step. Units are in the column names: `_s` seconds, `_j` joules, "
           "`_w` watts, `_bytes` bytes, `_mj` millijoules, `_mhz` MHz, `_c` degrees Celsius, `_pct` per cent.\n")
     print(schema_markdown())
-    from sweeper.core.budget import BUDGET_DOCS
+    from sweeper.core.budget import BUDGET_COLUMNS
 
     print("### Derived by the analysis (not stored)\n")
     print("`sweeper report`, `load_results` (the notebooks) and `sweeper query`'s `trials` view add these to "
           "the trials from the sweep file's `report` block (recorded in `plan.json`) or `sweeper report`'s flags.\n")
     print("| column | type | meaning |\n| --- | --- | --- |")
-    for name, doc in BUDGET_DOCS.items():
-        print(f"| `{name}` | double | {doc} |")
+    for column in BUDGET_COLUMNS:
+        print(f"| `{column.name}` | double | {column.doc} |")

@@ -84,6 +84,11 @@ def _auth_token() -> _Token | None:
     return _Token(text, path) if text else None
 
 
+def _auth_metadata(token: _Token | None) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata carrying ``token`` the way Ray's own clients send it."""
+    return (("authorization", f"Bearer {token.value}"),) if token else ()
+
+
 def _gcs_address(address: str) -> str | None:
     """HOST:PORT of the head's GCS for a driver address, or None (Ray Client's ray://, which
     speaks its own protocol; or "auto" with no local cluster: ray.init says so at once)."""
@@ -112,9 +117,8 @@ def probe_head(address: str) -> _Token | None:
     import grpc
 
     def call(token: _Token | None) -> None:
-        metadata = (("authorization", f"Bearer {token.value}"),) if token else ()
         with grpc.insecure_channel(address) as channel:
-            channel.unary_unary(_KV_GET)(b"", timeout=PROBE_TIMEOUT_S, metadata=metadata)
+            channel.unary_unary(_KV_GET)(b"", timeout=PROBE_TIMEOUT_S, metadata=_auth_metadata(token))
 
     token = _auth_token()
     try:
@@ -156,10 +160,9 @@ def cluster_versions(address: str, token: _Token | None) -> bytes:
 
     request = gcs_service_pb2.InternalKVGetRequest(  # type: ignore[attr-defined]
         key=b"CLUSTER_METADATA", namespace=ray_constants.KV_NAMESPACE_CLUSTER)
-    metadata = (("authorization", f"Bearer {token.value}"),) if token else ()
     with grpc.insecure_channel(address) as channel:
         stub = gcs_service_pb2_grpc.InternalKVGcsServiceStub(channel)
-        return stub.InternalKVGet(request, timeout=PROBE_TIMEOUT_S, metadata=metadata).value
+        return stub.InternalKVGet(request, timeout=PROBE_TIMEOUT_S, metadata=_auth_metadata(token)).value
 
 
 def _check_versions(address: str, metadata: bytes) -> None:
