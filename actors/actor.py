@@ -19,6 +19,7 @@ from actors.backends import create_backend
 from actors.backends.base import Backend, LoadInfo, ModelSpec
 from actors.layers.profile_pass import failed_columns, profile_layers
 from actors.measure import Measurement, measure_trial
+from actors.serving.measure import measure_serving_trial
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.trial import Trial
 
@@ -66,6 +67,7 @@ class TrialRunner:
                 tensor_parallel=trial.tensor_parallel,
                 # A fidelity pass compares precisions: they must hold the same weights.
                 weights_on_disk=trial.fidelity is not None,
+                serving=trial.serving is not None,
             ))
             self.load_s = time.monotonic() - t0
             self.telemetry = self._open_telemetry(trial)
@@ -141,7 +143,8 @@ class TrialRunner:
             backend, load_info = self._loaded()
             if self.telemetry is None:
                 raise RuntimeError("run() before a successful load()")
-            measured = measure_trial(backend, trial, load_info, self.telemetry)
+            measure = measure_trial if trial.serving is None else measure_serving_trial
+            measured = measure(backend, trial, load_info, self.telemetry)
         except Exception as exc:
             oom = self._is_oom(exc)
             if self.backend is not None:

@@ -101,13 +101,22 @@ def stability_columns(row: dict[str, Any], throughput_cv: float | None, max_cv: 
             "unstable_reason": "; ".join(reasons) or None}
 
 
+def offline_batch_size(trial: Trial) -> int:
+    """An offline trial's batch size (serving-mode trials have none: the engine batches)."""
+    if trial.batch_size is None:
+        raise ValueError(f"trial {trial.trial_id} has no batch size: serving-mode trials run through "
+                         "actors.serving.measure")
+    return trial.batch_size
+
+
 def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: TelemetryBase,
                   clock: Callable[[], float] = time.monotonic) -> Measurement:
     m = trial.measure
-    prompts = RandomPrompts(load.vocab_size, trial.input_len, trial.batch_size, trial.seed)
+    batch_size = offline_batch_size(trial)
+    prompts = RandomPrompts(load.vocab_size, trial.input_len, batch_size, trial.seed)
 
     # Compilation and graph capture for the shape, timed apart: never in the window.
-    prepared = backend.prepare(trial.batch_size, trial.input_len, trial.output_len)
+    prepared = backend.prepare(batch_size, trial.input_len, trial.output_len)
     backend.reset_peak_memory()
     t_warm, warmed = clock(), 0
     while warmed < m.warmup_iters or clock() - t_warm < m.warmup_s:
@@ -162,7 +171,7 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Tel
         from sweeper.core.roofline import roofline_columns
 
         row.update(roofline_columns(
-            load.architecture, PRECISIONS[trial.precision], batch_size=trial.batch_size,
+            load.architecture, PRECISIONS[trial.precision], batch_size=batch_size,
             input_len=trial.input_len, output_len=trial.output_len,
             gpu_names=held_gpu_names(telemetry.environment()["gpu_names"], load.device_name,
                                      trial.tensor_parallel),

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
 from pydantic import BaseModel
+
+from actors.serving.records import ServedRun, ServingRequest
 
 Options = TypeVar("Options", bound=BaseModel)
 
@@ -79,6 +82,9 @@ class ModelSpec:
     # memory, so that two precisions hold the same weights (fidelity pass).
     # Quantized precisions always do.
     weights_on_disk: bool = False
+    # Serving mode: the backend loads the engine that takes requests as they arrive
+    # (vLLM's async engine) instead of its offline one.
+    serving: bool = False
 
     def options_as(self, kind: type[Options]) -> Options:
         """The options as the backend's own options model (the registry pairs them)."""
@@ -127,6 +133,14 @@ class Backend(ABC):
         (batch, len) ``token_ids``; position i predicts token i + 1. ``last``: only the last
         ``last`` positions."""
         raise NotImplementedError(f"{type(self).__name__} cannot score tokens")
+
+    # -- serving mode (actors.serving); optional ------------------------------------------
+    def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
+              deadline_s: float) -> ServedRun:
+        """Send ``requests`` at their arrival offsets from now (at most ``max_concurrency``
+        in flight), stream each one's tokens and return what happened to every request by
+        ``deadline_s`` (the actor's monotonic clock). Greedy, exactly ``output_len`` tokens."""
+        raise NotImplementedError(f"{type(self).__name__} has no serving mode")
 
     @staticmethod
     def is_out_of_memory(exc: BaseException) -> bool:

@@ -12,11 +12,16 @@ import json
 import os
 import platform
 import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from actors.backends.base import Backend, Generation, LoadInfo, ModelSpec, RequestTiming
+from actors.serving.client import run_requests
+from actors.serving.records import ServedRequest, ServedRun, ServingRequest
 from sweeper.core.backends import NoopOptions
 from sweeper.core.presets import PRESETS
 
@@ -86,9 +91,79 @@ class NoopBackend(Backend):
     def sync(self) -> None:
         pass
 
+    def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
+              deadline_s: float) -> ServedRun:
+        engine = SimulatedEngine(self.options, self.clock, self.sleep)
+        return run_requests(engine, requests, max_concurrency=max_concurrency, deadline_s=deadline_s,
+                            clock=self.clock)
+
     @staticmethod
     def is_out_of_memory(exc: BaseException) -> bool:
         return isinstance(exc, SimulatedOutOfMemory)
+
+
+@dataclass
+class _Live:
+    request: ServingRequest
+    arrival_s: float
+    submit_s: float
+    scheduled_s: float | None = None
+    tokens: list[float] = field(default_factory=list)
+
+    def served(self, finish_s: float | None, error: str | None = None) -> ServedRequest:
+        return ServedRequest(self.request.index, self.request.prompt_tokens, self.arrival_s, self.submit_s,
+                             self.scheduled_s, tuple(self.tokens), finish_s, error)
+
+
+class SimulatedEngine:
+    """Continuous batching in miniature, for serving mode without a model.
+
+    The engine runs in steps. A step admits waiting requests (first come, first
+    served) up to ``max_batch`` running, lasts ``prefill_s`` if it admitted any
+    (their prefill rides in it, as in a chunked-prefill engine) and ``step_s``
+    otherwise, and gives every running request one token as it ends; a request
+    with all its tokens leaves. Time is the backend's clock and sleep, so tests
+    run it in virtual time and every timestamp is known in advance.
+    """
+
+    def __init__(self, options: NoopOptions, clock: Callable[[], float], sleep: Callable[[float], None]) -> None:
+        self.options = options
+        self.clock, self.sleep = clock, sleep
+        self.waiting: deque[_Live] = deque()
+        self.running: list[_Live] = []
+
+    def submit(self, request: ServingRequest, arrival_s: float, submit_s: float) -> None:
+        self.waiting.append(_Live(request, arrival_s, submit_s))
+
+    def wait(self, until_s: float) -> list[ServedRequest]:
+        o = self.options
+        prefill_s = o.step_s if o.prefill_s is None else o.prefill_s
+        while True:
+            now = self.clock()
+            if not self.waiting and not self.running:
+                if until_s > now and until_s != float("inf"):
+                    _sleep_until(until_s, self.clock, self.sleep)
+                return []
+            admitted: list[_Live] = []
+            while self.waiting and len(self.running) + len(admitted) < o.max_batch:
+                live = self.waiting.popleft()
+                live.scheduled_s = now
+                admitted.append(live)
+            _sleep_until(now + (prefill_s if admitted else o.step_s), self.clock, self.sleep)
+            t = self.clock()
+            self.running += admitted
+            for live in self.running:
+                live.tokens.append(t)
+            finished = [live for live in self.running if len(live.tokens) >= live.request.output_len]
+            self.running = [live for live in self.running if len(live.tokens) < live.request.output_len]
+            if finished or t >= until_s:
+                return [live.served(t) for live in finished]
+
+    def abandon(self, now_s: float) -> list[ServedRequest]:
+        left = list(self.waiting) + self.running
+        self.waiting.clear()
+        self.running = []
+        return [live.served(None, "unfinished: the run's time limit passed") for live in left]
 
 
 def _sleep_until(deadline_s: float, clock, sleep) -> None:

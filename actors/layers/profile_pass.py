@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from actors.backends.base import Backend, Generation, LoadInfo
 from actors.layers import LayerProfileError
 from actors.layers.attribute import LayerProfile, attribute_energy, profile_columns
+from actors.measure import offline_batch_size
 from actors.workload import RandomPrompts
 from sweeper.core.backends import BACKENDS
 from sweeper.core.trial import Trial
@@ -63,7 +64,7 @@ def profile_layers(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Te
     except LayerProfileError as exc:
         return LayerProfile.not_applicable(granularity, str(exc))
 
-    prompts = RandomPrompts(load.vocab_size, trial.input_len, trial.batch_size, trial.seed)
+    prompts = RandomPrompts(load.vocab_size, trial.input_len, offline_batch_size(trial), trial.seed)
     iterations = pass_iterations(trial)
     profiler = LayerProfiler(model, units)
     # Timers whose marks cost host time to make prepare them for every forward (prefill +

@@ -264,6 +264,35 @@ class EnergyMeter:
         functions = self._energy_functions(min(a for a, _ in intervals), max(b for _, b in intervals))
         return [sum(f(b) - f(a) for f in functions) for a, b in intervals]
 
+    def interval(self, name: str, t0_s: float, t1_s: float) -> EnergyWindow:
+        """A window over [t0, t1] chosen after the fact (serving's steady state), from the
+        timeline alone: boundaries interpolated on the counter curve (no reads were caught
+        there, and the work runs on both sides), with their uncertainty as for any window."""
+        lo, hi = t0_s - self._margin_s, t1_s + self._margin_s
+        counters, powers = self._series(lo, hi)
+        energy_j, terms, methods = 0.0, [], []
+        for g in self.gpus:
+            power = PowerCurve.from_samples(powers[g.uuid])
+            curve = (CounterCurve.from_samples(counters[g.uuid], self._anchors_between(g.uuid, lo, hi), power)
+                     if g.energy_counter_supported else None)
+            best: CounterCurve | PowerCurve | None = curve if curve is not None and curve.covers(t0_s) \
+                and curve.covers(t1_s) else power
+            if best is None:
+                raise TelemetryError(f"GPU {g.uuid}: no counter updates and no power samples for [{t0_s}, {t1_s}]")
+            energy_j += best.at(t1_s) - best.at(t0_s)
+            terms += [best.boundary_uncertainty_j(t0_s), best.boundary_uncertainty_j(t1_s)]
+            methods.append(METHOD_INTERPOLATED if best is curve else METHOD_POWER)
+        duration_s = t1_s - t0_s
+        sums = self._power_sums(t0_s, t1_s)
+        return EnergyWindow(
+            name=name, t_start_s=t0_s, t_end_s=t1_s, duration_s=duration_s, energy_j=energy_j,
+            energy_j_per_gpu={}, method=max(methods, key=_METHOD_RANK.__getitem__, default=METHOD_INTERPOLATED),
+            uncertainty_j=math.sqrt(sum(u * u for u in terms)),
+            avg_power_w=energy_j / duration_s if duration_s > 0 else 0.0,
+            peak_power_w=max(sums) if sums else None,
+            p99_power_w=_percentile(sums, 99.0) if sums else None,
+        )
+
     def phase_energy(self, marks: list[tuple[str, float, float]]) -> dict[str, float]:
         """J per phase name, summed over all of that phase's (name, t0, t1) intervals."""
         energies = self.energies_between([(t0, t1) for _, t0, t1 in marks])

@@ -179,6 +179,16 @@ class TelemetryBase(ABC):
         when the energy there cannot be computed (always, without GPUs)."""
 
     @abstractmethod
+    def energies_between(self, intervals: list[tuple[float, float]]) -> list[float]:
+        """J over each (t0, t1) on the same energy curve as the windows (intervals that
+        partition a window add up to it); raises ``TelemetryError`` without GPUs."""
+
+    @abstractmethod
+    def interval(self, name: str, t0_s: float, t1_s: float) -> EnergyWindow:
+        """A window over [t0, t1] chosen after the fact, with its uncertainty; raises
+        ``TelemetryError`` without GPUs."""
+
+    @abstractmethod
     def trial_columns(self, handle: Measurement, *, idle_power_w: float | None, marks: Marks,
                       output_tokens: int, requests: int, decode_tokens: int,
                       iteration_bounds: list[tuple[float, float]], min_window_s: float = 10.0,
@@ -293,6 +303,12 @@ class Telemetry(TelemetryBase):
 
     def phase_energy(self, marks: Marks) -> dict[str, float]:
         return self.meter.phase_energy(list(marks))
+
+    def energies_between(self, intervals: list[tuple[float, float]]) -> list[float]:
+        return self.meter.energies_between(intervals)
+
+    def interval(self, name: str, t0_s: float, t1_s: float) -> EnergyWindow:
+        return self.meter.interval(name, t0_s, t1_s)
 
     # -- reporting ----------------------------------------------------------------------
 
@@ -430,6 +446,12 @@ class NullTelemetry(TelemetryBase):
         handle.t_end_s = self._clock()
 
     def phase_energy(self, marks: Marks) -> dict[str, float]:
+        raise TelemetryError(f"no GPU telemetry: {self.reason}")
+
+    def energies_between(self, intervals: list[tuple[float, float]]) -> list[float]:
+        raise TelemetryError(f"no GPU telemetry: {self.reason}")
+
+    def interval(self, name: str, t0_s: float, t1_s: float) -> EnergyWindow:
         raise TelemetryError(f"no GPU telemetry: {self.reason}")
 
     def trial_columns(self, handle: Measurement, *, idle_power_w: float | None, marks: Marks,

@@ -228,11 +228,20 @@ AXES = AxisTable([
          doc="numeric format (fp32, fp16, bf16, ...)"),
     Axis("tensor_parallel", int, lambda g: g.sweep.tensor_parallel, default=1, load_key=True,
          in_variant=True, header="tp", doc="GPUs the trial holds on one node, the model sharded over them"),
-    Axis("batch_size", int, lambda g: g.sweep.batch_sizes, header="batch", doc="sequences per generate call"),
+    # Serving mode has no batch-size axis (the engine batches): there the value is None,
+    # which keeps it out of serving trials' ids.
+    Axis("batch_size", int, lambda g: g.sweep.batch_sizes or [None], default=None, header="batch",
+         doc="sequences per generate call (offline mode); null in serving mode, where the engine batches"),
     Axis("input_len", int, lambda g: g.sweep.workload.input_len, shape=True, header="in",
          doc="prompt tokens per sequence"),
     Axis("output_len", int, lambda g: g.sweep.workload.output_len, shape=True, header="out",
          doc="generated tokens per sequence (exact)"),
+    # Serving mode's load axes; None (offline mode) stays out of trial ids.
+    Axis("request_rate", float, lambda g: g.sweep.workload.request_rate or [None], default=None,
+         header="rate", doc="serving mode: offered requests per second (inf: every request at once); "
+                            "null in offline mode"),
+    Axis("max_concurrency", int, lambda g: g.sweep.workload.max_concurrency or [None], default=None,
+         header="conc", doc="serving mode: most requests in flight (the client waits beyond it); null: no cap"),
     Axis("repeat", int, lambda g: range(g.sweep.repeats), header="rep", doc="repeat index (0-based)"),
 ])
 

@@ -28,6 +28,15 @@ class TransformersOptions(BaseModel):
     # bitsandbytes 4-bit: quantize the quantization constants too (QLoRA's
     # double quantization, ~0.37 bits/weight less).
     bnb_double_quant: bool = False
+    # Serving mode: most requests transformers' continuous-batching manager runs in one
+    # step (None: its own default, sized from free memory).
+    max_batch_requests: int | None = Field(None, gt=0, le=65536, strict=True)
+
+    def unsupported_serving(self) -> str | None:
+        if self.compile:
+            return ("compile: true compiles model.generate's static-cache decode step; serving mode runs "
+                    "transformers' continuous-batching manager, which that does not apply to")
+        return None
 
 
 class NoopOptions(BaseModel):
@@ -43,6 +52,10 @@ class NoopOptions(BaseModel):
     load_s: float = Field(0.0, ge=0)
     # Batch sizes at or above this fail as out of memory, to exercise OOM handling.
     oom_batch_size: int | None = Field(None, gt=0)
+    # Serving mode's simulated engine: most requests in one step (a step admits waiting
+    # requests up to this, prefills them in prefill_s, then each running request gets a
+    # token per step_s).
+    max_batch: int = Field(256, gt=0, le=65536, strict=True)
     # Every generate call waits until this file exists: holds a trial mid-run until a
     # test (or an operator) releases it, so interrupts and node losses land mid-trial
     # by construction rather than by timing.
@@ -102,6 +115,8 @@ class BackendSpec:
     layer_hooks: bool  # whether per-layer forward hooks can observe its model
     # Largest tensor-parallel degree it runs (1: one GPU per trial).
     max_tensor_parallel: int = 1
+    # Whether it runs serving mode (requests arriving over time, its own batching).
+    serving: bool = False
     # Why a precision it lacks is missing, where that helps the reader: (precision, why).
     precision_notes: tuple[tuple[str, str], ...] = ()
 
@@ -113,6 +128,13 @@ class BackendSpec:
         know their limits define ``unsupported_shape``), or None."""
         check = getattr(options, "unsupported_shape", None)
         return check(input_len, output_len) if check is not None else None
+
+    def unsupported_serving(self, options: BaseModel) -> str | None:
+        """Why a serving-mode trial cannot run on this backend with these options, or None."""
+        if not self.serving:
+            return f"backend {self.name} has no serving mode"
+        check = getattr(options, "unsupported_serving", None)
+        return check() if check is not None else None
 
     def unsupported_reason(self, precision: str, device: str, tensor_parallel: int = 1) -> str | None:
         if precision not in self.precisions:
@@ -147,6 +169,7 @@ BACKENDS: dict[str, BackendSpec] = {
             requires=("torch", "transformers"),
             options=TransformersOptions,
             layer_hooks=True,
+            serving=True,
         ),
         # No model: generate sleeps. Measures the harness and scheduler themselves.
         BackendSpec(
@@ -158,6 +181,7 @@ BACKENDS: dict[str, BackendSpec] = {
             options=NoopOptions,
             layer_hooks=False,
             max_tensor_parallel=8,
+            serving=True,
         ),
         # vLLM's offline engine; its model runs in engine processes, out of reach of hooks.
         BackendSpec(
@@ -169,6 +193,7 @@ BACKENDS: dict[str, BackendSpec] = {
             options=VllmOptions,
             layer_hooks=False,
             max_tensor_parallel=8,
+            serving=True,
             precision_notes=tuple((p, _VLLM_NO_BNB) for p in ("int8", "nf4", "fp4")) + (
                 ("fp32", "its fast attention kernels (FlashAttention, FlashInfer) have no fp32 path, "
                          "so an fp32 number would measure a fallback"),),

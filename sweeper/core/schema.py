@@ -55,6 +55,15 @@ _RESULT: tuple[Column, ...] = (
     _c("max_iteration_cv", F, "per-iteration throughput or energy CV above this is flagged unstable"),
     _c("layer_profile", S, "layer-profiling granularity (block | submodule | leaf); null: no profiling pass"),
     _c("fidelity", S, "fidelity-pass settings (reference precision, prompts), canonical JSON; null: no fidelity pass"),
+    _c("mode", S, "offline (static batches of generate calls) | serving (requests arriving at request_rate, "
+                  "batched by the engine); null: a row from before serving mode (offline)"),
+    _c("arrival", S, "serving: arrival process of the requests (poisson | gamma | constant)"),
+    _c("burstiness", F, "serving: the gamma arrival process's shape (1 = Poisson)"),
+    _c("num_prompts", I, "serving: requests per run (null: as many as arrive within arrivals_duration_s)"),
+    _c("arrivals_duration_s", F, "serving: requests arrive for at most this long"),
+    _c("slo_ttft_s", F, "serving: SLO bound on time to first token (goodput counts requests meeting every bound)"),
+    _c("slo_tpot_s", F, "serving: SLO bound on time per output token"),
+    _c("slo_e2e_s", F, "serving: SLO bound on end-to-end latency"),
     # outcome
     _c("status", S, "ok | failed | skipped"),
     _c("reason", S, "short machine-readable cause for failed/skipped (exception, unsupported, ...)"),
@@ -62,20 +71,49 @@ _RESULT: tuple[Column, ...] = (
     _c("started_at", TS, "trial start (UTC)"),
     _c("finished_at", TS, "trial end (UTC)"),
     # timing
-    _c("n_iterations", I, "measured generate calls"),
-    _c("n_requests", I, "measured requests (sequences) = n_iterations x batch_size"),
-    _c("duration_s", F, "measured window, device-synchronized at both ends"),
+    _c("n_iterations", I, "measured generate calls (offline; null in serving mode)"),
+    _c("n_requests", I, "measured requests (sequences): offline n_iterations x batch_size; serving: the run's requests"),
+    _c("duration_s", F, "measured window, device-synchronized at both ends; serving: the steady-state window "
+                        "(docs/METHOD.md)"),
     _c("output_tokens", I, "generated tokens in the measured window"),
     _c("throughput_tok_s", F, "output_tokens / duration_s"),
-    _c("requests_per_s", F, "n_requests / duration_s"),
-    _c("ttft_s", F, "mean time to first generated token (prefill)"),
+    _c("requests_per_s", F, "offline: n_requests / duration_s; serving: achieved_rate_req_s"),
+    _c("ttft_s", F, "mean time to first generated token (prefill; serving: from submission, queueing included)"),
     _c("ttft_p50_s", F, "median time to first token"),
+    _c("ttft_p90_s", F, "90th percentile time to first token"),
     _c("ttft_p99_s", F, "99th percentile time to first token"),
     _c("tpot_s", F, "mean time per output token after the first: (e2e - ttft) / (n - 1)"),
     _c("tpot_p50_s", F, "median time per output token"),
+    _c("tpot_p90_s", F, "90th percentile time per output token"),
     _c("tpot_p99_s", F, "99th percentile time per output token"),
     _c("e2e_s", F, "mean end-to-end request latency"),
     _c("e2e_p50_s", F, "median end-to-end request latency"),
+    _c("e2e_p90_s", F, "90th percentile end-to-end request latency"),
+    _c("e2e_p99_s", F, "99th percentile end-to-end request latency"),
+    # serving mode (null offline)
+    _c("itl_s", F, "serving: mean inter-token latency, pooled over every gap of every request"),
+    _c("itl_p50_s", F, "serving: median inter-token latency"),
+    _c("itl_p90_s", F, "serving: 90th percentile inter-token latency"),
+    _c("itl_p99_s", F, "serving: 99th percentile inter-token latency"),
+    _c("queue_s", F, "serving: mean time a request waited in the engine before it was scheduled (null where the engine does not say)"),
+    _c("n_failed_requests", I, "serving: requests that errored or did not finish within the run's time limit"),
+    _c("offered_rate_req_s", F, "serving: requests / last arrival time, the realised arrival rate (inf: all at once)"),
+    _c("achieved_rate_req_s", F, "serving: requests completed per second in the steady window: its output "
+                                 "tokens / duration_s / the mean output tokens of a request"),
+    _c("total_throughput_tok_s", F, "serving: (output tokens + prompt tokens of requests whose first token came) "
+                                    "in the steady window / its duration"),
+    _c("run_duration_s", F, "serving: the whole run, from its start (arrival time 0) to the last request's end"),
+    _c("window_start_s", F, "serving: steady window start, seconds from the run's start"),
+    _c("window_end_s", F, "serving: steady window end, seconds from the run's start"),
+    _c("steady_batch", F, "serving: the steady level of requests running in the engine, which defines the window"),
+    _c("mean_running_batch", F, "serving: time-weighted mean of requests running in the engine over the window"),
+    _c("max_concurrency_reached", I, "serving: most requests in flight (submitted, not finished) at once"),
+    _c("saturated", B, "serving: the engine did not keep up with the offered rate (requests waited through the whole "
+                       "window, or the queue grew across it)"),
+    _c("saturation_reason", S, "serving: the figures behind saturated"),
+    _c("queue_growth", F, "serving: requests waiting at the window's end less at its start"),
+    _c("goodput_req_s", F, "serving: requests meeting every SLO bound / run_duration_s (vLLM's definition); null without an slo"),
+    _c("slo_attainment", F, "serving: share of the run's requests meeting every SLO bound"),
     _c("load_s", F, "model load time of the trial's group (shared by its trials, not in duration_s)"),
     _c("compile_s", F, "one-time compilation for the trial's shape (torch.compile of the decode step, CUDA-graph capture): what the first generate calls took beyond as many steady-state calls, outside duration_s; a shape an earlier trial on the same actor compiled repeats that value; null: nothing compiled for the trial"),
     _c("compile_status", S, "compiled (with notes: graph breaks, skipped CUDA graphs) | eager (not requested) | fallback: why the trial ran eager instead; null: the backend has no compiled path"),
@@ -85,7 +123,16 @@ _RESULT: tuple[Column, ...] = (
     # energy (null on CPU-only runs)
     _c("energy_j", F, "GPU energy over the measured window, all GPUs the trial holds"),
     _c("energy_per_token_j", F, "energy_j / output_tokens"),
-    _c("energy_per_request_j", F, "energy_j / n_requests"),
+    _c("energy_per_request_j", F, "offline: energy_j / n_requests; serving: mean of the completed requests' "
+                                  "attributed energies (requests.parquet energy_j, request_energy_method)"),
+    _c("energy_per_request_p50_j", F, "serving: median attributed energy of a completed request"),
+    _c("energy_per_request_p90_j", F, "serving: 90th percentile attributed energy of a completed request"),
+    _c("request_energy_method", S, "serving: how the run's energy was split over requests (token_share: each "
+                                   "instant's energy over the requests then in flight, by the tokens each processes; "
+                                   "docs/METHOD.md)"),
+    _c("attributed_energy_j", F, "serving: sum of the requests' attributed energies (= run_energy_j, up to rounding)"),
+    _c("run_energy_j", F, "serving: GPU energy over the whole run (ramp-up and drain included)"),
+    _c("run_energy_uncertainty_j", F, "serving: bound on the boundary error of run_energy_j"),
     _c("avg_power_w", F, "energy_j / duration_s"),
     _c("peak_power_w", F, "highest per-sample power (summed over the trial's GPUs) in the window; each sample is NVML's instantaneous power field where the driver has one (the mean of its ~100 ms update period), else nvmlDeviceGetPowerUsage (a 1 s trailing mean): one reading can set it, and a sub-second transient may exceed the power limit"),
     _c("p99_power_w", F, "99th percentile of the same per-sample power: what a few readings cannot dominate"),
@@ -159,14 +206,27 @@ _RESULT: tuple[Column, ...] = (
 
 REQUESTS: tuple[Column, ...] = (
     _c("trial_id", S, "trial the request belongs to"),
-    _c("iteration", I, "measured generate call (0-based)"),
-    _c("request_index", I, "sequence index within the batch"),
+    _c("iteration", I, "measured generate call (0-based); null in serving mode"),
+    _c("request_index", I, "sequence index within the batch; serving: the request's number in arrival order"),
     _c("input_len", I, "prompt tokens"),
     _c("output_tokens", I, "generated tokens"),
-    _c("t_start_s", F, "request start, seconds from the start of the measured window"),
+    _c("t_start_s", F, "request start, seconds from the start of the measured window; serving: when the client "
+                       "sent it (after arrival_s only when max_concurrency held it back)"),
     _c("ttft_s", F, "time to first generated token"),
     _c("tpot_s", F, "time per output token after the first"),
     _c("e2e_s", F, "end-to-end latency"),
+    # serving mode: times in seconds from the run's start
+    _c("arrival_s", F, "serving: when the request arrived (its place in the arrival process)"),
+    _c("scheduled_s", F, "serving: when the engine first scheduled it (null where the engine does not say)"),
+    _c("first_token_s", F, "serving: when its first token reached the client"),
+    _c("finish_s", F, "serving: when its last token reached the client"),
+    _c("queue_s", F, "serving: scheduled_s - t_start_s, time queued inside the engine"),
+    _c("itl_s", pa.list_(F), "serving: the gaps between its consecutive tokens (0 for tokens delivered together)"),
+    _c("in_window", B, "serving: it finished inside the trial's steady window"),
+    _c("meets_slo", B, "serving: it met every SLO bound (null without an slo)"),
+    _c("energy_j", F, "serving: its share of the run's GPU energy (the trial's request_energy_method); "
+                      "a run's requests sum to its run_energy_j"),
+    _c("error", S, "serving: why the request failed or did not finish; null if it completed"),
 )
 
 TIMELINE: tuple[Column, ...] = (
@@ -180,7 +240,8 @@ TIMELINE: tuple[Column, ...] = (
     _c("memory_used_bytes", I, "device memory used (whole GPU)"),
     _c("sm_clock_mhz", F, "SM clock"),
     _c("temperature_c", F, "GPU temperature"),
-    _c("phase", S, "prefill | decode when the sample falls in a generate call's phase, else null"),
+    _c("phase", S, "offline: prefill | decode when the sample falls in a generate call's phase, else null; "
+                   "serving: ramp | steady | drain (the run's steady-state window and either side)"),
 )
 
 LAYERS: tuple[Column, ...] = (

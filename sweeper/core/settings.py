@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import ClassVar, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sweeper.core.precisions import PRECISIONS
 
@@ -111,3 +111,49 @@ class ReportSettings(Settings):
         None, gt=0, le=10_000, description="grams of CO2-equivalent per kWh of the grid the GPUs draw from")
     price_per_kwh: float | None = Field(
         None, ge=0, le=10_000, description="price of a kWh, in whatever currency the report should use")
+
+
+# Arrival processes of serving mode's requests (actors/serving/arrivals.py draws them).
+Arrival = Literal["poisson", "gamma", "constant"]
+ARRIVALS: tuple[str, ...] = get_args(Arrival)
+
+
+class SloSettings(Settings):
+    """Latency bounds a served request must meet to count toward goodput (any subset).
+
+    Milliseconds, as serving benchmarks state them; a request's TPOT is
+    (e2e - ttft) / (output tokens - 1), vLLM's definition.
+    """
+
+    ttft_ms: float | None = Field(None, gt=0, le=MAX_SECONDS * 1000, description="time to first token, at most")
+    tpot_ms: float | None = Field(None, gt=0, le=MAX_SECONDS * 1000, description="time per output token after the first, at most")
+    e2e_ms: float | None = Field(None, gt=0, le=MAX_SECONDS * 1000, description="end-to-end latency, at most")
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> SloSettings:
+        if self.ttft_ms is None and self.tpot_ms is None and self.e2e_ms is None:
+            raise ValueError("an slo needs at least one of ttft_ms, tpot_ms, e2e_ms")
+        return self
+
+    def bounds_s(self) -> dict[str, float]:
+        """The set bounds in seconds, keyed by the request metric they limit (ttft, tpot, e2e)."""
+        pairs = (("ttft", self.ttft_ms), ("tpot", self.tpot_ms), ("e2e", self.e2e_ms))
+        return {name: ms / 1000.0 for name, ms in pairs if ms is not None}
+
+
+class ServingSettings(Settings):
+    """How a serving-mode trial offers its load, beside its request-rate and concurrency axes.
+
+    ``num_prompts`` requests arrive by ``arrival`` (seeded); ``duration_s``, when
+    set, ends the arrivals at that time instead, whichever comes first.
+    """
+
+    arrival: Arrival = "poisson"
+    # The gamma distribution's shape: 1 is Poisson, below 1 burstier, above 1 more regular.
+    burstiness: float = Field(1.0, gt=0, le=1000)
+    num_prompts: int | None = Field(None, gt=0, le=1_000_000, strict=True)
+    duration_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
+    slo: SloSettings | None = None
+
+    def identity(self) -> dict[str, object]:
+        return self.model_dump(mode="json", exclude_none=True)

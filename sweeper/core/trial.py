@@ -25,6 +25,7 @@ from sweeper.core.settings import (
     FidelitySettings,
     LayerGranularity,
     MeasureSettings,
+    ServingSettings,
 )
 
 # Bumped when the measurement method changes in a way that makes old results
@@ -37,7 +38,8 @@ __all__ = ["LAYER_GRANULARITIES", "METHOD_VERSION", "LayerGranularity", "Trial",
 
 # Axes the label spells out in its own words; any other axis away from its default
 # is appended as name=value.
-_LABELLED = frozenset({MODEL, BACKEND, "precision", "batch_size", "input_len", "output_len", "repeat"})
+_LABELLED = frozenset({MODEL, BACKEND, "precision", "batch_size", "input_len", "output_len", "repeat",
+                       "request_rate", "max_concurrency"})
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class Trial:
     layer_profile: LayerGranularity | None = None
     # Each precision against a reference precision, or None: no fidelity pass.
     fidelity: FidelitySettings | None = None
+    # Serving mode's arrival process and SLO, or None: offline mode (static batches).
+    serving: ServingSettings | None = None
     trial_id: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -59,7 +63,7 @@ class Trial:
     @classmethod
     def at(cls, *, sweep: str, dataset: str = "random", seed: int = 0, measure: MeasureSettings | None = None,
            layer_profile: LayerGranularity | None = None, fidelity: FidelitySettings | None = None,
-           **values: Any) -> Trial:
+           serving: ServingSettings | None = None, **values: Any) -> Trial:
         """A trial from one value per axis by name (axes left out take their default)."""
         items = []
         for axis in AXES:
@@ -72,7 +76,8 @@ class Trial:
         if values:
             raise TypeError(f"not an axis: {', '.join(values)}")
         return cls(sweep=sweep, point=AxisPoint(tuple(items)), dataset=dataset, seed=seed,
-                   measure=measure or MeasureSettings(), layer_profile=layer_profile, fidelity=fidelity)
+                   measure=measure or MeasureSettings(), layer_profile=layer_profile, fidelity=fidelity,
+                   serving=serving)
 
     def with_axes(self, **values: Any) -> Trial:
         """This trial with other values for some of its axes (a new trial id)."""
@@ -119,8 +124,25 @@ class Trial:
         return str(self.point["precision"])
 
     @property
-    def batch_size(self) -> int:
-        return int(self.point["batch_size"])
+    def batch_size(self) -> int | None:
+        """Sequences per generate call; None in serving mode (the engine batches)."""
+        value = self.point.get("batch_size")
+        return None if value is None else int(value)
+
+    @property
+    def mode(self) -> str:
+        return "offline" if self.serving is None else "serving"
+
+    @property
+    def request_rate(self) -> float | None:
+        """Serving mode's offered requests per second (inf: all at once)."""
+        value = self.point.get("request_rate")
+        return None if value is None else float(value)
+
+    @property
+    def max_concurrency(self) -> int | None:
+        value = self.point.get("max_concurrency")
+        return None if value is None else int(value)
 
     @property
     def input_len(self) -> int:
@@ -163,6 +185,8 @@ class Trial:
             d["layer_profile"] = self.layer_profile
         if self.fidelity is not None:
             d["fidelity"] = self.fidelity.canonical_json()
+        if self.serving is not None:
+            d["serving"] = self.serving.identity()
         return d
 
     @property
@@ -185,7 +209,14 @@ class Trial:
         for name, value in self.point.items_:
             d.update(AXES[name].columns(name, value))
         d.update(dataset=self.dataset, seed=self.seed, layer_profile=self.layer_profile,
-                 fidelity=self.fidelity.canonical_json() if self.fidelity is not None else None)
+                 fidelity=self.fidelity.canonical_json() if self.fidelity is not None else None,
+                 mode=self.mode)
+        if self.serving is not None:
+            s = self.serving
+            slo = s.slo.bounds_s() if s.slo is not None else {}
+            d.update(arrival=s.arrival, burstiness=s.burstiness, num_prompts=s.num_prompts,
+                     arrivals_duration_s=s.duration_s, slo_ttft_s=slo.get("ttft"),
+                     slo_tpot_s=slo.get("tpot"), slo_e2e_s=slo.get("e2e"))
         # The time limits bound the driver's patience and never shape an ok row's
         # numbers, so they are no trials-table columns.
         d.update(self.measure.model_dump(exclude=set(MeasureSettings.PATIENCE)))
@@ -204,7 +235,9 @@ class Trial:
         extra = [f"{name}={value}" for name, value in self.axes().items()
                  if name not in _LABELLED and not AXES[name].in_variant
                  and AXES[name].identity_part(self.point[name])]
-        return (f"{self.model} {self.backend}/{self.precision} bs={self.batch_size} "
+        load = (f"bs={self.batch_size}" if self.serving is None
+                else f"rate={self.request_rate:g}/s" + (f" conc={self.max_concurrency}" if self.max_concurrency else ""))
+        return (f"{self.model} {self.backend}/{self.precision} {load} "
                 f"in={self.input_len} out={self.output_len}"
                 + (f" {variant}" if variant else "")
                 + "".join(f" {e}" for e in extra)

@@ -67,10 +67,11 @@ class Plan:
         by_key: OrderedDict[tuple, list[Trial]] = OrderedDict()
         for t in self.runnable if trials is None else trials:
             by_key.setdefault(t.load_key, []).append(t)
-        # Small batches first: if a batch runs out of memory, larger ones of the
-        # same group can be predicted to as well.
+        # Small batches (and light loads) first: if a batch runs out of memory, larger
+        # ones of the same group can be predicted to as well.
         return [
-            TrialGroup(k, tuple(sorted(v, key=lambda t: (t.batch_size, t.shape, t.repeat))))
+            TrialGroup(k, tuple(sorted(v, key=lambda t: (t.batch_size or 0, t.request_rate or 0.0,
+                                                          t.max_concurrency or 0, t.shape, t.repeat))))
             for k, v in by_key.items()
         ]
 
@@ -122,13 +123,14 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
                              "sweep may plan; split it into several sweeps or add exclude rules")
     names = AXES.names
     layer_profile = sweep.profile.layers if sweep.profile is not None else None
+    serving = sweep.workload.serving()
     trials: list[Trial] = []
     excluded = 0
     for point in itertools.product(*values):
         trial = Trial(
             sweep=sweep.name, point=AxisPoint(tuple(zip(names, point, strict=True))),
             dataset=sweep.workload.dataset, seed=sweep.workload.seed, measure=sweep.measure,
-            layer_profile=layer_profile, fidelity=sweep.fidelity,
+            layer_profile=layer_profile, fidelity=sweep.fidelity, serving=serving,
         )
         if any(_matches(rule, trial.axes()) for rule in sweep.exclude):
             excluded += 1
@@ -148,7 +150,8 @@ def compatibility(trial: Trial, device: Device, capabilities: Capabilities | Non
     backend = BACKENDS[trial.backend]
     precision = PRECISIONS[trial.precision]
     reason = (_too_long(trial) or backend.unsupported_reason(trial.precision, device, trial.tensor_parallel)
-              or backend.unsupported_shape(trial.backend_options, trial.input_len, trial.output_len))
+              or backend.unsupported_shape(trial.backend_options, trial.input_len, trial.output_len)
+              or (backend.unsupported_serving(trial.backend_options) if trial.serving is not None else None))
     if not reason and capabilities is not None:
         reason = capabilities.too_wide(device, trial.num_gpus)
     if reason or capabilities is None:

@@ -13,6 +13,7 @@ nested at most 32 levels deep.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -31,7 +32,16 @@ from sweeper.core.axes import AXES
 from sweeper.core.backends import BACKENDS
 from sweeper.core.errors import SweepFileError
 from sweeper.core.precisions import PRECISIONS
-from sweeper.core.settings import FidelitySettings, MeasureSettings, ProfileSettings, ReportSettings
+from sweeper.core.settings import (
+    MAX_SECONDS,
+    Arrival,
+    FidelitySettings,
+    MeasureSettings,
+    ProfileSettings,
+    ReportSettings,
+    ServingSettings,
+    SloSettings,
+)
 
 T = TypeVar("T")
 
@@ -44,7 +54,9 @@ def _listify(value: Any) -> Any:
     return [value]
 
 
-def _dedupe(values: list) -> list:
+def _dedupe(values: list | None) -> list | None:
+    if values is None:
+        return None
     seen: list = []
     for v in values:
         if v not in seen:
@@ -70,13 +82,64 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+def _rate(value: Any) -> Any:
+    """``inf`` (YAML ``.inf`` or the word) means every request at once; NaN is no rate."""
+    if isinstance(value, str) and value.strip().lower() in ("inf", "infinity"):
+        return math.inf
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError("must be a number of requests per second or inf")
+    return value
+
+
+# Requests per second (inf: all at once).
+RequestRate = Annotated[float, Field(gt=0, allow_inf_nan=True), BeforeValidator(_rate)]
+Concurrency = Annotated[int, Field(gt=0, le=MAX_BATCH_SIZE, strict=True)]
+
+# The workload keys that only serving mode reads.
+SERVING_KEYS = ("request_rate", "max_concurrency", "arrival", "burstiness", "num_prompts", "duration_s", "slo")
+
+
 class Workload(_Strict):
+    # offline: static batches of generate calls (batch_sizes is an axis); serving: requests
+    # arrive at request_rate and the engine batches them (continuous batching).
+    mode: Literal["offline", "serving"] = "offline"
     input_len: AxisValues[Tokens]
     output_len: AxisValues[Tokens]
     dataset: Literal["random"] = "random"
     seed: int = Field(0, ge=0, le=MAX_SEED, strict=True)
+    request_rate: AxisValues[RequestRate] | None = None
+    max_concurrency: AxisValues[Concurrency] | None = None
+    arrival: Arrival | None = None
+    burstiness: float | None = Field(None, gt=0, le=1000)
+    num_prompts: int | None = Field(None, gt=0, le=1_000_000, strict=True)
+    duration_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
+    slo: SloSettings | None = None
 
-    _dedupe = field_validator("input_len", "output_len")(_dedupe)
+    _dedupe = field_validator("input_len", "output_len", "request_rate", "max_concurrency")(_dedupe)
+
+    @model_validator(mode="after")
+    def _serving_keys_fit_the_mode(self) -> Workload:
+        given = [k for k in SERVING_KEYS if getattr(self, k) is not None]
+        if self.mode == "offline":
+            if given:
+                raise ValueError(f"{given[0]} is a serving-mode key; set workload.mode: serving, or remove it")
+            return self
+        if self.request_rate is None:
+            raise ValueError("request_rate is required in serving mode (requests per second, or inf)")
+        if self.num_prompts is None and self.duration_s is None:
+            raise ValueError("serving mode needs num_prompts (requests per trial) or duration_s (seconds of arrivals)")
+        if math.inf in self.request_rate and self.num_prompts is None:
+            raise ValueError("request_rate inf sends every request at once: it needs num_prompts")
+        if self.burstiness is not None and self.arrival != "gamma":
+            raise ValueError("burstiness is the gamma distribution's shape: it needs arrival: gamma")
+        return self
+
+    def serving(self) -> ServingSettings | None:
+        """The trial-level serving settings (None in offline mode)."""
+        if self.mode == "offline":
+            return None
+        return ServingSettings(arrival=self.arrival or "poisson", burstiness=self.burstiness or 1.0,
+                               num_prompts=self.num_prompts, duration_s=self.duration_s, slo=self.slo)
 
 
 OptionVariants = Annotated[list[dict[str, Any]], BeforeValidator(_listify), Field(min_length=1)]
@@ -87,7 +150,8 @@ class Sweep(_Strict):
     models: AxisValues[str]
     backends: AxisValues[str] = ["transformers"]
     precisions: AxisValues[str]
-    batch_sizes: AxisValues[BatchSize]
+    # Offline mode's axis; serving mode has none (the engine batches).
+    batch_sizes: AxisValues[BatchSize] | None = None
     workload: Workload
     measure: MeasureSettings = MeasureSettings()
     exclude: list[dict[str, Any]] = []
@@ -144,10 +208,25 @@ class Sweep(_Strict):
                 kind = AXES[key].value_type
                 for value in wanted if isinstance(wanted, list) else [wanted]:
                     # bool is an int to Python, never an axis value to a user.
-                    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+                    # An int matches a float axis (a rate of 4 is 4.0 requests/s).
+                    fits = isinstance(value, kind) or (kind is float and isinstance(value, int))
+                    if not fits or (isinstance(value, bool) and kind is not bool):
                         raise ValueError(f"exclude[{i}].{key}: {value!r} is not a {kind.__name__}, "
                                          f"so it could never match")
         return rules
+
+    @model_validator(mode="after")
+    def _batch_sizes_fit_the_mode(self) -> Sweep:
+        if self.workload.mode == "offline" and self.batch_sizes is None:
+            raise ValueError("batch_sizes: required field is missing (offline mode's batch sizes)")
+        if self.workload.mode == "serving" and self.profile is not None:
+            raise ValueError("profile: the layer-profiling pass replays offline generate calls; serving mode has "
+                             "none (profile an offline sweep of the same model)")
+        if self.workload.mode == "serving" and self.batch_sizes is not None:
+            raise ValueError("batch_sizes: not an axis in serving mode, where the engine forms its own batches; "
+                             "remove it (cap them with workload.max_concurrency or the backend's own limit: "
+                             "backend_options.vllm.max_num_seqs, backend_options.noop.max_batch)")
+        return self
 
     @model_validator(mode="after")
     def _backend_options_valid(self) -> Sweep:

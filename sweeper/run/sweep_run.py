@@ -197,8 +197,10 @@ def predicted_oom(oom_trial: Trial, pending: list[Trial]) -> list[Trial]:
     at least the memory that was not there. The repeat index does not change
     memory, so every repeat of a larger batch is predicted alike.
     """
+    if oom_trial.batch_size is None:  # serving mode: the engine sizes its own batches
+        return []
     return [t for t in pending
-            if t.load_key == oom_trial.load_key and t.batch_size > oom_trial.batch_size
+            if t.load_key == oom_trial.load_key and t.batch_size is not None and t.batch_size > oom_trial.batch_size
             and (t.shape, t.layer_profile) == (oom_trial.shape, oom_trial.layer_profile)]
 
 

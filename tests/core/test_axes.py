@@ -22,9 +22,9 @@ KNOB = Axis("knob", int, lambda grid: [1, 3], default=1, header="knob", doc="a t
 
 def test_the_bundled_axes_in_grid_order():
     assert AXES.names == ("model", "backend", "precision", "tensor_parallel", "batch_size", "input_len",
-                          "output_len", "repeat")
+                          "output_len", "request_rate", "max_concurrency", "repeat")
     assert AXES.compare_keys() == ("model", "backend", "variant", "precision", "batch_size", "input_len",
-                                   "output_len", "repeat")
+                                   "output_len", "request_rate", "max_concurrency", "repeat")
     assert AXES.series_columns() == ("model", "backend", "backend_options", "precision", "tensor_parallel")
 
 

@@ -124,7 +124,12 @@ def test_schema_names_carry_units():
                    "layer_profile", "layer_profile_status", "layer_profile_overhead",
                    "tensor_parallel", "fidelity", "fidelity_reference", "fidelity_kl",
                    "fidelity_top1", "fidelity_status", "compile_status", "mfu", "mbu", "flops_per_token",
-                   "perplexity", "perplexity_tokens", "perplexity_status"}
+                   "perplexity", "perplexity_tokens", "perplexity_status",
+                   # serving mode: counts, shares, flags and names; request_rate is the sweep
+                   # file's key (requests per second, as offered_rate_req_s says)
+                   "mode", "arrival", "burstiness", "num_prompts", "request_rate", "max_concurrency",
+                   "n_failed_requests", "max_concurrency_reached", "steady_batch", "mean_running_batch",
+                   "saturated", "saturation_reason", "queue_growth", "slo_attainment", "request_energy_method"}
     for col in TRIALS:
         # rates and per-token quantities carry their unit before the "per"
         if (col.name in unitless_ok or col.name.endswith("_version")

@@ -14,6 +14,7 @@ import gc
 import importlib.metadata
 import resource
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,8 @@ from actors.backends.base import (
 from actors.backends.transformers import bnb
 from actors.environment import cpu_model
 from actors.errors import PrecisionUnavailable
+from actors.serving.client import run_requests
+from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.backends import TransformersOptions
 from sweeper.core.precisions import PRECISIONS
 
@@ -49,6 +52,8 @@ class TransformersBackend(Backend):
         # tests add "cpu" to check its outputs.
         self.compile_devices = compile_devices
         self._compiled: Any = None  # compiled.CompiledDecode of the loaded model
+        self._serving: Any = None  # serving.ContinuousBatchingEngine, started by the first serve
+        self._max_batch_requests: int | None = None
 
     def load(self, spec: ModelSpec) -> LoadInfo:
         import torch
@@ -87,6 +92,7 @@ class TransformersBackend(Backend):
 
         self._compiled = CompiledDecode(self.model, self.device, options.compile, options.compile_mode,
                                         self.compile_devices)
+        self._max_batch_requests = options.max_batch_requests
         self.sync()
         name = torch.cuda.get_device_name() if self.device == "cuda" else cpu_model()
         return LoadInfo(
@@ -196,6 +202,20 @@ class TransformersBackend(Backend):
             marks=(("prefill", t_start, t_first), ("decode", t_first, t_end)),
         )
 
+    def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
+              deadline_s: float) -> ServedRun:
+        """Serving mode through transformers' continuous-batching manager
+        (actors/backends/transformers/serving.py), started once per loaded model."""
+        if self._serving is None:
+            import torch
+
+            from actors.backends.transformers.serving import ContinuousBatchingEngine
+
+            with torch.inference_mode():  # the manager's thread inherits the caller's inference mode
+                self._serving = ContinuousBatchingEngine(self.model, self._max_batch_requests)
+        return run_requests(self._serving, requests, max_concurrency=max_concurrency, deadline_s=deadline_s,
+                            clock=self.clock)
+
     def reset_peak_memory(self) -> None:
         if self.device == "cuda":
             import torch
@@ -218,6 +238,9 @@ class TransformersBackend(Backend):
             torch.cuda.empty_cache()
 
     def close(self) -> None:
+        if self._serving is not None:
+            self._serving.close()
+            self._serving = None
         self.model = None
         self._compiled = None  # holds the model, its static cache and module list
         self.recover()

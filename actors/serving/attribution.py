@@ -1,0 +1,97 @@
+"""Each served request's share of the energy the GPUs used while serving.
+
+Method (``token_share``)
+------------------------
+A request is processed by the engine over segments of time: its prefill, from
+when the engine scheduled it until its first token, processes its prompt tokens;
+each later interval between two of its tokens processes one token. Within a
+segment its work is spread evenly. The run is cut at every segment boundary of
+every request into slices; each slice's energy (read from the same energy curve
+as the trial's windows, so slice energies add up to the run's energy exactly)
+is split over the requests in flight then, in proportion to the tokens each
+processes in the slice. Slices with no request in flight (the engine idles
+between arrivals) are shared by all of the run's requests in proportion to
+their tokens: the cost of keeping the engine up. The per-request energies
+therefore sum to the energy of the run, which carries the run window's
+uncertainty.
+
+A prefill token and a decode token weigh the same here: a prefill token costs
+less compute per token than a decode step's share of the weights' traffic, so
+this over-charges requests while they prefill next to decoding ones. It is the
+simplest rule that needs nothing but each request's timestamps; per-step
+engine statistics could refine it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from actors.serving.records import ServedRequest
+
+METHOD = "token_share"
+
+
+def segments(request: ServedRequest) -> tuple[np.ndarray, np.ndarray]:
+    """A request's work: segment boundaries (n + 1 times) and the tokens each of the n
+    segments processes. Tokens delivered at one instant join the segment before them."""
+    start, times = request.start_s, request.token_times_s
+    if start is None or not times:
+        return np.zeros(0), np.zeros(0)
+    bounds = [min(start, times[0])]
+    weights: list[float] = []
+    carry = float(request.prompt_tokens)  # what the next segment processes: first the prompt
+    for t in times:
+        if t > bounds[-1]:
+            bounds.append(t)
+            weights.append(carry)
+            carry = 1.0
+        elif weights:
+            weights[-1] += 1.0  # delivered with the token before it: made in that segment
+        else:
+            carry += 1.0  # a token at the very instant the request was scheduled
+    if not weights:  # no time passed between scheduling and the last token: no span to spread over
+        return np.zeros(0), np.zeros(0)
+    return np.array(bounds), np.array(weights)
+
+
+def request_energies(requests: Sequence[ServedRequest], t_start_s: float, t_end_s: float,
+                     energies_between: Callable[[list[tuple[float, float]]], list[float]]) -> list[float]:
+    """Joules per request (in the order given) over [t_start, t_end]: see the module docstring.
+    Requests that did no work (failed before scheduling) get 0."""
+    work = [segments(r) for r in requests]
+    cuts = {t_start_s, t_end_s}
+    for bounds, _ in work:
+        cuts.update(float(t) for t in bounds if t_start_s <= t <= t_end_s)
+    edges = np.array(sorted(cuts))
+    if edges.size < 2:
+        return [0.0] * len(requests)
+    slice_energy = np.array(energies_between(list(zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True))))
+    mids = (edges[:-1] + edges[1:]) / 2.0
+    lengths = np.diff(edges)
+    # tokens[r] over the slices its span covers: (first slice, token counts per slice)
+    shares: list[tuple[int, np.ndarray]] = []
+    per_slice = np.zeros(mids.size)
+    for bounds, weights in work:
+        if bounds.size == 0:
+            shares.append((0, np.zeros(0)))
+            continue
+        lo = int(np.searchsorted(mids, bounds[0]))
+        hi = int(np.searchsorted(mids, bounds[-1]))
+        seg = np.searchsorted(bounds, mids[lo:hi], side="right") - 1
+        density = weights / np.diff(bounds)  # tokens per second within each segment
+        tokens = density[seg] * lengths[lo:hi]
+        per_slice[lo:hi] += tokens
+        shares.append((lo, tokens))
+    idle = per_slice <= 0
+    totals = np.array([tokens.sum() for _, tokens in shares])
+    idle_energy = float(slice_energy[idle].sum())
+    grand = totals.sum()
+    out = []
+    for (lo, tokens), total in zip(shares, totals, strict=True):
+        busy = slice_energy[lo:lo + tokens.size]
+        denominators = per_slice[lo:lo + tokens.size]
+        own = float(np.divide(busy * tokens, denominators, out=np.zeros_like(tokens), where=denominators > 0).sum())
+        out.append(own + (idle_energy * total / grand if grand > 0 else 0.0))
+    return out

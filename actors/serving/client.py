@@ -1,0 +1,59 @@
+"""The client side of a serving run: send each request at its arrival time, collect what
+the engine returns, give up at a deadline.
+
+Engines that batch on their own thread (transformers' continuous-batching manager)
+or step inside ``wait`` (the noop backend's simulated engine) implement
+``SteppedEngine``; the loop here is then the same for both, single-threaded, with
+an injectable clock so the simulated engine runs in virtual time in tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from actors.serving.records import ServedRequest, ServedRun, ServingRequest, sort_by_index
+
+
+class SteppedEngine(Protocol):
+    def submit(self, request: ServingRequest, arrival_s: float, submit_s: float) -> None:
+        """Hand a request to the engine (never blocks for long)."""
+
+    def wait(self, until_s: float) -> list[ServedRequest]:
+        """Run or wait until ``until_s`` or until some requests finish, whichever is first;
+        return the requests that finished (possibly none)."""
+
+    def abandon(self, now_s: float) -> list[ServedRequest]:
+        """Give up every request still in the engine (the run's deadline passed): each as
+        it stands, with an error."""
+
+
+def run_requests(engine: SteppedEngine, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
+                 deadline_s: float, clock: Callable[[], float]) -> ServedRun:
+    """Send ``requests`` at their arrival offsets from now, at most ``max_concurrency`` in
+    flight (later arrivals wait, in order), until each has finished or ``deadline_s``
+    (absolute) has passed; requests never sent by then are recorded with an error."""
+    pending = deque(sorted(requests, key=lambda r: (r.arrival_offset_s, r.index)))
+    cap = max_concurrency if max_concurrency is not None else math.inf
+    done: list[ServedRequest] = []
+    in_flight = 0
+    t0 = clock()
+    while pending or in_flight:
+        now = clock()
+        if now >= deadline_s:
+            done += engine.abandon(now)
+            done += [ServedRequest(r.index, r.prompt_tokens, t0 + r.arrival_offset_s, None, None, (), None,
+                                   error="not sent: the run's time limit passed") for r in pending]
+            break
+        while pending and in_flight < cap and t0 + pending[0].arrival_offset_s <= now:
+            request = pending.popleft()
+            engine.submit(request, t0 + request.arrival_offset_s, clock())
+            in_flight += 1
+        next_arrival = t0 + pending[0].arrival_offset_s if pending and in_flight < cap else math.inf
+        finished = engine.wait(min(next_arrival, deadline_s))
+        done += finished
+        in_flight -= len(finished)
+    ends = [r.finish_s for r in done if r.finish_s is not None]
+    return ServedRun(t_start_s=t0, t_end_s=max(ends, default=clock()), requests=sort_by_index(done))

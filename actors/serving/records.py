@@ -1,0 +1,111 @@
+"""What a served request and a serving run are, on the actor's monotonic clock."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ServingRequest:
+    """One request to send: its prompt, its exact output length, and when it arrives
+    (seconds after the run's start)."""
+
+    index: int
+    prompt_ids: np.ndarray  # (input_len,) token ids
+    output_len: int
+    arrival_offset_s: float
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+
+@dataclass(frozen=True)
+class ServedRequest:
+    """What happened to one request. Times are absolute (the actor's ``time.monotonic``).
+
+    ``submit_s`` is when the client handed it to the engine (later than its arrival
+    only when ``max_concurrency`` held it back); ``scheduled_s`` when the engine first
+    scheduled it (None where the engine does not say: its first token then stands in);
+    ``token_times_s`` when each output token reached the client, the first being the
+    first token. Several tokens may share a time when the engine delivered them together.
+    """
+
+    index: int
+    prompt_tokens: int
+    arrival_s: float
+    submit_s: float | None
+    scheduled_s: float | None
+    token_times_s: tuple[float, ...]
+    finish_s: float | None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.finish_s is not None and bool(self.token_times_s)
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.token_times_s)
+
+    @property
+    def first_token_s(self) -> float | None:
+        return self.token_times_s[0] if self.token_times_s else None
+
+    @property
+    def start_s(self) -> float | None:
+        """When the engine began working on it: scheduled, else (not said) the first token."""
+        return self.scheduled_s if self.scheduled_s is not None else self.first_token_s
+
+    @property
+    def ttft_s(self) -> float | None:
+        # From submission, as vLLM's bench serve times it: a wait for a concurrency slot is the
+        # client's, not the engine's.
+        return None if self.submit_s is None or self.first_token_s is None else self.first_token_s - self.submit_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.submit_s is None or self.finish_s is None else self.finish_s - self.submit_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(e2e - ttft) / (tokens - 1): vLLM's definition; None with fewer than two tokens."""
+        first = self.first_token_s
+        if self.finish_s is None or first is None or self.output_tokens < 2:
+            return None
+        return (self.finish_s - first) / (self.output_tokens - 1)
+
+    @property
+    def itl_s(self) -> list[float]:
+        """Gaps between consecutive output tokens (0 for tokens delivered together)."""
+        t = self.token_times_s
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+    @property
+    def queue_s(self) -> float | None:
+        """Time waiting in the engine before it was scheduled (None where unknown)."""
+        return None if self.scheduled_s is None or self.submit_s is None else max(self.scheduled_s - self.submit_s, 0.0)
+
+
+@dataclass(frozen=True)
+class ServedRun:
+    """One serving run: every request, sent from ``t_start_s`` (their arrivals' zero)."""
+
+    t_start_s: float
+    t_end_s: float  # the last request's end (or when the run gave up waiting)
+    requests: tuple[ServedRequest, ...]
+
+    @property
+    def completed(self) -> list[ServedRequest]:
+        return [r for r in self.requests if r.ok]
+
+    @property
+    def failed(self) -> list[ServedRequest]:
+        return [r for r in self.requests if not r.ok]
+
+
+def sort_by_index(requests: Sequence[ServedRequest]) -> tuple[ServedRequest, ...]:
+    return tuple(sorted(requests, key=lambda r: r.index))
