@@ -441,13 +441,17 @@ def report(
     trial: Annotated[str | None, typer.Option(help="trial_id whose power timeline (and layer profile, if any) is shown [default: the ok trial with the most energy]")] = None,
     grid_intensity_g_per_kwh: Annotated[float | None, typer.Option(help="grid carbon intensity (gCO2e/kWh) for co2e_g_per_1k_tokens [default: the sweep file's report block]")] = None,
     price_per_kwh: Annotated[float | None, typer.Option(help="price of a kWh for cost_per_1m_tokens [default: the sweep file's report block]")] = None,
+    slo_ttft_ms: Annotated[float | None, typer.Option(min=0.0, help="SLO bound of the best-configuration table: TTFT at --slo-percentile, ms (serving sweeps)")] = None,
+    slo_tpot_ms: Annotated[float | None, typer.Option(min=0.0, help="SLO bound of the best-configuration table: TPOT at --slo-percentile, ms (serving sweeps)")] = None,
+    slo_percentile: Annotated[int, typer.Option(help="percentile the --slo-* bounds apply to: 50, 90 or 99")] = 99,
 ) -> None:
     """Write OUTPUT/report/: plots, the best configuration per model, unstable, failed and skipped trials."""
     from sweeper.analysis.report import build_report
 
     try:
         rep = build_report(output, fmt.value, max_tpot_ms=max_tpot_ms, max_ttft_ms=max_ttft_ms, trial_id=trial,
-                           grid_intensity_g_per_kwh=grid_intensity_g_per_kwh, price_per_kwh=price_per_kwh)
+                           grid_intensity_g_per_kwh=grid_intensity_g_per_kwh, price_per_kwh=price_per_kwh,
+                           slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_percentile=slo_percentile)
     except UserInputError as exc:
         raise _fail(exc) from None
     out.print(f"report: {rep.path} ({len(rep.plots)} plots, PNGs in {rep.directory})", highlight=False, soft_wrap=True)

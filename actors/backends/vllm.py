@@ -53,6 +53,7 @@ from actors.backends.base import (
     RequestTiming,
 )
 from actors.backends.vllm_worker import WORKER_EXTENSION
+from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.backends import VllmOptions
 from sweeper.core.precisions import PRECISIONS
 
@@ -65,6 +66,8 @@ VLLM_QUANTIZATION = {"fp8": "fp8"}
 MIN_COMPUTE_CAPABILITY = {"fp8": (8, 9)}
 # Engine stamps this far outside the generate call mean they are on another clock.
 CLOCK_TOLERANCE_S = 1e-3
+# An async engine's start (weights, compilation, CUDA graphs) may take this long.
+SERVING_START_TIMEOUT_S = 1800.0
 # Option fields passed through to ``vllm.LLM`` only when set (None: vLLM's default).
 _OPTIONAL_ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
                          "enable_chunked_prefill", "block_size")
@@ -213,6 +216,7 @@ def _architecture(model_config: Any) -> dict[str, Any] | None:
 class VllmBackend(Backend):
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.llm: Any = None
+        self.serving: Any = None  # vllm_serving.AsyncEngineRunner, in serving mode (instead of llm)
         self.clock = clock
         self.options = VllmOptions()
         self.max_model_len: int | None = None
@@ -237,10 +241,17 @@ class VllmBackend(Backend):
             tensor_parallel=spec.tensor_parallel, seed=spec.seed,
             dummy_weights=spec.source == "synthetic", hf_overrides=overrides,
         )
-        log.info("vllm.LLM(%s)", kwargs)
-        self.llm = vllm.LLM(**kwargs)
-        engine = self.llm.llm_engine
-        model_config = getattr(engine, "model_config", None) or engine.vllm_config.model_config
+        if spec.serving:
+            from actors.backends.vllm_serving import AsyncEngineRunner
+
+            log.info("AsyncLLM(%s)", kwargs)
+            self.serving = AsyncEngineRunner(kwargs, start_timeout_s=SERVING_START_TIMEOUT_S)
+            model_config = self.serving.model_config
+        else:
+            log.info("vllm.LLM(%s)", kwargs)
+            self.llm = vllm.LLM(**kwargs)
+            engine = self.llm.llm_engine
+            model_config = getattr(engine, "model_config", None) or engine.vllm_config.model_config
         self.max_model_len = int(model_config.max_model_len)
         self._params.clear()
         return LoadInfo(
@@ -275,7 +286,8 @@ class VllmBackend(Backend):
 
     def _weight_memory_bytes(self) -> int | None:
         try:
-            per_rank = self.llm.collective_rpc("sweeper_weight_memory_bytes", timeout=60)
+            per_rank = (self.serving.weight_memory_bytes() if self.serving is not None
+                        else self.llm.collective_rpc("sweeper_weight_memory_bytes", timeout=60))
             return int(sum(per_rank))
         except Exception as exc:  # an engine without the extension's method: not a load failure
             log.warning("vLLM did not report its weight memory, weight_memory_bytes is null (%s: %s)",
@@ -321,11 +333,21 @@ class VllmBackend(Backend):
     def sync(self) -> None:
         """Nothing to wait for: ``generate`` returns only once every output exists."""
 
+    def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
+              deadline_s: float) -> ServedRun:
+        if self.serving is None:
+            raise RuntimeError("serve() needs the engine loaded for serving mode (ModelSpec.serving)")
+        return self.serving.serve(requests, max_concurrency=max_concurrency, deadline_s=deadline_s)
+
     def peak_memory_bytes(self) -> int | None:
         used = [r.memory_used_bytes() for r in self._readers]
         return int(sum(used)) if used and all(u is not None for u in used) else None
 
     def close(self) -> None:
+        serving, self.serving = self.serving, None
+        if serving is not None:
+            serving.close()
+            gc.collect()
         llm, self.llm = self.llm, None
         if llm is None:
             return

@@ -158,6 +158,8 @@ def _columns(trial: Trial, run: ServedRun, window: SteadyWindow | None, telemetr
     )
     row.update(_energy_columns(telemetry, handle, window, in_window, idle_power_w))
     request_energy = None
+    row.update(dict.fromkeys(("request_energy_method", "energy_per_request_j", "energy_per_request_p50_j",
+                              "energy_per_request_p90_j", "attributed_energy_j")))
     if handle.window is not None:
         request_energy = attribution.request_energies(run.requests, run.t_start_s, run.t_end_s,
                                                       telemetry.energies_between)

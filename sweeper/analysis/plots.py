@@ -162,6 +162,9 @@ def _per_batch(trials: pd.DataFrame, panels: list[tuple[str, str, float]], title
     import numpy as np
 
     df = _plottable(trials)
+    if "mode" in df.columns and (df["mode"] == "serving").all():
+        raise PlotUnavailable("a serving sweep has no batch sizes (its trials are drawn against the request rate)")
+    df = df[df["batch_size"].notna()] if "batch_size" in df.columns else df
     columns = [c for c, _, _ in panels]
     require(df, ("batch_size",), why)
     if not any(_usable(df, c) for c in columns):

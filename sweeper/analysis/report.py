@@ -16,18 +16,21 @@ plots in ``sweeper.analysis.plots`` and the HTML and Markdown in
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import ValidationError
 
-from sweeper.analysis import plots
+from sweeper.analysis import plots, serving_plots
 from sweeper.analysis.render import Plot, Report, Table, render_html, render_markdown
 from sweeper.analysis.results import Results, load_results, report_settings, table_path
 from sweeper.analysis.tables import (
+    LatencyBound,
     ReportError,
     best_configs,
     default_timeline_trial,
+    latency_bounds,
     layers_trial,
     memory_unit,
     not_ok_trials,
@@ -39,7 +42,8 @@ from sweeper.core.budget import BUDGET_COLUMNS
 from sweeper.core.settings import ReportSettings
 
 FORMATS = ("html", "md")
-PLOT_FILES = ("throughput.png", "latency.png", "energy_per_token.png", "pareto.png", "weight_memory.png",
+PLOT_FILES = ("throughput.png", "latency.png", "energy_per_token.png", "pareto.png", "serving_latency.png",
+              "serving_energy.png", "goodput.png", "weight_memory.png",
               "fidelity.png", "power_timeline.png", "layer_shares.png")
 
 
@@ -82,13 +86,23 @@ def _shape(input_len: Any, output_len: Any) -> str:
     return f"{int(input_len)}/{int(output_len)}"
 
 
-def _best_table(results: Results, max_tpot_ms: float | None, max_ttft_ms: float | None,
-                bounds: list[str]) -> Table:
-    best = best_configs(results.trials, max_tpot_ms, max_ttft_ms)
+def _load(row: Any) -> str:
+    """What loads a configuration: its batch size (offline) or its request rate (serving)."""
+    if _fmt(row.batch_size):
+        return _fmt(row.batch_size)
+    rate = getattr(row, "request_rate", None)
+    if rate is None or rate != rate:
+        return ""
+    conc = getattr(row, "max_concurrency", None)
+    return f"{rate:g}/s" + (f" c{int(conc)}" if conc is not None and conc == conc else "")
+
+
+def _best_table(results: Results, bounds: Sequence[LatencyBound]) -> Table:
+    best = best_configs(results.trials, bounds=bounds)
     priced = [c for c in BUDGET_COLUMNS if results.trials[c.name].notna().any()]
     rows = []
     for r in best.itertuples():
-        row = [_fmt(r.model), _fmt(r.backend), _fmt(r.precision), _fmt(r.batch_size),
+        row = [_fmt(r.model), _fmt(r.backend), _fmt(r.precision), _load(r),
                _shape(r.input_len, r.output_len), _fmt(r.n_repeats),
                _with_interval(r.throughput_tok_s, r.throughput_lo, r.throughput_hi),
                _fmt(r.ttft_ms), _fmt(r.tpot_ms),
@@ -97,14 +111,16 @@ def _best_table(results: Results, max_tpot_ms: float | None, max_ttft_ms: float 
         flags = (" ⚠ unstable" if r.unstable is True else "") + (" ⚠ repeats disagree" if r.repeats_disagree is True else "")
         row += [_fmt(r.mbu), _fmt(r.criterion) + flags, _fmt(r.trial_id)]
         rows.append(row)
-    bound = "under " + " and ".join(bounds) if bounds else "no latency bound (--max-tpot-ms / --max-ttft-ms)"
+    bound = ("under " + " and ".join(str(b) for b in bounds) if bounds
+             else "no latency bound (--max-tpot-ms / --max-ttft-ms, or --slo-ttft-ms / --slo-tpot-ms at a percentile)")
     return Table(
         "Best configuration per model",
-        ["model", "backend", "precision", "batch", "in/out", "repeats", "tok/s", "TTFT ms", "TPOT ms", "J/token",
-         *[c.header for c in priced], "MBU", "criterion", "trial"],
+        ["model", "backend", "precision", "batch / rate", "in/out", "repeats", "tok/s", "TTFT ms", "TPOT ms",
+         "J/token", *[c.header for c in priced], "MBU", "criterion", "trial"],
         rows,
         f"{bound}; each configuration's figures are the medians of its repeats, [95 % interval] where "
-        "it has several (a bootstrap of the median); the trial is the repeat nearest the median",
+        "it has several (a bootstrap of the median); the trial is the repeat nearest the median; TTFT and "
+        "TPOT are means",
     )
 
 
@@ -117,17 +133,12 @@ def _with_interval(value: Any, lo: Any, hi: Any) -> str:
 
 def best_table(root: str | os.PathLike) -> Table:
     """The best ok trial per model of a results directory (what ``sweeper run`` prints at its end)."""
-    return _best_table(load_results(root), None, None, [])
+    return _best_table(load_results(root), [])
 
 
-def _tables(results: Results, max_tpot_ms: float | None, max_ttft_ms: float | None) -> list[Table]:
+def _tables(results: Results, bounds: Sequence[LatencyBound]) -> list[Table]:
     trials = results.trials
-    bounds = []
-    if max_tpot_ms is not None:
-        bounds.append(f"TPOT ≤ {max_tpot_ms:g} ms")
-    if max_ttft_ms is not None:
-        bounds.append(f"TTFT ≤ {max_ttft_ms:g} ms")
-    tables = [_best_table(results, max_tpot_ms, max_ttft_ms, bounds)]
+    tables = [_best_table(results, bounds)]
     precisions = precision_summary(trials)
     unit, scale = memory_unit(ok_trials(trials)["weight_memory_bytes"]) if "weight_memory_bytes" in trials else ("GB", 1e9)
     if not precisions.empty:
@@ -191,11 +202,14 @@ def _pricing_lines(report: ReportSettings) -> list[str]:
 
 def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float | None = None,
                  max_ttft_ms: float | None = None, trial_id: str | None = None,
-                 grid_intensity_g_per_kwh: float | None = None, price_per_kwh: float | None = None) -> Report:
+                 grid_intensity_g_per_kwh: float | None = None, price_per_kwh: float | None = None, *,
+                 slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+                 slo_percentile: int = 99) -> Report:
     """Write ``root/report/`` and return what went into it (pricing: the sweep's ``report``
     block as recorded, the given values in its place)."""
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r} (choose from {', '.join(FORMATS)})")
+    bounds = latency_bounds(max_tpot_ms, max_ttft_ms, slo_ttft_ms, slo_tpot_ms, slo_percentile)
     pricing = None
     if grid_intensity_g_per_kwh is not None or price_per_kwh is not None:
         try:
@@ -207,7 +221,7 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
     results = load_results(root, pricing)
     if trial_id is not None and trial_id not in set(results.trials["trial_id"]):
         raise ReportError(f"{root}: no trial {trial_id!r} in trials.parquet")
-    tables = _tables(results, max_tpot_ms, max_ttft_ms)  # validates the bounds before any drawing
+    tables = _tables(results, bounds)
 
     directory = results.root / "report"
     if directory.exists() and not directory.is_dir():
@@ -255,6 +269,13 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
         ("Pareto frontier: latency vs J/token", "pareto.png",
          "per model, the trials no other trial beats on both latency and J/token are joined and labelled"
          + (f"; {marked}" if marked else ""), lambda: plots.plot_pareto(results.trials)),
+        ("Latency vs achieved throughput (serving)", "serving_latency.png",
+         "p50 solid, p99 dashed; x: saturated trials", lambda: serving_plots.plot_serving_latency(results.trials)),
+        ("Energy vs achieved request rate (serving)", "serving_energy.png",
+         "the dotted line marks each configuration's saturation knee",
+         lambda: serving_plots.plot_serving_energy(results.trials)),
+        ("Goodput vs offered rate (serving)", "goodput.png", "goodput: requests/s meeting every SLO bound",
+         lambda: serving_plots.plot_goodput(results.trials)),
         ("Weight memory per precision", "weight_memory.png", "", lambda: plots.plot_weight_memory(results.trials)),
         ("Fidelity vs J/token", "fidelity.png", marked, lambda: plots.plot_fidelity(results.trials)),
         ("Power timeline", "power_timeline.png", timeline_caption, timeline_fig),

@@ -11,6 +11,8 @@ imported inside the functions, so importing this module stays cheap.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sweeper.analysis.results import Results, check_results_dir
@@ -51,7 +53,47 @@ def memory_unit(values: Any) -> tuple[str, float]:
 
 
 # The figures repeats are summarised by (median and a 95 % interval each).
-REPEAT_METRICS = ("throughput_tok_s", "ttft_s", "tpot_s", "energy_per_token_j")
+REPEAT_METRICS = ("throughput_tok_s", "ttft_s", "tpot_s", "energy_per_token_j",
+                  "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s")
+# The latency statistics a bound of the best-configuration table may name.
+STATISTICS = ("mean", "p50", "p90", "p99")
+
+
+@dataclass(frozen=True)
+class LatencyBound:
+    """An upper bound on one latency statistic of a configuration (its repeats' median)."""
+
+    metric: str  # ttft | tpot
+    ms: float
+    statistic: str = "mean"  # one of STATISTICS
+    option: str = ""  # the command-line flag that set it, for messages
+
+    @property
+    def column(self) -> str:
+        return f"{self.metric}_s" if self.statistic == "mean" else f"{self.metric}_{self.statistic}_s"
+
+    def __str__(self) -> str:
+        stat = "" if self.statistic == "mean" else f"{self.statistic} "
+        return f"{stat}{self.metric.upper()} ≤ {self.ms:g} ms"
+
+
+def latency_bounds(max_tpot_ms: float | None = None, max_ttft_ms: float | None = None,
+                   slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+                   slo_percentile: int = 99) -> list[LatencyBound]:
+    """The bounds the report's flags ask for: means (--max-*) and a percentile (--slo-*)."""
+    if f"p{slo_percentile}" not in STATISTICS:
+        raise ReportError(f"--slo-percentile must be one of 50, 90, 99, got {slo_percentile}")
+    given = [("tpot", max_tpot_ms, "mean", "--max-tpot-ms"), ("ttft", max_ttft_ms, "mean", "--max-ttft-ms"),
+             ("ttft", slo_ttft_ms, f"p{slo_percentile}", "--slo-ttft-ms"),
+             ("tpot", slo_tpot_ms, f"p{slo_percentile}", "--slo-tpot-ms")]
+    bounds = []
+    for metric, ms, statistic, option in given:
+        if ms is None:
+            continue
+        if not ms > 0:
+            raise ReportError(f"{option} must be a positive number of milliseconds, got {ms}")
+        bounds.append(LatencyBound(metric, ms, statistic, option))
+    return bounds
 # Repeats whose 95 % interval is wider than this share of their median disagree: the
 # configuration's number is not one number, whatever each repeat's own flag says.
 MAX_REPEAT_SPREAD = 0.10
@@ -88,7 +130,7 @@ def repeat_summary(trials: pd.DataFrame) -> pd.DataFrame:
     import pandas as pd
 
     df = ok_trials(trials)
-    keys = [k for k in (*AXES.series_columns(), "batch_size", *AXES.shape_columns()) if k in df.columns]
+    keys = [k for k in AXES.config_columns() if k in df.columns]
     rows = []
     for _, g in df.groupby(keys, sort=True, dropna=False):
         first = g.iloc[0]
@@ -112,8 +154,8 @@ def repeat_summary(trials: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None,
-                 max_ttft_ms: float | None = None) -> pd.DataFrame:
+def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None, max_ttft_ms: float | None = None,
+                 *, bounds: Sequence[LatencyBound] | None = None) -> pd.DataFrame:
     """The best configuration per model under the latency bounds, judged on its repeats' medians.
 
     Best is the lowest median J/token; where a model has no energy measured (CPU
@@ -121,23 +163,21 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None,
     Repeats are never picked apart: a configuration's numbers are the medians of its
     repeats with their 95 % intervals (``*_lo``/``*_hi``, NaN for a single run), and
     ``repeats_disagree`` marks one whose repeats spread beyond ``MAX_REPEAT_SPREAD``.
-    A configuration without the bounded latency cannot be shown to meet the bound and
-    is left out. Models with no configuration under the bounds get a row with only
-    ``criterion``.
+    ``bounds`` (``latency_bounds``: means, or a percentile for serving SLOs) replace
+    the two mean bounds. A configuration without the bounded latency cannot be shown
+    to meet the bound and is left out. Models with no configuration under the bounds
+    get a row with only ``criterion``.
     """
     import pandas as pd
 
-    for name, bound in (("--max-tpot-ms", max_tpot_ms), ("--max-ttft-ms", max_ttft_ms)):
-        if bound is not None and not bound > 0:
-            raise ReportError(f"{name} must be a positive number of milliseconds, got {bound}")
+    if bounds is None:
+        bounds = latency_bounds(max_tpot_ms, max_ttft_ms)
     configs = repeat_summary(trials)
     rows = []
     for model in sorted(trials["model"].dropna().unique()):
         cand = configs[configs["model"] == model]
-        if max_tpot_ms is not None:
-            cand = cand[cand["tpot_s"].notna() & (cand["tpot_s"] * 1e3 <= max_tpot_ms)]
-        if max_ttft_ms is not None:
-            cand = cand[cand["ttft_s"].notna() & (cand["ttft_s"] * 1e3 <= max_ttft_ms)]
+        for bound in bounds:
+            cand = cand[cand[bound.column].notna() & (cand[bound.column] * 1e3 <= bound.ms)]
         with_energy = cand[cand["energy_per_token_j"].notna()]
         if not with_energy.empty:
             best, criterion = with_energy.loc[with_energy["energy_per_token_j"].idxmin()], "lowest J/token"
@@ -148,7 +188,8 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None,
             continue
         rows.append({
             "model": model, "backend": best["backend"], "precision": best["precision"],
-            "batch_size": best["batch_size"], "input_len": best["input_len"],
+            "batch_size": best["batch_size"], "request_rate": best.get("request_rate"),
+            "max_concurrency": best.get("max_concurrency"), "input_len": best["input_len"],
             "output_len": best["output_len"], "n_repeats": best["n_repeats"],
             "throughput_tok_s": best["throughput_tok_s"],
             "throughput_lo": best["throughput_tok_s_lo"], "throughput_hi": best["throughput_tok_s_hi"],
@@ -160,8 +201,8 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None,
             "repeats_disagree": bool(best["repeats_disagree"]), "trial_id": best["trial_id"],
         })
     return pd.DataFrame(rows, columns=[
-        "model", "backend", "precision", "batch_size", "input_len", "output_len", "n_repeats",
-        "throughput_tok_s", "throughput_lo", "throughput_hi", "ttft_ms", "tpot_ms", "energy_per_token_j",
+        "model", "backend", "precision", "batch_size", "request_rate", "max_concurrency", "input_len",
+        "output_len", "n_repeats", "throughput_tok_s", "throughput_lo", "throughput_hi", "ttft_ms", "tpot_ms", "energy_per_token_j",
         "energy_per_token_lo", "energy_per_token_hi", "mbu", "criterion", "unstable", "repeats_disagree",
         "trial_id"])
 

@@ -184,6 +184,11 @@ class AxisTable:
         """Trials-table columns that tell one loaded configuration (a plot series) from another."""
         return tuple(c for a in self._axes if a.load_key for c in a.series_columns())
 
+    def config_columns(self) -> tuple[str, ...]:
+        """Trials-table columns that tell one configuration from another: every axis but the
+        repeat index (repeats of a configuration are summarised together)."""
+        return tuple(c for a in self._axes if a.name != "repeat" for c in a.series_columns())
+
     def shape_columns(self) -> tuple[str, ...]:
         return tuple(a.name for a in self._axes if a.shape)
 

@@ -1,0 +1,149 @@
+"""Serving mode on vLLM: the V1 async engine (``AsyncLLM``) inside the trial actor.
+
+The engine lives on one event loop, run by a thread of the actor for the
+engine's whole life: ``AsyncLLM`` binds its output handler to the loop of its
+first request, so every run must use that same loop. The actor's thread hands
+each run to it and waits for the result with a bound.
+
+Each request is a task that sleeps until its arrival time, waits for a
+concurrency slot if ``max_concurrency`` is set, then streams its tokens
+(``RequestOutputKind.DELTA``) and stamps each delta with ``time.monotonic()`` as
+it reaches the task, as vLLM's own ``bench serve`` stamps streamed chunks. A
+delta may carry several tokens when the loop falls behind the engine: they share
+its stamp. When the request finishes, the engine's own ``scheduled_ts`` (engine
+core, CLOCK_MONOTONIC, the same clock on one host) gives its queueing time,
+when it lies within the request's life. A run past its deadline cancels the
+tasks still going, which aborts their requests in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from actors.serving.records import ServedRequest, ServedRun, ServingRequest, sort_by_index
+
+T = TypeVar("T")
+
+# Engine stamps this far outside a request's life are on another clock: not used.
+CLOCK_TOLERANCE_S = 1e-3
+# Beyond the run's own deadline, how long the actor waits for the loop to hand it back.
+HANDBACK_S = 60.0
+
+
+@dataclass
+class _Progress:
+    """A request as its task sees it (kept outside the task, so a cancelled one still reports)."""
+
+    request: ServingRequest
+    arrival_s: float
+    submit_s: float | None = None
+    times: list[float] = field(default_factory=list)
+    scheduled_s: float | None = None
+    finish_s: float | None = None
+    error: str | None = None
+
+    def served(self) -> ServedRequest:
+        return ServedRequest(self.request.index, self.request.prompt_tokens, self.arrival_s, self.submit_s,
+                             self.scheduled_s, tuple(self.times), self.finish_s, self.error)
+
+
+class AsyncEngineRunner:
+    """An ``AsyncLLM`` and the event-loop thread that owns it."""
+
+    _ids = itertools.count()
+
+    def __init__(self, engine_kwargs: dict[str, Any], start_timeout_s: float) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="sweeper-vllm-loop", daemon=True)
+        self.thread.start()
+        self.engine: Any = self.call(self._create(engine_kwargs), timeout_s=start_timeout_s)
+
+    @staticmethod
+    async def _create(engine_kwargs: dict[str, Any]) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs))
+
+    def call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=timeout_s)
+
+    @property
+    def model_config(self) -> Any:
+        return getattr(self.engine, "model_config", None) or self.engine.vllm_config.model_config
+
+    def weight_memory_bytes(self) -> list[int]:
+        return list(self.call(self.engine.collective_rpc("sweeper_weight_memory_bytes", timeout=60), 90))
+
+    def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None, deadline_s: float) -> ServedRun:
+        budget_s = max(deadline_s - time.monotonic(), 0.0) + HANDBACK_S
+        return self.call(self._serve(requests, max_concurrency, deadline_s), timeout_s=budget_s)
+
+    async def _serve(self, requests: Sequence[ServingRequest], max_concurrency: int | None,
+                     deadline_s: float) -> ServedRun:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        t0 = time.monotonic()
+        slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        params: dict[int, Any] = {}
+        progress = [_Progress(r, t0 + r.arrival_offset_s) for r in requests]
+
+        async def one(p: _Progress) -> None:
+            n = p.request.output_len
+            if n not in params:
+                params[n] = SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0.0,
+                                           detokenize=False, output_kind=RequestOutputKind.DELTA)
+            await asyncio.sleep(max(p.arrival_s - time.monotonic(), 0.0))
+            async with slots if slots is not None else contextlib.nullcontext():
+                p.submit_s = time.monotonic()
+                metrics = None
+                try:
+                    stream = self.engine.generate({"prompt_token_ids": p.request.prompt_ids.tolist()}, params[n],
+                                                  request_id=f"sweeper-{next(self._ids)}")
+                    async for out in stream:
+                        now = time.monotonic()
+                        p.times.extend([now] * len(out.outputs[0].token_ids))
+                        if out.finished:
+                            metrics = out.metrics
+                except asyncio.CancelledError:
+                    p.error = "unfinished: the run's time limit passed"
+                    raise
+                except Exception as exc:  # one request's failure is the run's data, not its end
+                    p.error = f"{type(exc).__name__}: {exc}"[:500]
+                    return
+                p.finish_s = p.times[-1] if p.times else time.monotonic()
+                if len(p.times) != n:
+                    p.error = f"produced {len(p.times)} tokens, expected {n}"
+                scheduled = float(getattr(metrics, "scheduled_ts", 0.0) or 0.0)
+                if p.submit_s - CLOCK_TOLERANCE_S <= scheduled <= p.finish_s + CLOCK_TOLERANCE_S:
+                    p.scheduled_s = min(max(scheduled, p.submit_s), p.finish_s)
+
+        tasks = [asyncio.create_task(one(p)) for p in progress]
+        _, pending = await asyncio.wait(tasks, timeout=max(deadline_s - time.monotonic(), 0.0))
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        for p in progress:
+            if p.error is None and p.finish_s is None:
+                p.error = "not sent: the run's time limit passed" if p.submit_s is None else \
+                    "unfinished: the run's time limit passed"
+        served = [p.served() for p in progress]
+        ends = [r.finish_s for r in served if r.finish_s is not None]
+        return ServedRun(t_start_s=t0, t_end_s=max(ends, default=time.monotonic()), requests=sort_by_index(served))
+
+    def close(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                engine.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
