@@ -28,6 +28,7 @@ SUBCOMMANDS = (
     "roofline",
     "scheduling",
     "vllm-compare",
+    "serving",
     "trials-table",
     "readme-plot",
 )

@@ -30,6 +30,10 @@
 #   vllm_tp2    vLLM backend: tensor parallel 2 (needs nvidia-h200-x2) (§6)
 #   quant_vllm  the vllm rows (bf16, fp8) of sweeps/quantization.yaml (§5)
 #   multi_gpu   sweeps/quantization.yaml (1B) spread over every GPU, busy fraction (§4)
+#   serving     bench/serving_gpu.yaml: llama-3.1-8b on vLLM over 8 request rates to past saturation (§11)
+#   serving_seqs  bench/serving_gpu_seqs.yaml: max_num_seqs 32 and 256 at three rates (§11)
+#   serving_offline  bench/serving_gpu_offline.yaml (offline batch 128, against rate inf) and
+#               bench serving: sweeper's serving path vs a bare AsyncLLM loop, same arrivals (§11)
 #   truth       bench/measurement_truth.yaml: settled idle baseline and pre-load idle, peak vs p99
 #               power, vLLM phase sums and weight memory, per-iteration CVs (§10)
 set -uo pipefail
@@ -75,6 +79,17 @@ step() {
                       && python3 -m sweeper report "$RESULTS/backends" > "$OUT/backends_report.txt" 2>&1 ;;
         truth) python3 -m sweeper run bench/measurement_truth.yaml -o "$RESULTS/truth" -q 2>&1 | tee "$OUT/truth_run.log"
                for t in trials timeline requests; do cp "$RESULTS/truth/$t.parquet" "$OUT/truth_$t.parquet"; done ;;
+        serving|serving_seqs|serving_offline)
+            files=(bench/serving_gpu.yaml); [ "$1" = serving_seqs ] && files=(bench/serving_gpu_seqs.yaml)
+            [ "$1" = serving_offline ] && files=(bench/serving_gpu_offline.yaml)
+            for f in "${files[@]}"; do
+                python3 -m sweeper run "$f" -o "$RESULTS/serving" -q 2>&1 | tee -a "$OUT/${1}_run.log"
+            done
+            for t in trials requests timeline; do cp "$RESULTS/serving/$t.parquet" "$OUT/serving_$t.parquet"; done
+            if [ "$1" = serving_offline ]; then
+                python3 -m bench serving --model llama-3.1-8b --rate 16 --rounds "${ROUNDS:-3}" \
+                    --out "$OUT/serving_harness.json"
+            fi ;;
         vllm_fp8) python3 -m bench vllm-compare --model llama-3.1-8b --fp8-only --out "$OUT/vllm_fp8.json" ;;
         vllm_tp2) python3 -m bench vllm-compare --tp 2 --model llama-3.1-8b --no-fp8 --out "$OUT/vllm_tp2.json" ;;
         quant_vllm) one_backend_sweep sweeps/quantization.yaml vllm /tmp/quant_vllm.yaml \

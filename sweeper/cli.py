@@ -163,7 +163,8 @@ def plan(
     # One column per axis (the axis table's order); option variants and tensor
     # parallelism share a "variant" column, shown only when the sweep has them.
     with_variant = any(pt.trial.variant() for pt in p.trials)
-    shown = [a for a in AXES if not a.in_variant]
+    # An axis no trial gives a value (serving's rate in an offline sweep, and the reverse) is left out.
+    shown = [a for a in AXES if not a.in_variant and any(pt.trial.point.get(a.name) is not None for pt in p.trials)]
     table.add_column("trial_id")
     for axis in shown:
         table.add_column(axis.title, justify="right" if axis.value_type is int else "left")
@@ -174,7 +175,8 @@ def plan(
         t, values = pt.trial, pt.trial.axes()
         cells = [t.trial_id]
         for axis in shown:
-            cells.append(str(values[axis.name]))
+            cells.append("-" if values[axis.name] is None else f"{values[axis.name]:g}"
+                         if isinstance(values[axis.name], float) else str(values[axis.name]))
             if axis.name == BACKEND and with_variant:
                 cells.append(t.variant())
         state = status(pt)
