@@ -208,7 +208,8 @@ def _stability(row: dict[str, Any], window: SteadyWindow | None, trial: Trial, b
     reasons = [row.pop("unstable_reason")] if row.get("unstable_reason") else []
     m = trial.measure
     if window is None:
-        reasons.append("no request finished: no steady window")
+        reasons.append("no steady state: no request completed while others were still being admitted at the "
+                       "steady level (the run is shorter than one request's life there; raise num_prompts)")
     elif window.duration_s < m.min_window_s:
         reasons.append(f"steady window {window.duration_s:.2f} s < min_window_s {m.min_window_s:g} s")
     rate = trial.request_rate

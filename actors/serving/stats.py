@@ -7,12 +7,24 @@ A serving run ramps up (the engine's batch fills as requests arrive) and drains
 (the last requests finish with fewer and fewer beside them); neither is what the
 engine costs at the offered load. ``running(t)`` is the number of requests the
 engine holds at t (scheduled, not finished). Its steady level L is its
-time-weighted median over the run (at least 1); the window runs from the first
-moment ``running`` reaches L to the last moment it is still at L or above. At
-saturation L is the engine's full batch and this is ML.ENERGY's rule (from the
-moment the engine first holds its steady batch until the last full batch starts
-finishing); at light load, where L is 1, it runs from the first request's start
-to the last request's end less the idle stretches on either side.
+time-weighted median over the run (at least 1). The window is where the engine
+holds at least L *and* requests both enter and leave it:
+
+- it opens at the later of the first moment ``running`` reaches L and the first
+  request's completion;
+- it closes at the earlier of the last moment ``running`` is still at L or above
+  and the last request's first token.
+
+At saturation the first bound of each pair is ML.ENERGY's rule (from the moment
+the engine first holds its steady batch until the last full batch starts
+finishing). The second keeps the window's mix of prefill and decode that of the
+steady state: before the first completion the engine decodes only requests it
+admitted (and prefilled) before the window, after the last first token it only
+finishes requests, and a window cut there under-counts (or over-counts) prefill.
+On an H100 serving 300 requests at once with a batch cap of 128 (2.3 batches),
+the first pair alone read 12 % below the offline J/token at batch 128 by keeping
+the first batch's decode without its prefill. A run shorter than one request's
+life at the steady level has no such window: it is flagged.
 
 Saturation
 ----------
@@ -123,18 +135,22 @@ class SteadyWindow:
 
 
 def steady_window(run: ServedRun) -> SteadyWindow | None:
-    """The run's steady-state window (module docstring), or None when nothing ran."""
+    """The run's steady-state window (module docstring), or None when there is none: nothing
+    ran, or the run was shorter than one request's life at the steady level."""
     busy = running(run.completed)
     if busy.times.size == 0:
         return None
     t_first, t_last = float(busy.times[0]), float(busy.times[-1])
     level = max(1.0, busy.weighted_median(t_first, t_last))
     at_level = np.nonzero(busy.values >= level)[0]
-    start = float(busy.times[at_level[0]])
-    # The window ends where the last stretch at or above the level ends.
     last = int(at_level[-1])
-    end = float(busy.times[last + 1]) if last + 1 < busy.times.size else t_last
-    return SteadyWindow(start, end, level)
+    # From the later of (the level reached, the first completion) to the earlier of (the
+    # level's last stretch ending, the last first token): see the module docstring.
+    first_done = min(r.finish_s for r in run.completed if r.finish_s is not None)
+    last_admitted = max(r.first_token_s for r in run.completed if r.first_token_s is not None)
+    start = max(float(busy.times[at_level[0]]), first_done)
+    end = min(float(busy.times[last + 1]) if last + 1 < busy.times.size else t_last, last_admitted)
+    return SteadyWindow(start, end, level) if end > start else None
 
 
 @dataclass(frozen=True)

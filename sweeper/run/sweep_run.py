@@ -239,9 +239,13 @@ def first_line(exc: BaseException) -> str:
 def _summary_text(row: dict[str, Any]) -> str:
     if row.get("status") != "ok":
         return str(row.get("error") or "")[:200]
-    parts = [f"{row['throughput_tok_s']:,.1f} tok/s", f"ttft {row['ttft_s'] * 1e3:,.1f} ms"]
-    if row.get("energy_per_token_j") is not None:
-        parts.append(f"{row['energy_per_token_j']:.4f} J/tok")
+    # Any of these may be null on an ok row (a serving run with no steady state has no
+    # throughput): the line says what there is.
+    shown = (("throughput_tok_s", 1.0, "{:,.1f} tok/s"), ("ttft_s", 1e3, "ttft {:,.1f} ms"),
+             ("energy_per_token_j", 1.0, "{:.4f} J/tok"))
+    parts = [fmt.format(row[key] * scale) for key, scale, fmt in shown if row.get(key) is not None]
+    if row.get("unstable"):
+        parts.append("unstable")
     return "  ".join(parts)
 
 

@@ -54,18 +54,33 @@ def test_a_single_token_request_has_no_tpot_and_meets_a_tpot_bound():
     assert one.tpot_s is None and meets(one, {"tpot": 0.001})
 
 
-def test_the_steady_window_spans_the_full_batch_and_drops_ramp_and_drain():
-    # Requests start every 0.1 s and each runs 1 s: from 0.9 s to 1.0 s ten run at once.
-    # Hand-built as a run of 30 such requests: the level is 10 from t=0.9 to t=3.0.
-    reqs = [ServedRequest(i, 8, 0.1 * i, 0.1 * i, 0.1 * i, tuple(0.1 * i + 0.1 * (k + 1) for k in range(10)),
-                          0.1 * i + 1.0) for i in range(30)]
-    run = ServedRun(0.0, 3.9, tuple(reqs))
+def steady_run(n: int, every_s: float = 0.1, life_s: float = 1.0) -> ServedRun:
+    """Requests scheduled every ``every_s``, each with ten tokens over ``life_s``."""
+    step = life_s / 10
+    reqs = [ServedRequest(i, 8, every_s * i, every_s * i, every_s * i,
+                          tuple(every_s * i + step * (k + 1) for k in range(10)), every_s * i + life_s)
+            for i in range(n)]
+    return ServedRun(0.0, every_s * (n - 1) + life_s, tuple(reqs))
+
+
+def test_the_steady_window_holds_admissions_and_completions_at_the_steady_level():
+    # 30 requests, one every 0.1 s, each 1 s long: ten run at once from 0.9 s (the level)
+    # to 3.0 s; the first completes at 1.0 s and the last first token comes at 3.0 s.
+    run = steady_run(30)
     window = steady_window(run)
     assert window is not None
     assert window.level == 10
-    assert window.t_start_s == pytest.approx(0.9)
+    assert window.t_start_s == pytest.approx(1.0)  # the first completion, after the level at 0.9
     assert window.t_end_s == pytest.approx(3.0)
     assert running(run.requests).mean(window.t_start_s, window.t_end_s) == pytest.approx(10, abs=0.5)
+
+
+def test_a_run_shorter_than_a_request_life_at_the_level_has_no_steady_window():
+    # Every request at once, all ten in one batch: none finishes while another is admitted.
+    batch = ServedRun(0.0, 1.1, tuple(ServedRequest(i, 8, 0.0, 0.0, 0.0, tuple(0.1 * (k + 1) for k in range(10)), 1.0)
+                                      for i in range(10)))
+    assert steady_window(batch) is None
+    assert steady_window(steady_run(30)) is not None
 
 
 def test_arrivals_are_seeded_and_follow_their_process():
