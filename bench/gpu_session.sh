@@ -85,7 +85,12 @@ step() {
             for f in "${files[@]}"; do
                 python3 -m sweeper run "$f" -o "$RESULTS/serving" -q 2>&1 | tee -a "$OUT/${1}_run.log"
             done
-            for t in trials requests timeline; do cp "$RESULTS/serving/$t.parquet" "$OUT/serving_$t.parquet"; done
+            # trials.parquet holds the last sweep's trials: gather every sweep's shards instead
+            python3 -c "import glob, sys, pyarrow as pa, pyarrow.parquet as pq
+for kind in ('trials', 'requests', 'timeline'):
+    files = sorted(glob.glob(f'{sys.argv[1]}/shards/{kind}/*.parquet'))
+    pq.write_table(pa.concat_tables([pq.read_table(f) for f in files], promote_options='default'),
+                   f'{sys.argv[2]}/serving_{kind}.parquet', compression='zstd')" "$RESULTS/serving" "$OUT"
             if [ "$1" = serving_offline ]; then
                 python3 -m bench serving --model llama-3.1-8b --rate 16 --rounds "${ROUNDS:-3}" \
                     --out "$OUT/serving_harness.json"
