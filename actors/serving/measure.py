@@ -161,8 +161,10 @@ def _columns(trial: Trial, run: ServedRun, window: SteadyWindow | None, telemetr
     row.update(dict.fromkeys(("request_energy_method", "energy_per_request_j", "energy_per_request_p50_j",
                               "energy_per_request_p90_j", "attributed_energy_j")))
     if handle.window is not None:
-        request_energy = attribution.request_energies(run.requests, run.t_start_s, run.t_end_s,
-                                                      telemetry.energies_between)
+        # Over the run's energy window itself (its boundaries a moment outside the first
+        # arrival and the last token), so that the requests' energies sum to run_energy_j.
+        request_energy = attribution.request_energies(run.requests, handle.window.t_start_s,
+                                                      handle.window.t_end_s, telemetry.energies_between)
         done = [e for e, r in zip(request_energy, run.requests, strict=True) if r.ok]
         row.update(request_energy_method=attribution.METHOD,
                    energy_per_request_j=float(np.mean(done)) if done else None,

@@ -108,10 +108,12 @@ _RESULT: tuple[Column, ...] = (
     _c("steady_batch", F, "serving: the steady level of requests running in the engine, which defines the window"),
     _c("mean_running_batch", F, "serving: time-weighted mean of requests running in the engine over the window"),
     _c("max_concurrency_reached", I, "serving: most requests in flight (submitted, not finished) at once"),
-    _c("saturated", B, "serving: the engine did not keep up with the offered rate (requests waited through the whole "
-                       "window, or the queue grew across it)"),
+    _c("saturated", B, "serving: the engine did not keep up with the offered rate (requests outstanding grew while "
+                       "they arrived in the steady window; with every request sent at once: requests waited "
+                       "behind a full engine as the window opened)"),
     _c("saturation_reason", S, "serving: the figures behind saturated"),
-    _c("queue_growth", F, "serving: requests waiting at the window's end less at its start"),
+    _c("queue_growth", F, "serving: requests outstanding (arrived, not finished) at the last arrival in the steady "
+                          "window less at its start"),
     _c("goodput_req_s", F, "serving: requests meeting every SLO bound / run_duration_s (vLLM's definition); null without an slo"),
     _c("slo_attainment", F, "serving: share of the run's requests meeting every SLO bound"),
     _c("load_s", F, "model load time of the trial's group (shared by its trials, not in duration_s)"),
