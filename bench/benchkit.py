@@ -178,8 +178,12 @@ def start_command(argv: list[str]) -> None:
 
 
 def git_commit(root: Path = ROOT) -> tuple[str | None, bool | None]:
-    """HEAD's commit and whether the working tree differs from it; ``SWEEPER_COMMIT`` (dirty
-    unknown) where ``root`` is no git checkout; (None, None) where neither says."""
+    """``SWEEPER_COMMIT`` where set (dirty unknown): the lent GPU machines get a copy of the
+    working tree whose git metadata may name an older commit than the one the tree is;
+    else HEAD's commit and whether the working tree differs from it; (None, None) where
+    neither says."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV], None
     try:
         top, head = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=root, capture_output=True,
                                    text=True, timeout=30, check=True).stdout.split()

@@ -23,11 +23,18 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 # Columns that identify a line of a per-configuration plot (batch size is the x axis);
 # option variants (eager / compiled) and tensor parallelism are lines of their own.
 UNSTABLE_NOTE = "hollow markers: unstable trials"
-_PHASE_COLOURS = {"prefill": "tab:orange", "decode": "tab:blue"}
+# Offline generate calls' phases, and a serving run's (its steady-state window and either side).
+_PHASE_COLOURS = {"prefill": "tab:orange", "decode": "tab:blue",
+                  "ramp": "tab:olive", "steady": "tab:cyan", "drain": "tab:purple"}
 
 
 class PlotUnavailable(Exception):
     """The data a plot needs is absent or all null; the message says which."""
+
+
+class PlotNotApplicable(PlotUnavailable):
+    """The plot is for the other workload mode (per-batch plots of a serving sweep, serving
+    plots of an offline one): left out without a note."""
 
 
 # -- helpers ---------------------------------------------------------------------
@@ -163,7 +170,7 @@ def _per_batch(trials: pd.DataFrame, panels: list[tuple[str, str, float]], title
 
     df = _plottable(trials)
     if "mode" in df.columns and (df["mode"] == "serving").all():
-        raise PlotUnavailable("a serving sweep has no batch sizes (its trials are drawn against the request rate)")
+        raise PlotNotApplicable("a serving sweep has no batch sizes (its trials are drawn against the request rate)")
     df = df[df["batch_size"].notna()] if "batch_size" in df.columns else df
     columns = [c for c, _, _ in panels]
     require(df, ("batch_size",), why)

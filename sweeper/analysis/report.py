@@ -243,8 +243,11 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
     marked = f"hollow hatched markers: the {n_unstable} unstable trial(s) listed below" if n_unstable else ""
     timeline_caption = ""
     if timeline_row is not None:
+        rate = timeline_row.get("request_rate")
+        load = (f"rate={rate:g}/s" if rate is not None and rate == rate
+                else f"bs={timeline_row['batch_size']}")
         timeline_caption = (f"trial {timeline_id}: {timeline_row['model']} {timeline_row['backend']}/"
-                            f"{timeline_row['precision']} bs={timeline_row['batch_size']}"
+                            f"{timeline_row['precision']} {load}"
                             + ("" if trial_id else " (the ok trial with the most energy; --trial picks another)"))
 
     def timeline_fig() -> Any:
@@ -286,6 +289,8 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
     for title, filename, caption, make in wanted:
         try:
             fig = make()
+        except plots.PlotNotApplicable:
+            continue
         except plots.PlotUnavailable as exc:
             report.notes.append(f"{title} left out: {exc}")
             continue

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from sweeper.analysis.plots import (
     UNSTABLE_NOTE,
-    PlotUnavailable,
+    PlotNotApplicable,
     _plottable,
     _scatter_marked,
     _set_log,
@@ -33,7 +33,7 @@ def serving_trials(trials: pd.DataFrame) -> pd.DataFrame:
     """The ok serving-mode trials, or PlotUnavailable when the sweep has none."""
     df = _plottable(trials)
     if "mode" not in df.columns or not (df["mode"] == "serving").any():
-        raise PlotUnavailable("no serving-mode trials (workload.mode: serving)")
+        raise PlotNotApplicable("no serving-mode trials (workload.mode: serving)")
     return df[df["mode"] == "serving"]
 
 
