@@ -16,21 +16,12 @@ from actors.telemetry import NullTelemetry
 from sweeper.core.schema import REQUESTS, trials_columns
 from sweeper.plan.expand import expand
 from sweeper.plan.spec import parse_sweep
+from tests.fake_nvml import FakeClock
 
 
-class VirtualClock:
-    def __init__(self) -> None:
-        self.now_s = 100.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def sleep(self, seconds: float) -> None:
-        self.now_s += max(seconds, 0.0)
-
-
-def noop(**options) -> tuple[NoopBackend, VirtualClock]:
-    backend, clock = NoopBackend(), VirtualClock()
+def noop(**options) -> tuple[NoopBackend, FakeClock]:
+    # Virtual time: it moves only when the backend sleeps.
+    backend, clock = NoopBackend(), FakeClock(100.0)
     backend.clock, backend.sleep = clock, clock.sleep
     sweep = sweep_of(rate=1.0, noop=options)
     backend.load(ModelSpec("synthetic", "tiny-llama", "fp32", expand(sweep)[0][0].backend_options, serving=True))
@@ -86,7 +77,7 @@ def test_a_run_past_its_deadline_records_what_it_has_and_returns():
 def measure(rate, noop_options=None, **workload) -> tuple[dict, list[dict]]:
     sweep = sweep_of(rate, noop_options, **workload)
     trial = expand(sweep)[0][0]
-    backend, clock = NoopBackend(), VirtualClock()
+    backend, clock = NoopBackend(), FakeClock(100.0)
     backend.clock, backend.sleep = clock, clock.sleep
     load = backend.load(ModelSpec("synthetic", "tiny-llama", "fp32", trial.backend_options, serving=True))
     measured = measure_serving_trial(backend, trial, load, NullTelemetry(reason="test"), clock=clock)
