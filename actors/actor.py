@@ -156,7 +156,8 @@ class TrialRunner:
         tables: dict[str, Any] = {"requests": measured.requests}
         if measured.timeline is not None:
             tables["timeline"] = measured.timeline
-        row = {**base, **measured.row, "status": "ok"}
+        # A serving run cut by its time limit says so itself (status failed, with what it measured).
+        row = {**base, "status": "ok", **measured.row}
         if trial.layer_profile is not None:
             # After the headline window has closed: hooks never touch the headline numbers.
             row.update(self._profile_layers(trial, trial.layer_profile, measured, tables))

@@ -94,6 +94,12 @@ def measure_serving_trial(backend: Backend, trial: Trial, load: LoadInfo, teleme
     row.update(_stability(row, window, trial, baseline))
     if len(run.failed) == len(run.requests):
         raise RuntimeError(f"every request of the run failed: {run.failed[0].error}")
+    cut = sum(1 for r in run.failed if r.error is not None and "time limit" in r.error)
+    if cut:
+        # The trial's time limit cut the run: failed (and re-run by --retry-failed), with what it measured.
+        row.update(status="failed", reason="timeout",
+                   error=f"{cut} of {len(run.requests)} requests had not finished when the run's time limit "
+                         f"({RUN_SHARE_OF_TIMEOUT:.0%} of measure.timeout_s) passed")
     marks = _marks(run, window)
     timeline = None
     if telemetry.active:

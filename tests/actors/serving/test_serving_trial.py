@@ -74,8 +74,10 @@ def test_a_run_past_its_deadline_records_what_it_has_and_returns():
     assert clock() < 100.0 + 7.0
 
 
-def measure(rate, noop_options=None, **workload) -> tuple[dict, list[dict]]:
+def measure(rate, noop_options=None, measure_options=None, **workload) -> tuple[dict, list[dict]]:
     sweep = sweep_of(rate, noop_options, **workload)
+    if measure_options:
+        sweep = sweep.model_copy(update={"measure": sweep.measure.model_copy(update=measure_options)})
     trial = expand(sweep)[0][0]
     backend, clock = NoopBackend(), FakeClock(100.0)
     backend.clock, backend.sleep = clock, clock.sleep
@@ -120,3 +122,14 @@ def test_a_serving_row_fills_every_serving_column_and_leaves_energy_null_on_cpu(
     assert row["slo_attainment"] == pytest.approx(good / 100)
     assert row["goodput_req_s"] == pytest.approx(good / row["run_duration_s"])
     assert all(len(r["itl_s"]) == 9 for r in requests)
+
+
+def test_a_run_cut_by_the_time_limit_fails_with_what_it_measured():
+    # One request at a time, 10 tokens of 10 ms: 100 requests need about 12 s; the run may use
+    # 80 % of a 5 s limit.
+    row, requests = measure(400.0, {"max_batch": 1}, {"timeout_s": 5.0})
+    assert row["status"] == "failed" and row["reason"] == "timeout"
+    assert "requests had not finished when the run's time limit" in row["error"]
+    assert 0 < row["n_failed_requests"] < 100 and row["ttft_p50_s"] is not None
+    assert {r["error"] for r in requests if r["error"]} <= {"unfinished: the run's time limit passed",
+                                                           "not sent: the run's time limit passed"}
