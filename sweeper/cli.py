@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -103,6 +104,11 @@ def _local_device() -> str:
 SweepArg = Annotated[Path, typer.Argument(help="sweep file (YAML)", show_default=False)]
 
 
+def _json_axes(values: dict[str, Any]) -> dict[str, Any]:
+    """Axis values as strict JSON: an infinite request rate is the string "inf", as in sweep files."""
+    return {k: ("inf" if isinstance(v, float) and math.isinf(v) else v) for k, v in values.items()}
+
+
 @app.command(cls=_Command)
 def plan(
     sweep_file: SweepArg,
@@ -151,11 +157,11 @@ def plan(
             "runnable": len(p.runnable), "skipped": len(p.skipped), "excluded": p.excluded,
             "groups": len(p.groups()),
             "notes": p.notes,
-            "plan": [{"trial_id": pt.trial.trial_id, **pt.trial.axes(), "variant": pt.trial.variant(),
+            "plan": [{"trial_id": pt.trial.trial_id, **_json_axes(pt.trial.axes()), "variant": pt.trial.variant(),
                       "status": status(pt), "reason": pt.skip_reason}
                      for pt in p.trials],
         }
-        print(json.dumps(payload, indent=2))
+        print(json.dumps(payload, indent=2, allow_nan=False))
         return
     from sweeper.core.axes import AXES, BACKEND
 

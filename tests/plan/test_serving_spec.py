@@ -10,7 +10,7 @@ import yaml
 from sweeper.core.errors import SweepFileError
 from sweeper.plan.expand import expand, make_plan
 from sweeper.plan.spec import parse_sweep
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 
 SERVING = {
     "name": "s", "models": "tiny-llama", "backends": ["noop", "transformers"], "precisions": "fp32",
@@ -102,3 +102,17 @@ def test_the_cli_says_one_line_and_exits_2(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "batch_sizes: not an axis in serving mode" in proc.stderr
+
+
+def test_plan_json_is_strict_json_with_inf_as_a_string():
+    import json
+
+    proc = run_cli("plan", str(ROOT / "sweeps" / "serving.yaml"), "--json")
+    assert proc.returncode == 0, proc.stderr
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    plan = json.loads(proc.stdout, parse_constant=refuse)["plan"]
+    assert {t["request_rate"] for t in plan} == {2, 8, 32, 128, "inf"}
+    assert {t["batch_size"] for t in plan} == {None}
