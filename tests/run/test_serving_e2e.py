@@ -21,7 +21,11 @@ def test_the_serving_example_runs_resumes_and_reports(tmp_path):
     out = tmp_path / "serving"
     proc = run_cli("run", str(ROOT / "sweeps" / "serving.yaml"), "-o", str(out), "-q")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    trials = duckdb.sql(f"SELECT * FROM '{out}/trials.parquet' ORDER BY backend, request_rate").df()
+    everything = duckdb.sql(f"SELECT * FROM '{out}/trials.parquet' ORDER BY backend, request_rate").df()
+    # vLLM's rows are skipped on a machine without a GPU (or without vllm), with the reason.
+    vllm = everything[everything["backend"] == "vllm"]
+    assert len(vllm) == 5 and (set(vllm["status"]) == {"skipped"} or set(vllm["status"]) == {"ok"})
+    trials = everything[everything["backend"] != "vllm"]
     assert len(trials) == 10 and set(trials["status"]) == {"ok"}, trials[["status", "error"]]
     assert set(trials["mode"]) == {"serving"} and set(trials["backend"]) == {"noop", "transformers"}
     empty = [c for c in SERVING_COLUMNS if trials[c].isna().any()]
@@ -35,6 +39,7 @@ def test_the_serving_example_runs_resumes_and_reports(tmp_path):
 
     requests = duckdb.sql(f"SELECT trial_id, count(*) AS n, min(len(itl_s)) AS gaps, "
                           f"bool_and(error IS NULL) AS ok FROM '{out}/requests.parquet' GROUP BY trial_id").df()
+    requests = requests[requests["trial_id"].isin(trials["trial_id"])]
     assert len(requests) == 10 and set(requests["gaps"]) == {15} and requests["ok"].all()
     counted = dict(zip(requests["trial_id"], requests["n"], strict=True))
     assert all(counted[t] == n for t, n in zip(trials["trial_id"], trials["n_requests"], strict=True))
@@ -42,7 +47,7 @@ def test_the_serving_example_runs_resumes_and_reports(tmp_path):
     assert noop.loc[8.0, "n_requests"] == 64 and 10 < noop.loc[2.0, "n_requests"] < 40
 
     again = run_cli("run", str(ROOT / "sweeps" / "serving.yaml"), "-o", str(out), "-q")
-    assert again.returncode == 0 and "10 trial(s) already ok; 0 to run" in again.stderr
+    assert again.returncode == 0 and "10 trial(s) already ok" in again.stderr and "0 to run" in again.stderr
 
     report = run_cli("report", str(out), "--slo-ttft-ms", "100", "--slo-percentile", "90")
     assert report.returncode == 0, report.stderr
