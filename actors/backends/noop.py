@@ -21,7 +21,7 @@ import numpy as np
 
 from actors.backends.base import Backend, Generation, LoadInfo, ModelSpec, RequestTiming
 from actors.serving.client import run_requests
-from actors.serving.records import ServedRequest, ServedRun, ServingRequest
+from actors.serving.records import UNFINISHED, ServedRequest, ServedRun, ServingRequest
 from sweeper.core.backends import NoopOptions
 from sweeper.core.presets import PRESETS
 
@@ -163,7 +163,7 @@ class SimulatedEngine:
         left = list(self.waiting) + self.running
         self.waiting.clear()
         self.running = []
-        return [live.served(None, "unfinished: the run's time limit passed") for live in left]
+        return [live.served(None, UNFINISHED) for live in left]
 
 
 def _sleep_until(deadline_s: float, clock, sleep) -> None:

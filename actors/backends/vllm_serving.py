@@ -27,7 +27,14 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from actors.serving.records import ServedRequest, ServedRun, ServingRequest, sort_by_index
+from actors.serving.records import (
+    NOT_SENT,
+    UNFINISHED,
+    ServedRequest,
+    ServedRun,
+    ServingRequest,
+    sort_by_index,
+)
 
 T = TypeVar("T")
 
@@ -114,7 +121,7 @@ class AsyncEngineRunner:
                         if out.finished:
                             metrics = out.metrics
                 except asyncio.CancelledError:
-                    p.error = "unfinished: the run's time limit passed"
+                    p.error = UNFINISHED
                     raise
                 except Exception as exc:  # one request's failure is the run's data, not its end
                     p.error = f"{type(exc).__name__}: {exc}"[:500]
@@ -134,8 +141,7 @@ class AsyncEngineRunner:
             await asyncio.gather(*pending, return_exceptions=True)
         for p in progress:
             if p.error is None and p.finish_s is None:
-                p.error = "not sent: the run's time limit passed" if p.submit_s is None else \
-                    "unfinished: the run's time limit passed"
+                p.error = NOT_SENT if p.submit_s is None else UNFINISHED
         served = [p.served() for p in progress]
         ends = [r.finish_s for r in served if r.finish_s is not None]
         return ServedRun(t_start_s=t0, t_end_s=max(ends, default=time.monotonic()), requests=sort_by_index(served))

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from actors.serving.records import ServedRequest, ServedRun, ServingRequest, sort_by_index
+from actors.serving.records import NOT_SENT, ServedRequest, ServedRun, ServingRequest, sort_by_index
 
 
 class SteppedEngine(Protocol):
@@ -45,7 +45,7 @@ def run_requests(engine: SteppedEngine, requests: Sequence[ServingRequest], *, m
         if now >= deadline_s:
             done += engine.abandon(now)
             done += [ServedRequest(r.index, r.prompt_tokens, t0 + r.arrival_offset_s, None, None, (), None,
-                                   error="not sent: the run's time limit passed") for r in pending]
+                                   error=NOT_SENT) for r in pending]
             break
         while pending and in_flight < cap and t0 + pending[0].arrival_offset_s <= now:
             request = pending.popleft()

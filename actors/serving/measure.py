@@ -94,7 +94,7 @@ def measure_serving_trial(backend: Backend, trial: Trial, load: LoadInfo, teleme
     row.update(_stability(row, window, trial, baseline))
     if len(run.failed) == len(run.requests):
         raise RuntimeError(f"every request of the run failed: {run.failed[0].error}")
-    cut = sum(1 for r in run.failed if r.error is not None and "time limit" in r.error)
+    cut = sum(1 for r in run.failed if r.cut_by_time_limit)
     if cut:
         # The trial's time limit cut the run: failed (and re-run by --retry-failed), with what it measured.
         row.update(status="failed", reason="timeout",

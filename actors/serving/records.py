@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# What a request that the run's time limit cut short records as its error.
+NOT_SENT = "not sent: the run's time limit passed"
+UNFINISHED = "unfinished: the run's time limit passed"
+
 
 @dataclass(frozen=True)
 class ServingRequest:
@@ -46,6 +50,10 @@ class ServedRequest:
     @property
     def ok(self) -> bool:
         return self.error is None and self.finish_s is not None and bool(self.token_times_s)
+
+    @property
+    def cut_by_time_limit(self) -> bool:
+        return self.error in (NOT_SENT, UNFINISHED)
 
     @property
     def output_tokens(self) -> int:

@@ -19,7 +19,7 @@ import itertools
 import time
 from typing import Any
 
-from actors.serving.records import ServedRequest, ServingRequest
+from actors.serving.records import UNFINISHED, ServedRequest, ServingRequest
 
 # How long submitting one request may block on the manager's input queue.
 SUBMIT_TIMEOUT_S = 10.0
@@ -69,7 +69,7 @@ class ContinuousBatchingEngine:
         for request_id, (request, arrival_s, submit_s) in self.live.items():
             self.manager.cancel_request(request_id)
             left.append(ServedRequest(request.index, request.prompt_tokens, arrival_s, submit_s, None, (), None,
-                                      error="unfinished: the run's time limit passed"))
+                                      error=UNFINISHED))
         self.live.clear()
         return left
 
