@@ -68,7 +68,7 @@ def _finish(fig: Figure, axes: Any, title: str, notes: list[str]) -> Figure:
         ax.grid(True, alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=7)
-    fig.suptitle(title + ("\n" + "; ".join(notes) if notes else ""), fontsize=11)
+    fig.suptitle(title + "".join("\n" + note for note in notes), fontsize=10)
     return fig
 
 
