@@ -222,6 +222,9 @@ class Sweep(_Strict):
         if self.workload.mode == "serving" and self.profile is not None:
             raise ValueError("profile: the layer-profiling pass replays offline generate calls; serving mode has "
                              "none (profile an offline sweep of the same model)")
+        if self.workload.mode == "serving" and self.fidelity is not None:
+            raise ValueError("fidelity: the fidelity pass scores offline generate calls; serving mode has none "
+                             "(measure fidelity in an offline sweep of the same model and precisions)")
         if self.workload.mode == "serving" and self.batch_sizes is not None:
             raise ValueError("batch_sizes: not an axis in serving mode, where the engine forms its own batches; "
                              "remove it (cap them with workload.max_concurrency or the backend's own limit: "

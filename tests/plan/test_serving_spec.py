@@ -78,11 +78,13 @@ def test_bad_serving_values_name_the_field(workload, field, words):
     assert words in str(info.value)
 
 
-def test_batch_sizes_and_layer_profiles_are_offline_only():
+def test_batch_sizes_layer_profiles_and_fidelity_are_offline_only():
     with pytest.raises(SweepFileError, match="batch_sizes: not an axis in serving mode"):
         parse_sweep({**SERVING, "batch_sizes": [1, 8]}, "f.yaml")
     with pytest.raises(SweepFileError, match="profile: the layer-profiling pass"):
         parse_sweep({**SERVING, "profile": {"layers": "block"}}, "f.yaml")
+    with pytest.raises(SweepFileError, match="fidelity: the fidelity pass scores offline generate calls"):
+        parse_sweep({**SERVING, "fidelity": {"reference": "fp32"}}, "f.yaml")
     with pytest.raises(SweepFileError, match="batch_sizes: required field is missing"):
         parse_sweep({k: v for k, v in OFFLINE.items() if k != "batch_sizes"}, "f.yaml")
 
