@@ -31,7 +31,7 @@ class Plot:
     filename: str
     png: bytes
     caption: str = ""
-    data: dict[str, Any] = field(default_factory=dict)  # what the figure shows (plots.figure_data)
+    data: dict[str, Any] = field(default_factory=dict)  # what the figure shows (figure_data.figure_data)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sweeper.analysis import plots, serving_plots
+from sweeper.analysis.figure_data import figure_data
 from sweeper.analysis.render import Plot, Report, Table, render_html, render_markdown
 from sweeper.analysis.results import Results, load_results, report_settings, table_path
 from sweeper.analysis.tables import (
@@ -296,7 +297,7 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
             continue
         png = figure_png(fig)
         (directory / filename).write_bytes(png)
-        report.plots.append(Plot(title, filename, png, caption, plots.figure_data(fig)))
+        report.plots.append(Plot(title, filename, png, caption, figure_data(fig)))
 
     text = render_html(report) if fmt == "html" else render_markdown(report)
     tmp = report.path.with_name(f".{report.path.name}.tmp")

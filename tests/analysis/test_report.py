@@ -584,11 +584,12 @@ def test_repeats_are_one_median_point_with_their_range(gpu_results):
     import pandas as pd
 
     from sweeper.analysis import plots
+    from sweeper.analysis.figure_data import figure_data
 
     trials = pd.read_parquet(gpu_results / "trials.parquet")
     again = trials.copy()
     again["throughput_tok_s"] *= 1.2
-    data = plots.figure_data(plots.plot_throughput(pd.concat([trials, again], ignore_index=True)))
+    data = figure_data(plots.plot_throughput(pd.concat([trials, again], ignore_index=True)))
     assert "points: median of repeats, whiskers: their range" in data["title"]
     for panel in data["panels"]:
         for series in panel["series"]:
