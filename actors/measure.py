@@ -12,7 +12,7 @@ it, on the same GPUs, so that active energy is the window's excess over idle.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,12 +35,19 @@ class Measurement:
     timeline: pa.Table | None  # the telemetry's samples over the trial, or None without GPUs
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
+def _pct(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
 
 
-def _mean(values: list[float]) -> float | None:
-    return float(np.mean(values)) if values else None
+def _mean(values: Sequence[float]) -> float | None:
+    return float(np.mean(values)) if len(values) else None
+
+
+def percentiles(name: str, values: Sequence[float], qs: Sequence[int] = (50, 90, 99)) -> dict[str, float | None]:
+    """``{name}_s`` (the mean) and ``{name}_p{q}_s`` for each q: one naming for every latency column."""
+    out = {f"{name}_s": _mean(values)}
+    out.update({f"{name}_p{q}_s": _pct(values, q) for q in qs})
+    return out
 
 
 def request_rows(generations: list[Generation], t0: float, input_len: int) -> list[dict[str, Any]]:
@@ -60,14 +67,9 @@ def request_rows(generations: list[Generation], t0: float, input_len: int) -> li
 
 
 def latency_columns(requests: list[dict[str, Any]]) -> dict[str, float | None]:
-    ttft = [r["ttft_s"] for r in requests]
     tpot = [r["tpot_s"] for r in requests if r["tpot_s"] is not None]
-    e2e = [r["e2e_s"] for r in requests]
-    return {
-        "ttft_s": _mean(ttft), "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
-        "tpot_s": _mean(tpot), "tpot_p50_s": _pct(tpot, 50), "tpot_p99_s": _pct(tpot, 99),
-        "e2e_s": _mean(e2e), "e2e_p50_s": _pct(e2e, 50),
-    }
+    return {**percentiles("ttft", [r["ttft_s"] for r in requests]), **percentiles("tpot", tpot),
+            **percentiles("e2e", [r["e2e_s"] for r in requests])}
 
 
 # A CV from fewer iterations says little about the next ones.

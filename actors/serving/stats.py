@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from actors.measure import percentiles
 from actors.serving.records import ServedRequest, ServedRun
 
 # A queue that grows by more than this share of the run's requests (and by more than
@@ -210,21 +211,6 @@ def saturation(run: ServedRun, window: SteadyWindow, offered_rate_req_s: float,
     return Saturation(saturated, growth, reason)
 
 
-def _pct(values: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if len(values) else None
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    return float(np.mean(values)) if len(values) else None
-
-
-def percentiles(name: str, values: Sequence[float], qs: Sequence[int] = (50, 90, 99)) -> dict[str, float | None]:
-    """``{name}_s`` (mean) and ``{name}_p{q}_s`` for each q."""
-    out = {f"{name}_s": _mean(values)}
-    out.update({f"{name}_p{q}_s": _pct(values, q) for q in qs})
-    return out
-
-
 def meets(request: ServedRequest, bounds_s: dict[str, float]) -> bool:
     """Whether a request met every bound (ttft, tpot, e2e, in seconds). A request with one
     token has no TPOT, which then counts as 0 (vLLM's rule); a failed one meets none."""
@@ -247,5 +233,5 @@ def latency_columns(requests: Sequence[ServedRequest]) -> dict[str, Any]:
     cols.update(percentiles("itl", [g for r in ok for g in r.itl_s]))
     cols.update(percentiles("e2e", [r.e2e_s for r in ok if r.e2e_s is not None]))
     queue = [r.queue_s for r in ok if r.queue_s is not None]
-    cols["queue_s"] = _mean(queue)
+    cols["queue_s"] = float(np.mean(queue)) if queue else None
     return cols
