@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from actors.backends.base import Backend, Generation, LoadInfo
-from actors.workload import RandomPrompts
+from actors.workload import prompt_source
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
@@ -50,14 +50,15 @@ def percentiles(name: str, values: Sequence[float], qs: Sequence[int] = (50, 90,
     return out
 
 
-def request_rows(generations: list[Generation], t0: float, input_len: int) -> list[dict[str, Any]]:
+def request_rows(generations: list[Generation], t0: float, input_len: int | None) -> list[dict[str, Any]]:
     rows = []
     for i, gen in enumerate(generations):
         for j, r in enumerate(gen.requests):
             ttft = r.t_first_token_s - r.t_start_s
             e2e = r.t_end_s - r.t_start_s
             rows.append({
-                "iteration": i, "request_index": j, "input_len": input_len,
+                "iteration": i, "request_index": j,
+                "input_len": r.prompt_tokens if r.prompt_tokens is not None else input_len,
                 "output_tokens": r.output_tokens, "t_start_s": r.t_start_s - t0,
                 "ttft_s": ttft, "e2e_s": e2e,
                 # vLLM's definition: the first token is prefill's, not decode's.
@@ -103,6 +104,51 @@ def stability_columns(row: dict[str, Any], throughput_cv: float | None, max_cv: 
             "unstable_reason": "; ".join(reasons) or None}
 
 
+def length_columns(generations: list[Generation], requests: list[dict[str, Any]]) -> dict[str, Any]:
+    """How long prompts and replies were, and what a static batch of mixed lengths wasted:
+    ``prompt_pad_share``, the padding share of the batches' prompt slots (every prompt is
+    padded to its batch's longest), and ``decode_idle_slot_share``, the share of decode
+    slots (sequences x steps, every call running until its longest reply is done) held by
+    sequences whose reply had already ended."""
+    outputs = [r["output_tokens"] for r in requests]
+    inputs = [r["input_len"] for r in requests if r["input_len"] is not None]
+    prompt_slots = pad = decode_slots = idle = 0
+    for g in generations:
+        lens = [r.prompt_tokens for r in g.requests if r.prompt_tokens is not None]
+        if lens:
+            prompt_slots += len(lens) * max(lens)
+            pad += len(lens) * max(lens) - sum(lens)
+        outs = [r.output_tokens for r in g.requests]
+        decode_slots += len(outs) * max(outs)
+        idle += len(outs) * max(outs) - sum(outs)
+    return {
+        "input_len_mean": float(np.mean(inputs)) if inputs else None,
+        "output_len_mean": _mean(outputs), "output_len_p50": _pct(outputs, 50),
+        "output_len_p90": _pct(outputs, 90),
+        "prompt_pad_share": pad / prompt_slots if prompt_slots else None,
+        "decode_idle_slot_share": idle / decode_slots if decode_slots else None,
+    }
+
+
+def request_energies(generations: list[Generation], requests: list[dict[str, Any]], energy_j: float,
+                     call_energies_j: list[float]) -> list[float]:
+    """Each request's share of the window's energy (token_share, as in serving mode): a call's
+    energy split over its sequences by the tokens each processed (prompt + output); the
+    window's energy outside the calls (the host's time between them) split over every
+    sequence the same way. They add up to ``energy_j``."""
+    tokens = np.array([(r["input_len"] or 0) + r["output_tokens"] for r in requests], dtype=float)
+    out = np.zeros(len(requests))
+    start = 0
+    for g, e in zip(generations, call_energies_j, strict=True):
+        n = len(g.requests)
+        share = tokens[start:start + n]
+        out[start:start + n] = e * share / share.sum() if share.sum() > 0 else e / n
+        start += n
+    rest = energy_j - float(sum(call_energies_j))
+    out += rest * tokens / tokens.sum() if tokens.sum() > 0 else rest / max(len(out), 1)
+    return out.tolist()
+
+
 def offline_batch_size(trial: Trial) -> int:
     """An offline trial's batch size (serving-mode trials have none: the engine batches)."""
     if trial.batch_size is None:
@@ -115,14 +161,14 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Tel
                   clock: Callable[[], float] = time.monotonic) -> Measurement:
     m = trial.measure
     batch_size = offline_batch_size(trial)
-    prompts = RandomPrompts(load.vocab_size, trial.input_len, batch_size, trial.seed)
+    source = prompt_source(trial, load.vocab_size, trial.model_ref.max_positions)
 
     # Compilation and graph capture for the shape, timed apart: never in the window.
-    prepared = backend.prepare(batch_size, trial.input_len, trial.output_len)
+    prepared = backend.prepare(batch_size, trial.input_len or 0, trial.output_len)
     backend.reset_peak_memory()
     t_warm, warmed = clock(), 0
     while warmed < m.warmup_iters or clock() - t_warm < m.warmup_s:
-        backend.generate(prompts.batch(-1 - warmed), trial.output_len)
+        backend.generate_batch(source.batch(-1 - warmed, batch_size))
         warmed += 1
 
     backend.sync()
@@ -136,7 +182,7 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Tel
         backend.sync()
         t0 = clock()
         while True:
-            generations.append(backend.generate(prompts.batch(len(generations)), trial.output_len))
+            generations.append(backend.generate_batch(source.batch(len(generations), batch_size)))
             if len(generations) >= m.min_iters and clock() - t0 >= m.min_duration_s:
                 break
         backend.sync()
@@ -167,7 +213,18 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Tel
     ))
     row.update(stability_columns(row, iteration_throughput_cv(generations), m.max_iteration_cv,
                                  len(generations), baseline))
-    if load.architecture is not None:
+    if source.varies():
+        row.update(length_columns(generations, requests))
+        if row.get("energy_j") is not None:
+            calls = telemetry.energies_between([(g.t_start_s, g.t_end_s) for g in generations])
+            for r, e in zip(requests, request_energies(generations, requests, row["energy_j"], calls), strict=True):
+                r["energy_j"] = e
+            energies = [r["energy_j"] for r in requests]
+            row.update(energy_per_request_p50_j=_pct(energies, 50), energy_per_request_p90_j=_pct(energies, 90),
+                       request_energy_method="token_share")
+    # The roofline's formulas take one prompt and one reply length: a dataset's or natural
+    # lengths vary per sequence (and pad), so they would misstate the work done.
+    if load.architecture is not None and not source.varies() and trial.input_len is not None:
         from sweeper.core.gpus import held_gpu_names
         from sweeper.core.precisions import PRECISIONS
         from sweeper.core.roofline import roofline_columns

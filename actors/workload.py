@@ -1,8 +1,36 @@
-"""Prompts for a trial: random token ids of an exact length, reproducible by seed."""
+"""Prompts for a trial: random token ids of an exact length, or a dataset's real text.
+
+A trial draws its offline batches (``PromptSource.batch``) and its serving-mode
+requests (``PromptSource.requests``) from one source:
+
+- ``RandomSource``: random token ids of exactly ``input_len``, a fresh set per call
+  (so no prefix or KV reuse can flatter a backend), the whole sequence fixed by the seed;
+- ``DatasetSource``: a prompt file's prompts (``sweeper.core.datasets``), tokenized
+  with the model's tokenizer (in its chat template when asked), filtered by length and
+  sampled with the seed; batches and requests go through the sample in order, cycling.
+
+Each prompt carries the output length it asks for: the trial's exact ``output_len``,
+its cap (natural lengths: the reply ends at EOS), or its record's reference length.
+"""
 
 from __future__ import annotations
 
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import numpy as np
+
+from actors.backends.base import PromptBatch
+from sweeper.core.datasets import PromptRecord, read_records, sha256_of
+from sweeper.core.settings import DatasetSettings
+from sweeper.core.trial import Trial
+
+# Without a tokenizer (synthetic models), a prompt is as many random ids as its UTF-8
+# bytes / 4, about what English BPE tokenizers make of English text.
+BYTES_PER_TOKEN_FALLBACK = 4
 
 
 class RandomPrompts:
@@ -23,3 +51,151 @@ class RandomPrompts:
         # Warmup batches use negative iterations, so they never equal a measured one.
         rng = np.random.default_rng([self.seed, iteration + 2**20])
         return rng.integers(self.low, self.high, size=(self.batch_size, self.input_len), dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: np.ndarray  # (tokens,) int64
+    output_len: int  # tokens to generate: exact, or the cap when the reply ends at EOS
+
+
+class PromptSource(ABC):
+    stop_at_eos: bool = False
+
+    @abstractmethod
+    def batch(self, iteration: int, batch_size: int) -> PromptBatch:
+        """Offline mode's generate call ``iteration`` (negative: warm-up)."""
+
+    @abstractmethod
+    def requests(self, count: int, stream: int) -> list[Prompt]:
+        """Serving mode's prompts for ``count`` requests; ``stream`` > 0: warm-up runs."""
+
+    def varies(self) -> bool:
+        """Whether prompts or replies differ in length (offline batches need padding)."""
+        return True
+
+
+class RandomSource(PromptSource):
+    def __init__(self, vocab_size: int, input_len: int, output_len: int, seed: int, reserved_low: int = 8):
+        self.vocab_size, self.input_len, self.output_len, self.seed = vocab_size, input_len, output_len, seed
+        self.reserved_low = reserved_low
+
+    def batch(self, iteration: int, batch_size: int) -> PromptBatch:
+        ids = RandomPrompts(self.vocab_size, self.input_len, batch_size, self.seed, self.reserved_low).batch(iteration)
+        return PromptBatch.uniform(ids, self.output_len)
+
+    def requests(self, count: int, stream: int) -> list[Prompt]:
+        low = min(self.reserved_low, max(self.vocab_size - 1, 0))
+        rng = np.random.default_rng([self.seed, stream, 2**21])
+        ids = rng.integers(low, self.vocab_size, size=(count, self.input_len), dtype=np.int64)
+        return [Prompt(ids[i], self.output_len) for i in range(count)]
+
+    def varies(self) -> bool:
+        return False
+
+
+class DatasetSource(PromptSource):
+    def __init__(self, prompts: list[Prompt], stop_at_eos: bool):
+        if not prompts:
+            raise ValueError("a dataset source needs prompts")
+        self.prompts, self.stop_at_eos = prompts, stop_at_eos
+
+    def _take(self, start: int, count: int) -> list[Prompt]:
+        n = len(self.prompts)
+        return [self.prompts[(start + j) % n] for j in range(count)]
+
+    def batch(self, iteration: int, batch_size: int) -> PromptBatch:
+        # Warm-up (negative iterations) takes the sample's tail, measured calls its head onward.
+        chosen = self._take(iteration * batch_size, batch_size)
+        return PromptBatch(tuple(p.ids for p in chosen), tuple(p.output_len for p in chosen), self.stop_at_eos)
+
+    def requests(self, count: int, stream: int) -> list[Prompt]:
+        return self._take(stream * count, count)
+
+
+class NoPromptsLeft(ValueError):
+    """A dataset with no prompt within the trial's length bounds for this model."""
+
+
+def prompt_source(trial: Trial, vocab_size: int, max_positions: int | None = None) -> PromptSource:
+    """The trial's prompts on this actor (``max_positions``: the loaded model's context)."""
+    if trial.prompts is None:
+        assert trial.input_len is not None  # random prompts always have a length (the sweep file's check)
+        return RandomSource(vocab_size, trial.input_len, trial.output_len, trial.seed)
+    tokenizer = _tokenizer(trial)
+    prompts = dataset_prompts(trial.prompts, tokenizer, vocab_size, trial.seed,
+                              output_lengths=trial.output_lengths, cap=trial.output_len,
+                              max_positions=max_positions)
+    return DatasetSource(prompts, trial.stops_at_eos)
+
+
+def _tokenizer(trial: Trial) -> Any:
+    """The model's tokenizer, or None where it has none (synthetic presets)."""
+    if trial.model_source == "synthetic":
+        return None
+    from transformers import AutoTokenizer
+
+    from actors.models import model_dir
+
+    return AutoTokenizer.from_pretrained(model_dir(trial.model_source, trial.model_location))
+
+
+def dataset_prompts(settings: DatasetSettings, tokenizer: Any, vocab_size: int, seed: int, *,
+                    output_lengths: str, cap: int, max_positions: int | None = None) -> list[Prompt]:
+    """The file's prompts as token ids: tokenized, kept within the length bounds, sampled."""
+    path = Path(settings.path)
+    if not path.is_file() or sha256_of(path) != settings.sha256:
+        raise FileNotFoundError(f"{path} on this node is missing or differs from the file the plan read "
+                                f"(sha256 {settings.sha256[:12]}...): put the same file at the same path on every node")
+    records = read_records(path, settings.format)
+    rng = np.random.default_rng([seed, 2**22])
+    kept: list[Prompt] = []
+    for index in rng.permutation(len(records)):
+        record = records[int(index)]
+        ids = _prompt_ids(record, tokenizer, settings.chat, vocab_size, seed, int(index))
+        if settings.min_input_len is not None and len(ids) < settings.min_input_len:
+            continue
+        if settings.max_input_len is not None and len(ids) > settings.max_input_len:
+            continue
+        output_len = cap
+        if output_lengths == "reference":
+            output_len = min(cap, _reference_len(record, tokenizer))
+        if max_positions is not None and len(ids) + output_len > max_positions:
+            continue
+        kept.append(Prompt(ids, output_len))
+        if settings.num_prompts is not None and len(kept) == settings.num_prompts:
+            break
+    if not kept:
+        bounds = [f"{k} {v}" for k, v in (("min_input_len", settings.min_input_len),
+                                         ("max_input_len", settings.max_input_len)) if v is not None]
+        raise NoPromptsLeft(f"dataset {settings.name}: none of its {len(records)} prompts is within "
+                            f"{', '.join(bounds) or 'the model context'}"
+                            + (f" ({max_positions} positions with {cap} output tokens)" if max_positions else ""))
+    return kept
+
+
+def _prompt_ids(record: PromptRecord, tokenizer: Any, chat: bool, vocab_size: int, seed: int,
+                index: int) -> np.ndarray:
+    if tokenizer is None:
+        # No tokenizer: the prompt's length in fallback tokens, random ids (seeded per record).
+        n = max(1, math.ceil(len(record.prompt.encode()) / BYTES_PER_TOKEN_FALLBACK))
+        low = min(8, max(vocab_size - 1, 0))
+        return np.random.default_rng([seed, index, 2**23]).integers(low, vocab_size, size=n, dtype=np.int64)
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("workload.chat is true but the model's tokenizer has no chat template")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": record.prompt}],
+                                            add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    else:
+        ids = tokenizer(record.prompt)["input_ids"]
+    return np.asarray(ids, dtype=np.int64)
+
+
+def _reference_len(record: PromptRecord, tokenizer: Any) -> int:
+    if record.output_len is not None:
+        return record.output_len
+    assert record.reference is not None  # the plan checked every record has one or the other
+    if tokenizer is None:
+        return max(1, math.ceil(len(record.reference.encode()) / BYTES_PER_TOKEN_FALLBACK))
+    return max(1, len(tokenizer(record.reference, add_special_tokens=False)["input_ids"]))

@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from actors.backends.base import ModelSpec
     from actors.backends.vllm import VllmBackend
     from actors.serving.arrivals import serving_requests
+    from actors.workload import RandomSource
     from sweeper.core.backends import VllmOptions
     from sweeper.core.settings import ServingSettings
 
@@ -107,12 +108,11 @@ def run(args: argparse.Namespace) -> int:
     load = backend.load(ModelSpec("synthetic", args.model, args.precision,
                                   VllmOptions(max_num_seqs=args.max_num_seqs), serving=True))
     result: dict[str, Any] = {"config": vars(args), "load_s": time.monotonic() - t, "rounds": []}
+    source = RandomSource(load.vocab_size, args.input_len, args.output_len, seed=0)
     requests = serving_requests(ServingSettings(num_prompts=args.num_prompts), request_rate=args.rate,
-                                vocab_size=load.vocab_size, input_len=args.input_len,
-                                output_len=args.output_len, seed=0)
+                                source=source, seed=0)
     warm = serving_requests(ServingSettings(num_prompts=16), request_rate=float("inf"),
-                            vocab_size=load.vocab_size, input_len=args.input_len,
-                            output_len=args.output_len, seed=1)
+                            source=RandomSource(load.vocab_size, args.input_len, args.output_len, seed=1), seed=1)
     sweeper_path(backend, warm)
     runner = backend.serving
 

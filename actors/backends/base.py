@@ -23,6 +23,32 @@ class RequestTiming:
     t_first_token_s: float
     t_end_s: float
     output_tokens: int
+    prompt_tokens: int | None = None  # None: the batch's common prompt length
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """The sequences of one generate call: prompts of any lengths, each with the output
+    length it asks for (exact; or, with ``stop_at_eos``, its cap)."""
+
+    prompts: tuple[np.ndarray, ...]  # (tokens,) int64 each
+    output_lens: tuple[int, ...]
+    stop_at_eos: bool = False
+
+    @classmethod
+    def uniform(cls, prompt_ids: np.ndarray, output_len: int) -> PromptBatch:
+        return cls(tuple(prompt_ids), (output_len,) * len(prompt_ids))
+
+    def as_uniform(self) -> tuple[np.ndarray, int] | None:
+        """(batch, len) ids and the output length when every sequence has the same shape and
+        runs to its exact length; None otherwise."""
+        if self.stop_at_eos or len(set(self.output_lens)) != 1 or len({len(p) for p in self.prompts}) != 1:
+            return None
+        return np.stack(self.prompts), self.output_lens[0]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
 
 
 @dataclass(frozen=True)
@@ -102,6 +128,15 @@ class Backend(ABC):
     @abstractmethod
     def generate(self, prompt_ids: np.ndarray, output_len: int) -> Generation:
         """Generate for a (batch, input_len) array of token ids; device-synchronized at both ends."""
+
+    def generate_batch(self, batch: PromptBatch) -> Generation:
+        """Generate for prompts of varying lengths (each sequence's ``RequestTiming`` has its
+        prompt and output tokens). A backend without a varied-length path runs uniform batches."""
+        uniform = batch.as_uniform()
+        if uniform is None:
+            raise NotImplementedError(f"{type(self).__name__} runs batches of one prompt length and "
+                                      "exact output lengths only")
+        return self.generate(*uniform)
 
     @abstractmethod
     def sync(self) -> None:

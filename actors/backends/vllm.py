@@ -50,6 +50,7 @@ from actors.backends.base import (
     LoadInfo,
     ModelSpec,
     PrepareInfo,
+    PromptBatch,
     RequestTiming,
 )
 from actors.backends.vllm_worker import WORKER_EXTENSION
@@ -156,7 +157,7 @@ def capability_problem(precision: str, capabilities: Sequence[tuple[str, tuple[i
 
 
 def request_timing(output: Any, *, t_start_s: float, t_end_s: float, output_len: int,
-                   wall_minus_monotonic_s: float) -> tuple[RequestTiming, str]:
+                   wall_minus_monotonic_s: float, stop_at_eos: bool = False) -> tuple[RequestTiming, str]:
     """One ``RequestOutput`` as a ``RequestTiming`` on this process's monotonic clock.
 
     Returns the timing and how it was placed on the clock: ``engine_clock``
@@ -165,8 +166,10 @@ def request_timing(output: Any, *, t_start_s: float, t_end_s: float, output_len:
     first-to-last interval). ``wall_minus_monotonic_s`` converts the former.
     """
     tokens = len(output.outputs[0].token_ids)
-    if tokens != output_len:
+    if tokens > output_len or (tokens != output_len and not stop_at_eos):
         raise RuntimeError(f"vLLM request {output.request_id} produced {tokens} tokens, expected {output_len}")
+    prompt = getattr(output, "prompt_token_ids", None)
+    prompt_tokens = len(prompt) if prompt is not None else None
     m = output.metrics
     if m is None:
         raise VllmMetricsError("RequestOutput.metrics is None: the engine must run with "
@@ -176,7 +179,7 @@ def request_timing(output: Any, *, t_start_s: float, t_end_s: float, output_len:
     lo, hi = t_start_s - CLOCK_TOLERANCE_S, t_end_s + CLOCK_TOLERANCE_S
     if 0.0 < first <= last and lo <= first and last <= hi:
         return RequestTiming(t_start_s, min(max(first, t_start_s), t_end_s),
-                             min(max(last, t_start_s), t_end_s), tokens), "engine_clock"
+                             min(max(last, t_start_s), t_end_s), tokens, prompt_tokens), "engine_clock"
     latency = float(getattr(m, "first_token_latency", 0.0) or 0.0)
     arrival = float(getattr(m, "arrival_time", 0.0) or 0.0)
     if latency <= 0.0 or arrival <= 0.0:
@@ -184,22 +187,36 @@ def request_timing(output: Any, *, t_start_s: float, t_end_s: float, output_len:
                                f"(first_token_ts={first}, first_token_latency={latency})")
     t_first = min(max(arrival - wall_minus_monotonic_s + latency, t_start_s), t_end_s)
     t_last = t_first + (last - first) if 0.0 < first <= last else t_end_s
-    return RequestTiming(t_start_s, t_first, min(max(t_last, t_first), t_end_s), tokens), "latency"
+    return RequestTiming(t_start_s, t_first, min(max(t_last, t_first), t_end_s), tokens, prompt_tokens), "latency"
 
 
-def generation_from_outputs(outputs: Sequence[Any], *, t_start_s: float, t_end_s: float, output_len: int,
-                            wall_minus_monotonic_s: float) -> tuple[Generation, set[str]]:
-    """The ``Generation`` of one ``LLM.generate`` call, and the clock placements used."""
+def generation_from_outputs(outputs: Sequence[Any], *, t_start_s: float, t_end_s: float,
+                            output_len: int | Sequence[int], wall_minus_monotonic_s: float,
+                            stop_at_eos: bool = False) -> tuple[Generation, set[str]]:
+    """The ``Generation`` of one ``LLM.generate`` call, and the clock placements used.
+    ``output_len``: every request's, or one per request in order."""
     if not outputs:
         raise RuntimeError("vLLM returned no outputs")
-    timed = [request_timing(o, t_start_s=t_start_s, t_end_s=t_end_s, output_len=output_len,
-                            wall_minus_monotonic_s=wall_minus_monotonic_s) for o in outputs]
+    lens = [output_len] * len(outputs) if isinstance(output_len, int) else list(output_len)
+    timed = [request_timing(o, t_start_s=t_start_s, t_end_s=t_end_s, output_len=n, stop_at_eos=stop_at_eos,
+                            wall_minus_monotonic_s=wall_minus_monotonic_s)
+             for o, n in zip(outputs, lens, strict=True)]
     requests = tuple(t for t, _ in timed)
     prefill_end = max(r.t_first_token_s for r in requests)
     return Generation(
         t_start_s=t_start_s, t_end_s=t_end_s, requests=requests,
         marks=(("prefill", t_start_s, prefill_end), ("decode", prefill_end, t_end_s)),
     ), {how for _, how in timed}
+
+
+def sampling_params(output_len: int, stop_at_eos: bool) -> Any:
+    """Greedy; exactly ``output_len`` tokens (EOS ignored), or up to it, ending at EOS."""
+    from vllm import SamplingParams
+
+    if stop_at_eos:
+        return SamplingParams(max_tokens=output_len, temperature=0.0, detokenize=False)
+    return SamplingParams(max_tokens=output_len, min_tokens=output_len, ignore_eos=True,
+                          temperature=0.0, detokenize=False)
 
 
 # -- the backend ----------------------------------------------------------------------------
@@ -220,7 +237,7 @@ class VllmBackend(Backend):
         self.clock = clock
         self.options = VllmOptions()
         self.max_model_len: int | None = None
-        self._params: dict[int, Any] = {}
+        self._params: dict[tuple[int, bool], Any] = {}
         self._readers: list[Any] = []
         self._warned_clock = False
 
@@ -275,12 +292,9 @@ class VllmBackend(Backend):
     def _model_path(spec: ModelSpec) -> tuple[str, dict[str, Any] | None]:
         if spec.source == "hub":
             return spec.location, None
-        if spec.source == "synthetic":
-            from actors.models import materialize_synthetic
+        from actors.models import model_dir
 
-            path = Path(materialize_synthetic(spec.location))
-        else:
-            path = Path(spec.location)
+        path = Path(model_dir(spec.source, spec.location))
         config = json.loads((path / "config.json").read_text())
         return str(path), architecture_overrides(config)
 
@@ -299,15 +313,30 @@ class VllmBackend(Backend):
         return PrepareInfo(compile_status="eager (enforce_eager)" if self.options.enforce_eager
                            else "compiled (at engine start, in load_s)")
 
-    def _sampling_params(self, output_len: int) -> Any:
-        params = self._params.get(output_len)
+    def _sampling_params(self, output_len: int, stop_at_eos: bool = False) -> Any:
+        key = (output_len, stop_at_eos)
+        params = self._params.get(key)
         if params is None:
-            from vllm import SamplingParams
-
-            params = SamplingParams(max_tokens=output_len, min_tokens=output_len, ignore_eos=True,
-                                    temperature=0.0, detokenize=False)
-            self._params[output_len] = params
+            params = sampling_params(output_len, stop_at_eos)
+            self._params[key] = params
         return params
+
+    def generate_batch(self, batch: PromptBatch) -> Generation:
+        """Prompts of varying lengths and per-request output lengths in one ``LLM.generate``
+        call (the engine batches them continuously: no padding, early finishers leave)."""
+        uniform = batch.as_uniform()
+        if uniform is not None:
+            return self.generate(*uniform)
+        params = [self._sampling_params(n, batch.stop_at_eos) for n in batch.output_lens]
+        offset = time.time() - time.monotonic()
+        t_start = self.clock()
+        prompts = [{"prompt_token_ids": p.tolist()} for p in batch.prompts]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        t_end = self.clock()
+        generation, _ = generation_from_outputs(outputs, t_start_s=t_start, t_end_s=t_end,
+                                                output_len=batch.output_lens, stop_at_eos=batch.stop_at_eos,
+                                                wall_minus_monotonic_s=offset)
+        return generation
 
     def generate(self, prompt_ids: np.ndarray, output_len: int) -> Generation:
         input_len = prompt_ids.shape[1]

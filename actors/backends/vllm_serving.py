@@ -100,20 +100,21 @@ class AsyncEngineRunner:
 
         t0 = time.monotonic()
         slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-        params: dict[int, Any] = {}
+        params: dict[tuple[int, bool], Any] = {}
         progress = [_Progress(r, t0 + r.arrival_offset_s) for r in requests]
 
         async def one(p: _Progress) -> None:
-            n = p.request.output_len
-            if n not in params:
-                params[n] = SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0.0,
-                                           detokenize=False, output_kind=RequestOutputKind.DELTA)
+            n, stop = p.request.output_len, p.request.stop_at_eos
+            if (n, stop) not in params:
+                exact = {} if stop else {"min_tokens": n, "ignore_eos": True}
+                params[n, stop] = SamplingParams(max_tokens=n, temperature=0.0, detokenize=False,
+                                                 output_kind=RequestOutputKind.DELTA, **exact)
             await asyncio.sleep(max(p.arrival_s - time.monotonic(), 0.0))
             async with slots if slots is not None else contextlib.nullcontext():
                 p.submit_s = time.monotonic()
                 metrics = None
                 try:
-                    stream = self.engine.generate({"prompt_token_ids": p.request.prompt_ids.tolist()}, params[n],
+                    stream = self.engine.generate({"prompt_token_ids": p.request.prompt_ids.tolist()}, params[n, stop],
                                                   request_id=f"sweeper-{next(self._ids)}")
                     async for out in stream:
                         now = time.monotonic()
@@ -127,7 +128,7 @@ class AsyncEngineRunner:
                     p.error = f"{type(exc).__name__}: {exc}"[:500]
                     return
                 p.finish_s = p.times[-1] if p.times else time.monotonic()
-                if len(p.times) != n:
+                if len(p.times) > n or (len(p.times) != n and not stop):
                     p.error = f"produced {len(p.times)} tokens, expected {n}"
                 scheduled = float(getattr(metrics, "scheduled_ts", 0.0) or 0.0)
                 if p.submit_s - CLOCK_TOLERANCE_S <= scheduled <= p.finish_s + CLOCK_TOLERANCE_S:

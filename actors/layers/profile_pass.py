@@ -64,6 +64,7 @@ def profile_layers(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Te
     except LayerProfileError as exc:
         return LayerProfile.not_applicable(granularity, str(exc))
 
+    assert trial.input_len is not None  # profiling needs random prompts (the sweep file's check)
     prompts = RandomPrompts(load.vocab_size, trial.input_len, offline_batch_size(trial), trial.seed)
     iterations = pass_iterations(trial)
     profiler = LayerProfiler(model, units)

@@ -72,7 +72,9 @@ def perplexity_columns(trial: Trial, backend: Backend, load: LoadInfo) -> dict[s
     try:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(trial.model_location)
+        from actors.models import model_dir
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir(trial.model_source, trial.model_location))
     except Exception as exc:
         return _columns(f"not applicable: no tokenizer for {trial.model_location} "
                         f"({type(exc).__name__}: {exc})"[:2000])

@@ -9,11 +9,15 @@ Gaps between arrivals are drawn from a gamma distribution of shape
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from actors.serving.records import ServingRequest
 from sweeper.core.settings import ServingSettings
+
+if TYPE_CHECKING:
+    from actors.workload import PromptSource
 
 # The arrivals' stream of the seed: distinct from the prompts' streams.
 _ARRIVAL_STREAM = 7_919
@@ -39,11 +43,11 @@ def arrival_offsets(n: int, request_rate: float, arrival: str, burstiness: float
     return np.cumsum(gaps)
 
 
-def serving_requests(settings: ServingSettings, *, request_rate: float, vocab_size: int, input_len: int,
-                     output_len: int, seed: int, stream: int = 0, reserved_low: int = 8) -> list[ServingRequest]:
-    """The run's requests: random-token prompts of exactly ``input_len``, arriving by the
-    settings' process, ``num_prompts`` of them or as many as arrive within ``duration_s``.
-    ``stream`` picks another set of prompts and arrivals of the same seed (warm-up runs)."""
+def serving_requests(settings: ServingSettings, *, request_rate: float, source: PromptSource, seed: int,
+                     stream: int = 0) -> list[ServingRequest]:
+    """The run's requests: ``source``'s prompts, arriving by the settings' process,
+    ``num_prompts`` of them or as many as arrive within ``duration_s``. ``stream``
+    picks another set of prompts and arrivals of the same seed (warm-up runs)."""
     rate = request_rate
     if settings.num_prompts is not None:
         n = settings.num_prompts
@@ -56,7 +60,6 @@ def serving_requests(settings: ServingSettings, *, request_rate: float, vocab_si
         offsets = offsets[offsets <= settings.duration_s]
         if offsets.size == 0:
             offsets = np.zeros(1)
-    low = min(reserved_low, max(vocab_size - 1, 0))
-    rng = np.random.default_rng([seed, stream, 2**21])
-    prompts = rng.integers(low, vocab_size, size=(offsets.size, input_len), dtype=np.int64)
-    return [ServingRequest(i, prompts[i], output_len, float(offsets[i])) for i in range(offsets.size)]
+    prompts = source.requests(int(offsets.size), stream)
+    return [ServingRequest(i, p.ids, p.output_len, float(offsets[i]), source.stop_at_eos)
+            for i, p in enumerate(prompts)]

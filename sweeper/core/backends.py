@@ -32,6 +32,13 @@ class TransformersOptions(BaseModel):
     # step (None: its own default, sized from free memory).
     max_batch_requests: int | None = Field(None, gt=0, le=65536, strict=True)
 
+    def unsupported_workload(self, varied_prompts: bool, varied_outputs: bool) -> str | None:
+        if self.compile and (varied_prompts or varied_outputs):
+            return ("compile: true compiles the decode step of one batch shape (every prompt input_len, "
+                    "every reply exactly output_len); a dataset's prompts and natural or reference lengths "
+                    "vary (run them eager)")
+        return None
+
     def unsupported_serving(self) -> str | None:
         if self.compile:
             return ("compile: true compiles model.generate's static-cache decode step; serving mode runs "
@@ -119,6 +126,8 @@ class BackendSpec:
     serving: bool = False
     # Why a precision it lacks is missing, where that helps the reader: (precision, why).
     precision_notes: tuple[tuple[str, str], ...] = ()
+    # Whether it runs the model (noop simulates one: its replies end where it draws them to).
+    runs_model: bool = True
 
     def default_options(self) -> BaseModel:
         return self.options()
@@ -128,6 +137,17 @@ class BackendSpec:
         know their limits define ``unsupported_shape``), or None."""
         check = getattr(options, "unsupported_shape", None)
         return check(input_len, output_len) if check is not None else None
+
+    def unsupported_workload(self, options: BaseModel, *, varied_prompts: bool, varied_outputs: bool,
+                             stops_at_eos: bool, synthetic_model: bool) -> str | None:
+        """Why prompts of varying length (a dataset) or replies of varying length (natural,
+        reference) cannot run with these options, or None."""
+        if stops_at_eos and synthetic_model and self.runs_model:
+            return ("output_len: natural stops where the model ends its reply, and a synthetic "
+                    "(random-weight) model never does: every reply would be max_output_len long; use a real "
+                    "model, output_len: reference, or an exact length")
+        check = getattr(options, "unsupported_workload", None)
+        return check(varied_prompts, varied_outputs) if check is not None else None
 
     def unsupported_serving(self, options: BaseModel) -> str | None:
         """Why a serving-mode trial cannot run on this backend with these options, or None."""
@@ -182,6 +202,7 @@ BACKENDS: dict[str, BackendSpec] = {
             layer_hooks=False,
             max_tensor_parallel=8,
             serving=True,
+            runs_model=False,
         ),
         # vLLM's offline engine; its model runs in engine processes, out of reach of hooks.
         BackendSpec(

@@ -43,7 +43,14 @@ def _axis_columns() -> tuple[Column, ...]:
 
 _RESULT: tuple[Column, ...] = (
     # configuration beyond the axes
-    _c("dataset", S, "prompt source"),
+    _c("dataset", S, "prompt source: random (token ids of input_len), bundled (sweeper's prompt set) or a "
+                     "prompt file as written in the sweep file"),
+    _c("dataset_sha256", S, "the prompt file's content hash (null: random prompts)"),
+    _c("min_input_len", I, "dataset prompts shorter than this (tokens) were left out"),
+    _c("max_input_len", I, "dataset prompts longer than this (tokens) were left out"),
+    _c("chat", B, "dataset prompts were wrapped in the model's chat template"),
+    _c("output_lengths", S, "fixed (exactly output_len, EOS ignored) | natural (until EOS, at most output_len) | "
+                            "reference (the dataset's reply length, EOS ignored, at most output_len)"),
     _c("seed", I, "prompt seed"),
     _c("warmup_iters", I, "unrecorded generate calls before measuring"),
     _c("warmup_s", F, "warm-up lasted at least this long (seconds)"),
@@ -59,7 +66,8 @@ _RESULT: tuple[Column, ...] = (
                   "batched by the engine); null: a row from before serving mode (offline)"),
     _c("arrival", S, "serving: arrival process of the requests (poisson | gamma | constant)"),
     _c("burstiness", F, "serving: the gamma arrival process's shape (1 = Poisson)"),
-    _c("num_prompts", I, "serving: requests per run (null: as many as arrive within arrivals_duration_s)"),
+    _c("num_prompts", I, "serving: requests per run (null: as many as arrive within arrivals_duration_s); "
+                         "offline with a dataset: the prompts sampled from it (null: all)"),
     _c("arrivals_duration_s", F, "serving: requests arrive for at most this long"),
     _c("slo_ttft_s", F, "serving: SLO bound on time to first token (goodput counts requests meeting every bound)"),
     _c("slo_tpot_s", F, "serving: SLO bound on time per output token"),
@@ -75,7 +83,18 @@ _RESULT: tuple[Column, ...] = (
     _c("n_requests", I, "measured requests (sequences): offline n_iterations x batch_size; serving: the run's requests"),
     _c("duration_s", F, "measured window, device-synchronized at both ends; serving: the steady-state window "
                         "(docs/METHOD.md)"),
-    _c("output_tokens", I, "generated tokens in the measured window"),
+    _c("output_tokens", I, "generated tokens in the measured window (the tokens actually produced: per-token "
+                           "figures divide by these)"),
+    _c("input_len_mean", F, "mean prompt tokens of the measured requests (dataset prompts, natural/reference "
+                            "lengths; null for random prompts of one length and exact outputs)"),
+    _c("output_len_mean", F, "mean reply tokens of the measured requests (null where every reply is output_len)"),
+    _c("output_len_p50", F, "median reply tokens"),
+    _c("output_len_p90", F, "90th percentile reply tokens"),
+    _c("prompt_pad_share", F, "offline, varied prompts: share of the batches' prompt slots that were padding "
+                              "(each prompt padded to its batch's longest; vLLM pads nothing but still reports it)"),
+    _c("decode_idle_slot_share", F, "offline, varied replies: share of decode slots (sequences x steps until the "
+                                    "batch's longest reply ended) held by sequences already done: what early "
+                                    "finishers cost a static batch"),
     _c("throughput_tok_s", F, "output_tokens / duration_s"),
     _c("requests_per_s", F, "offline: n_requests / duration_s; serving: achieved_rate_req_s"),
     _c("ttft_s", F, "mean time to first generated token (prefill; serving: from submission, queueing included)"),
@@ -127,11 +146,12 @@ _RESULT: tuple[Column, ...] = (
     _c("energy_per_token_j", F, "energy_j / output_tokens"),
     _c("energy_per_request_j", F, "offline: energy_j / n_requests; serving: mean of the completed requests' "
                                   "attributed energies (requests.parquet energy_j, request_energy_method)"),
-    _c("energy_per_request_p50_j", F, "serving: median attributed energy of a completed request"),
-    _c("energy_per_request_p90_j", F, "serving: 90th percentile attributed energy of a completed request"),
-    _c("request_energy_method", S, "serving: how the run's energy was split over requests (token_share: each "
-                                   "instant's energy over the requests then in flight, by the tokens each processes; "
-                                   "docs/METHOD.md)"),
+    _c("energy_per_request_p50_j", F, "median attributed energy of a completed request (energy per response; "
+                                      "serving, and offline with varied prompts or replies)"),
+    _c("energy_per_request_p90_j", F, "90th percentile attributed energy of a completed request"),
+    _c("request_energy_method", S, "how the energy was split over requests (token_share: serving, each instant's "
+                                   "energy over the requests then in flight; offline, each generate call's energy "
+                                   "over its sequences; by the tokens each processes; docs/METHOD.md)"),
     _c("attributed_energy_j", F, "serving: sum of the requests' attributed energies (= run_energy_j, up to rounding)"),
     _c("run_energy_j", F, "serving: GPU energy over the whole run (ramp-up and drain included)"),
     _c("run_energy_uncertainty_j", F, "serving: bound on the boundary error of run_energy_j"),
@@ -226,8 +246,9 @@ REQUESTS: tuple[Column, ...] = (
     _c("itl_s", pa.list_(F), "serving: the gaps between its consecutive tokens (0 for tokens delivered together)"),
     _c("in_window", B, "serving: it finished inside the trial's steady window"),
     _c("meets_slo", B, "serving: it met every SLO bound (null without an slo)"),
-    _c("energy_j", F, "serving: its share of the run's GPU energy (the trial's request_energy_method); "
-                      "a run's requests sum to its run_energy_j"),
+    _c("energy_j", F, "its share of the GPU energy (the trial's request_energy_method): a serving run's "
+                      "requests sum to its run_energy_j, an offline window's to its energy_j; null where "
+                      "not attributed (random prompts of one shape offline: energy_per_request_j says it)"),
     _c("error", S, "serving: why the request failed or did not finish; null if it completed"),
 )
 

@@ -157,3 +157,35 @@ class ServingSettings(Settings):
 
     def identity(self) -> dict[str, object]:
         return self.model_dump(mode="json", exclude_none=True)
+
+
+# How long each generated sequence is:
+# fixed: exactly output_len tokens, end-of-sequence ignored (the timing control);
+# natural: until the model ends its reply (EOS), at most output_len (the sweep's max_output_len);
+# reference: the length its dataset record gives, EOS ignored, at most output_len.
+OutputLengths = Literal["fixed", "natural", "reference"]
+OUTPUT_LENGTHS: tuple[str, ...] = get_args(OutputLengths)
+
+# Prompt-file formats: one JSON object per line, or ShareGPT's list of conversations.
+DatasetFormat = Literal["jsonl", "sharegpt"]
+
+
+class DatasetSettings(Settings):
+    """Where a trial's prompts come from when they are real text (``sweeper.core.datasets``).
+
+    The actor tokenizes the file's prompts with the model's tokenizer, keeps those
+    within the length bounds and draws ``num_prompts`` of them with the trial's seed.
+    """
+
+    name: str = Field(description="'bundled' (the prompt set shipped with sweeper) or the file as written")
+    path: str = Field(description="the file read, absolute (not part of trial ids: moving it re-runs nothing)")
+    format: DatasetFormat
+    sha256: str = Field(description="the file's content hash: an edited file is a different workload")
+    records: int = Field(ge=1, description="prompt records in the file")
+    num_prompts: int | None = Field(None, gt=0, description="a seeded sample of this many (null: all)")
+    min_input_len: int | None = Field(None, gt=0, description="prompts shorter than this (tokens) are left out")
+    max_input_len: int | None = Field(None, gt=0, description="prompts longer than this (tokens) are left out")
+    chat: bool = Field(False, description="wrap each prompt in the model's chat template (as a user turn)")
+
+    def identity(self) -> dict[str, object]:
+        return self.model_dump(mode="json", exclude={"path", "records"}, exclude_none=True)

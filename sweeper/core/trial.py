@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any
 
 from pydantic import BaseModel
@@ -22,9 +23,11 @@ from sweeper.core.axes import (
 )
 from sweeper.core.settings import (
     LAYER_GRANULARITIES,
+    DatasetSettings,
     FidelitySettings,
     LayerGranularity,
     MeasureSettings,
+    OutputLengths,
     ServingSettings,
 )
 
@@ -55,6 +58,10 @@ class Trial:
     fidelity: FidelitySettings | None = None
     # Serving mode's arrival process and SLO, or None: offline mode (static batches).
     serving: ServingSettings | None = None
+    # A prompt file's settings, or None: random prompts of input_len tokens.
+    prompts: DatasetSettings | None = None
+    # How long each sequence is: exactly output_len, or natural / reference lengths capped by it.
+    output_lengths: OutputLengths = "fixed"
     trial_id: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -63,7 +70,8 @@ class Trial:
     @classmethod
     def at(cls, *, sweep: str, dataset: str = "random", seed: int = 0, measure: MeasureSettings | None = None,
            layer_profile: LayerGranularity | None = None, fidelity: FidelitySettings | None = None,
-           serving: ServingSettings | None = None, **values: Any) -> Trial:
+           serving: ServingSettings | None = None, prompts: DatasetSettings | None = None,
+           output_lengths: OutputLengths = "fixed", **values: Any) -> Trial:
         """A trial from one value per axis by name (axes left out take their default)."""
         items = []
         for axis in AXES:
@@ -77,7 +85,7 @@ class Trial:
             raise TypeError(f"not an axis: {', '.join(values)}")
         return cls(sweep=sweep, point=AxisPoint(tuple(items)), dataset=dataset, seed=seed,
                    measure=measure or MeasureSettings(), layer_profile=layer_profile, fidelity=fidelity,
-                   serving=serving)
+                   serving=serving, prompts=prompts, output_lengths=output_lengths)
 
     def with_axes(self, **values: Any) -> Trial:
         """This trial with other values for some of its axes (a new trial id)."""
@@ -145,8 +153,15 @@ class Trial:
         return None if value is None else int(value)
 
     @property
-    def input_len(self) -> int:
-        return int(self.point["input_len"])
+    def input_len(self) -> int | None:
+        """Random prompts' length; None for a dataset's prompts (each has its own)."""
+        value = self.point.get("input_len")
+        return None if value is None else int(value)
+
+    @property
+    def stops_at_eos(self) -> bool:
+        """Generation ends where the model ends its reply (natural lengths)."""
+        return self.output_lengths == "natural"
 
     @property
     def output_len(self) -> int:
@@ -187,6 +202,10 @@ class Trial:
             d["fidelity"] = self.fidelity.canonical_json()
         if self.serving is not None:
             d["serving"] = self.serving.identity()
+        if self.prompts is not None:
+            d["prompts"] = self.prompts.identity()
+        if self.output_lengths != "fixed":
+            d["output_lengths"] = self.output_lengths
         return d
 
     @property
@@ -210,11 +229,16 @@ class Trial:
             d.update(AXES[name].columns(name, value))
         d.update(dataset=self.dataset, seed=self.seed, layer_profile=self.layer_profile,
                  fidelity=self.fidelity.canonical_json() if self.fidelity is not None else None,
-                 mode=self.mode)
+                 mode=self.mode, output_lengths=self.output_lengths)
+        if self.prompts is not None:
+            p = self.prompts
+            d.update(dataset_sha256=p.sha256, num_prompts=p.num_prompts, min_input_len=p.min_input_len,
+                     max_input_len=p.max_input_len, chat=p.chat)
         if self.serving is not None:
             s = self.serving
             slo = s.slo.bounds_s() if s.slo is not None else {}
-            d.update(arrival=s.arrival, burstiness=s.burstiness, num_prompts=s.num_prompts,
+            d.update(arrival=s.arrival, burstiness=s.burstiness,
+                     num_prompts=s.num_prompts or d.get("num_prompts"),
                      arrivals_duration_s=s.duration_s, slo_ttft_s=slo.get("ttft"),
                      slo_tpot_s=slo.get("tpot"), slo_e2e_s=slo.get("e2e"))
         # The time limits bound the driver's patience and never shape an ok row's
@@ -237,8 +261,10 @@ class Trial:
                  and AXES[name].identity_part(self.point[name])]
         load = (f"bs={self.batch_size}" if self.serving is None
                 else f"rate={self.request_rate:g}/s" + (f" conc={self.max_concurrency}" if self.max_concurrency else ""))
-        return (f"{self.model} {self.backend}/{self.precision} {load} "
-                f"in={self.input_len} out={self.output_len}"
+        prompts = f"in={self.input_len}" if self.prompts is None else f"data={PurePath(self.dataset).name}"
+        out = (f"out={self.output_len}" if self.output_lengths == "fixed"
+               else f"out={self.output_lengths}<={self.output_len}")
+        return (f"{self.model} {self.backend}/{self.precision} {load} {prompts} {out}"
                 + (f" {variant}" if variant else "")
                 + "".join(f" {e}" for e in extra)
                 + (f" r{self.repeat}" if self.repeat else "")

@@ -11,9 +11,17 @@ from typing import Any
 
 from sweeper.core.axes import AXES, AxisPoint, ModelRef
 from sweeper.core.backends import BACKENDS
+from sweeper.core.datasets import (
+    RANDOM,
+    DatasetError,
+    dataset_path,
+    file_format,
+    read_records,
+    sha256_of,
+)
 from sweeper.core.errors import ModelResolutionError, SweepFileError
 from sweeper.core.precisions import PRECISIONS
-from sweeper.core.settings import Device
+from sweeper.core.settings import DatasetSettings, Device
 from sweeper.core.trial import Trial
 from sweeper.plan.capabilities import Capabilities
 from sweeper.plan.models import resolve_model
@@ -121,6 +129,7 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
     if size > MAX_TRIALS:
         raise SweepFileError(sweep_path, None, f"the grid has {size:,} trials, more than the {MAX_TRIALS:,} one "
                              "sweep may plan; split it into several sweeps or add exclude rules")
+    prompts = dataset_settings(sweep, sweep_path)
     names = AXES.names
     layer_profile = sweep.profile.layers if sweep.profile is not None else None
     serving = sweep.workload.serving()
@@ -130,13 +139,41 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
         trial = Trial(
             sweep=sweep.name, point=AxisPoint(tuple(zip(names, point, strict=True))),
             dataset=sweep.workload.dataset, seed=sweep.workload.seed, measure=sweep.measure,
-            layer_profile=layer_profile, fidelity=sweep.fidelity, serving=serving,
+            layer_profile=layer_profile, fidelity=sweep.fidelity, serving=serving, prompts=prompts,
+            output_lengths=sweep.workload.output_lengths,
         )
         if any(_matches(rule, trial.axes()) for rule in sweep.exclude):
             excluded += 1
             continue
         trials.append(trial)
     return trials, excluded
+
+
+def dataset_settings(sweep: Sweep, sweep_path: str = "<sweep>") -> DatasetSettings | None:
+    """The workload's prompt file, read and checked now (None: random prompts).
+
+    Reading it here finds a missing, malformed or empty file, or a record without a
+    prompt, before any trial runs; its content hash makes an edited file a new workload.
+    """
+    w = sweep.workload
+    if w.dataset == RANDOM:
+        return None
+    base = Path(sweep_path).parent if sweep_path != "<sweep>" else None
+    path = dataset_path(w.dataset, base)
+    try:
+        fmt = file_format(path)
+        records = read_records(path, fmt)
+    except DatasetError as exc:
+        raise SweepFileError(sweep_path, "workload.dataset", str(exc)) from None
+    if w.output_lengths == "reference":
+        missing = next((i for i, r in enumerate(records, 1) if r.output_len is None and r.reference is None), None)
+        if missing is not None:
+            raise SweepFileError(sweep_path, "workload.dataset", str(DatasetError(
+                str(path), "has no reference length for output_len: reference (give \"output_len\" or "
+                "\"completion\")", missing, "output_len")))
+    return DatasetSettings(name=w.dataset, path=str(path), format=fmt, sha256=sha256_of(path),
+                           records=len(records), num_prompts=w.num_prompts, min_input_len=w.min_input_len,
+                           max_input_len=w.max_input_len, chat=bool(w.chat))
 
 
 def compatibility(trial: Trial, device: Device, capabilities: Capabilities | None = None) -> str | None:
@@ -150,7 +187,11 @@ def compatibility(trial: Trial, device: Device, capabilities: Capabilities | Non
     backend = BACKENDS[trial.backend]
     precision = PRECISIONS[trial.precision]
     reason = (_too_long(trial) or backend.unsupported_reason(trial.precision, device, trial.tensor_parallel)
-              or backend.unsupported_shape(trial.backend_options, trial.input_len, trial.output_len)
+              or backend.unsupported_shape(trial.backend_options, trial.input_len or 0, trial.output_len)
+              or backend.unsupported_workload(trial.backend_options, varied_prompts=trial.prompts is not None,
+                                              varied_outputs=trial.output_lengths != "fixed",
+                                              stops_at_eos=trial.stops_at_eos,
+                                              synthetic_model=trial.model_source == "synthetic")
               or (backend.unsupported_serving(trial.backend_options) if trial.serving is not None else None))
     if not reason and capabilities is not None:
         reason = capabilities.too_wide(device, trial.num_gpus)
@@ -172,6 +213,8 @@ def compatibility(trial: Trial, device: Device, capabilities: Capabilities | Non
 
 def _too_long(trial: Trial) -> str | None:
     limit = trial.model_ref.max_positions
+    if trial.input_len is None:  # a dataset's prompts: longer ones are left out on the actor
+        return None
     length = trial.input_len + trial.output_len
     if limit is not None and length > limit:
         return (f"input_len + output_len = {length} exceeds the model's {limit} positions "

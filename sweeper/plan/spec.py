@@ -30,6 +30,7 @@ from pydantic import (
 
 from sweeper.core.axes import AXES
 from sweeper.core.backends import BACKENDS
+from sweeper.core.datasets import RANDOM
 from sweeper.core.errors import SweepFileError
 from sweeper.core.precisions import PRECISIONS
 from sweeper.core.settings import (
@@ -37,6 +38,7 @@ from sweeper.core.settings import (
     Arrival,
     FidelitySettings,
     MeasureSettings,
+    OutputLengths,
     ProfileSettings,
     ReportSettings,
     ServingSettings,
@@ -99,13 +101,31 @@ Concurrency = Annotated[int, Field(gt=0, le=MAX_BATCH_SIZE, strict=True)]
 SERVING_KEYS = ("request_rate", "max_concurrency", "arrival", "burstiness", "num_prompts", "duration_s", "slo")
 
 
+def _output_len(value: Any) -> Any:
+    """A length (or list of them), or one of the words that let each request's length vary."""
+    if isinstance(value, str) and value in ("natural", "reference"):
+        return value
+    return _listify(value)
+
+
 class Workload(_Strict):
     # offline: static batches of generate calls (batch_sizes is an axis); serving: requests
     # arrive at request_rate and the engine batches them (continuous batching).
     mode: Literal["offline", "serving"] = "offline"
-    input_len: AxisValues[Tokens]
-    output_len: AxisValues[Tokens]
-    dataset: Literal["random"] = "random"
+    # random: random token ids of exactly input_len; bundled: sweeper's own prompt set;
+    # otherwise a prompt file (.jsonl or ShareGPT .json, sweeper.core.datasets).
+    dataset: str = Field("random", min_length=1)
+    # Prompt tokens per sequence (random prompts only: a dataset's prompts have their own lengths).
+    input_len: AxisValues[Tokens] | None = None
+    # Generated tokens per sequence, exactly; or natural (until EOS) / reference (the dataset's
+    # reply length), each capped by max_output_len.
+    output_len: Annotated[AxisValues[Tokens] | Literal["natural", "reference"], BeforeValidator(_output_len)]
+    max_output_len: Tokens | None = None
+    # Dataset prompts: kept only within these lengths (tokens, the model's tokenizer), wrapped
+    # in the model's chat template when chat is true.
+    min_input_len: Tokens | None = None
+    max_input_len: Tokens | None = None
+    chat: bool | None = None
     seed: int = Field(0, ge=0, le=MAX_SEED, strict=True)
     request_rate: AxisValues[RequestRate] | None = None
     max_concurrency: AxisValues[Concurrency] | None = None
@@ -115,12 +135,57 @@ class Workload(_Strict):
     duration_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
     slo: SloSettings | None = None
 
-    _dedupe = field_validator("input_len", "output_len", "request_rate", "max_concurrency")(_dedupe)
+    _dedupe = field_validator("input_len", "request_rate", "max_concurrency")(_dedupe)
+
+    @field_validator("output_len")
+    @classmethod
+    def _dedupe_lengths(cls, value: list[int] | str) -> list[int] | str:
+        return value if isinstance(value, str) else _dedupe(value)  # type: ignore[return-value]
+
+    @property
+    def output_lengths(self) -> OutputLengths:
+        """fixed | natural | reference (``sweeper.core.settings.OutputLengths``)."""
+        return "fixed" if isinstance(self.output_len, list) else self.output_len
+
+    @property
+    def output_lens(self) -> list[int]:
+        """The output_len axis: exact lengths, or the cap (max_output_len) of varying ones."""
+        if isinstance(self.output_len, list):
+            return self.output_len
+        assert self.max_output_len is not None  # checked by _lengths_fit_the_dataset
+        return [self.max_output_len]
+
+    @model_validator(mode="after")
+    def _lengths_fit_the_dataset(self) -> Workload:
+        random = self.dataset == RANDOM
+        if random and self.input_len is None:
+            raise ValueError("input_len: required field is missing (random prompts' length in tokens)")
+        if not random and self.input_len is not None:
+            raise ValueError(f"input_len: the prompts of dataset {self.dataset!r} have their own lengths; "
+                             "remove input_len (bound them with min_input_len / max_input_len)")
+        for key in ("min_input_len", "max_input_len", "chat"):
+            if random and getattr(self, key) is not None:
+                raise ValueError(f"{key}: applies to a dataset's prompts; random prompts are input_len long")
+        if (self.min_input_len is not None and self.max_input_len is not None
+                and self.min_input_len > self.max_input_len):
+            raise ValueError("min_input_len is larger than max_input_len: no prompt could be kept")
+        if self.output_lengths == "fixed" and self.max_output_len is not None:
+            raise ValueError("max_output_len: caps output_len natural or reference; "
+                             "with exact output lengths, remove it")
+        if self.output_lengths != "fixed" and self.max_output_len is None:
+            raise ValueError(f"max_output_len: required with output_len {self.output_len} "
+                             "(the most tokens a reply may have)")
+        if self.output_lengths == "reference" and random:
+            raise ValueError("output_len: reference takes each prompt's reference length from a dataset; "
+                             "random prompts have none (set workload.dataset, or use natural or a length)")
+        return self
 
     @model_validator(mode="after")
     def _serving_keys_fit_the_mode(self) -> Workload:
         given = [k for k in SERVING_KEYS if getattr(self, k) is not None]
         if self.mode == "offline":
+            # A dataset's sample size is num_prompts in both modes, as in vLLM's benchmark.
+            given = [k for k in given if not (k == "num_prompts" and self.dataset != RANDOM)]
             if given:
                 raise ValueError(f"{given[0]} is a serving-mode key; set workload.mode: serving, or remove it")
             return self
@@ -222,6 +287,10 @@ class Sweep(_Strict):
         if self.workload.mode == "serving" and self.profile is not None:
             raise ValueError("profile: the layer-profiling pass replays offline generate calls; serving mode has "
                              "none (profile an offline sweep of the same model)")
+        if self.profile is not None and (self.workload.dataset != RANDOM
+                                         or self.workload.output_lengths != "fixed"):
+            raise ValueError("profile: the layer-profiling pass replays batches of one shape; it needs random "
+                             "prompts of input_len and exact output lengths (profile such a sweep of the model)")
         if self.workload.mode == "serving" and self.fidelity is not None:
             raise ValueError("fidelity: the fidelity pass scores offline generate calls; serving mode has none "
                              "(measure fidelity in an offline sweep of the same model and precisions)")

@@ -36,8 +36,8 @@ def run(measure: dict) -> tuple[int, dict]:
     backend.clock, backend.sleep = clock, clock.sleep
     load = backend.load(ModelSpec("synthetic", "tiny-llama", "bf16", trial.backend_options))
     calls = []
-    generate = backend.generate
-    backend.generate = lambda *a: calls.append(clock()) or generate(*a)
+    generate = backend.generate_batch
+    backend.generate_batch = lambda *a: calls.append(clock()) or generate(*a)  # type: ignore[method-assign]
     row = measure_trial(backend, trial, load, NullTelemetry(reason="test"), clock=clock).row
     return len(calls) - row["n_iterations"], row
 
@@ -90,8 +90,8 @@ def measured(clock: ContendedClock, measure: dict) -> dict:
     backend = NoopBackend()
     backend.clock, backend.sleep = clock, clock.sleep
     load = backend.load(ModelSpec("synthetic", "tiny-llama", "bf16", trial.backend_options))
-    generate = backend.generate
-    backend.generate = lambda *a: clock.next_call() or generate(*a)
+    generate = backend.generate_batch
+    backend.generate_batch = lambda *a: clock.next_call() or generate(*a)  # type: ignore[method-assign]
     return measure_trial(backend, trial, load, NullTelemetry(reason="test"), clock=clock).row
 
 

@@ -129,7 +129,11 @@ def test_schema_names_carry_units():
                    # file's key (requests per second, as offered_rate_req_s says)
                    "mode", "arrival", "burstiness", "num_prompts", "request_rate", "max_concurrency",
                    "n_failed_requests", "max_concurrency_reached", "steady_batch", "mean_running_batch",
-                   "saturated", "saturation_reason", "queue_growth", "slo_attainment", "request_energy_method"}
+                   "saturated", "saturation_reason", "queue_growth", "slo_attainment", "request_energy_method",
+                   # datasets and reply lengths: lengths are tokens (as input_len), shares are ratios
+                   "dataset_sha256", "min_input_len", "max_input_len", "chat", "output_lengths",
+                   "input_len_mean", "output_len_mean", "output_len_p50", "output_len_p90",
+                   "prompt_pad_share", "decode_idle_slot_share"}
     for col in TRIALS:
         # rates and per-token quantities carry their unit before the "per"
         if (col.name in unitless_ok or col.name.endswith("_version")

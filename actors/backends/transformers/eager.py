@@ -25,6 +25,7 @@ from actors.backends.base import (
     LoadInfo,
     ModelSpec,
     PrepareInfo,
+    PromptBatch,
     RequestTiming,
 )
 from actors.backends.transformers import bnb
@@ -42,12 +43,23 @@ def _dtype_kwarg() -> str:
     return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
+def reply_lengths(new_tokens: np.ndarray, eos: int | list[int] | None, caps: Sequence[int]) -> list[int]:
+    """Each row's reply length: up to and including its first end-of-sequence token (as
+    vLLM counts it), else its cap."""
+    stops = np.isin(new_tokens, [] if eos is None else ([eos] if isinstance(eos, int) else list(eos)))
+    lengths = []
+    for row, cap in zip(stops, caps, strict=True):
+        hits = np.flatnonzero(row)
+        lengths.append(min(int(hits[0]) + 1 if hits.size else new_tokens.shape[1], cap))
+    return lengths
+
+
 class TransformersBackend(Backend):
     def __init__(self, compile_devices: tuple[str, ...] | None = None) -> None:
         self.model: Any = None
         self.device = "cpu"
         self.clock = time.monotonic
-        self._setup: dict[int, tuple[Any, Any]] = {}
+        self._setup: dict[tuple[int, bool], tuple[Any, Any]] = {}
         # Devices the compiled path may run on (None: compiled.COMPILE_DEVICES, GPUs);
         # tests add "cpu" to check its outputs.
         self.compile_devices = compile_devices
@@ -67,14 +79,12 @@ class TransformersBackend(Backend):
         PrecisionUnavailable.check(precision)  # before any weights are written
         dtype = bnb.compute_dtype(precision, self.device)
         quantization = bnb.quantization_config(precision, self.device, double_quant=options.bnb_double_quant)
-        path = spec.location
-        if spec.source == "synthetic":
-            from actors.models import materialize_synthetic, materialize_weights
+        from actors.models import materialize_weights, model_dir
 
+        path = model_dir(spec.source, spec.location)
+        if spec.source == "synthetic" and (precision.needs_weights or spec.weights_on_disk):
             # Quantizing needs weights in a file; a dtype precision initializes them in memory.
-            path = str(materialize_weights(spec.location, spec.seed)
-                       if precision.needs_weights or spec.weights_on_disk
-                       else materialize_synthetic(spec.location))
+            path = str(materialize_weights(spec.location, spec.seed))
         # Random (missing) weights are drawn from the global RNG: seed it so a
         # synthetic model is the same model in every trial and on every worker.
         torch.manual_seed(spec.seed)
@@ -108,13 +118,15 @@ class TransformersBackend(Backend):
 
             torch.cuda.synchronize()
 
-    def _generation_setup(self, output_len: int) -> tuple[Any, Any]:
+    def _generation_setup(self, output_len: int, stop_at_eos: bool = False) -> tuple[Any, Any]:
         """The config and step clock for one output length, built once.
 
         Building a GenerationConfig costs milliseconds of host time; inside the
         loop that time would sit between generate calls, outside both phases.
+        ``stop_at_eos``: up to ``output_len`` tokens, ending at EOS (else exactly that many).
         """
-        cached = self._setup.get(output_len)
+        key = (output_len, stop_at_eos)
+        cached = self._setup.get(key)
         if cached is not None:
             return cached
         from transformers import GenerationConfig, LogitsProcessor
@@ -142,13 +154,13 @@ class TransformersBackend(Backend):
                 return scores
 
         config = GenerationConfig(
-            max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False,
+            max_new_tokens=output_len, min_new_tokens=None if stop_at_eos else output_len, do_sample=False,
             num_beams=1, use_cache=True,
             pad_token_id=self.model.generation_config.pad_token_id,
             eos_token_id=self.model.generation_config.eos_token_id,
         )
-        self._setup[output_len] = (config, StepClock())
-        return self._setup[output_len]
+        self._setup[key] = (config, StepClock())
+        return self._setup[key]
 
     def prepare(self, batch_size: int, input_len: int, output_len: int) -> PrepareInfo:
         """Compile the decode step for this shape and capture its graphs (compiled path only)."""
@@ -201,6 +213,51 @@ class TransformersBackend(Backend):
             t_start_s=t_start, t_end_s=t_end, requests=(req,) * ids.shape[0],
             marks=(("prefill", t_start, t_first), ("decode", t_first, t_end)),
         )
+
+    def generate_batch(self, batch: PromptBatch) -> Generation:
+        """Prompts of varying lengths, left-padded into one static batch (what a static batch
+        of mixed prompts costs: the pad share is measured per trial), generating until the
+        longest reply is done: each sequence to its EOS (natural lengths, capped) or, EOS
+        suppressed, to the batch's longest requested length, each counted to its own."""
+        uniform = batch.as_uniform()
+        if uniform is not None:
+            return self.generate(*uniform)
+        if self._compiled is not None and self._compiled.applies():
+            raise NotImplementedError("the compiled decode runs one batch shape; varied lengths run eager")
+        import torch
+        from transformers import LogitsProcessorList
+
+        n = max(batch.output_lens)
+        config, steps = self._generation_setup(n, stop_at_eos=batch.stop_at_eos)
+        eos = self.model.generation_config.eos_token_id
+        config.eos_token_id = eos
+        steps.steps = 0
+        pad = int(self.model.generation_config.pad_token_id or 0)
+        width = max(len(p) for p in batch.prompts)
+        ids_np = np.full((len(batch.prompts), width), pad, dtype=np.int64)
+        mask_np = np.zeros_like(ids_np)
+        for i, p in enumerate(batch.prompts):
+            ids_np[i, width - len(p):] = p
+            mask_np[i, width - len(p):] = 1
+        self.sync()
+        t_start = self.clock()
+        ids, mask = torch.from_numpy(ids_np).to(self.device), torch.from_numpy(mask_np).to(self.device)
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                      logits_processor=LogitsProcessorList([steps]))
+        self.sync()
+        t_end = self.clock()
+        new = out[:, width:].cpu().numpy()
+        if batch.stop_at_eos:
+            lengths = reply_lengths(new, eos, caps=batch.output_lens)
+        else:
+            if new.shape[1] != n:
+                raise RuntimeError(f"generate produced {new.shape[1]} tokens, expected {n}")
+            lengths = list(batch.output_lens)
+        requests = tuple(RequestTiming(t_start, steps.t_first, t_end, k, len(p))
+                         for p, k in zip(batch.prompts, lengths, strict=True))
+        return Generation(t_start_s=t_start, t_end_s=t_end, requests=requests,
+                          marks=(("prefill", t_start, steps.t_first), ("decode", steps.t_first, t_end)))
 
     def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
               deadline_s: float) -> ServedRun:

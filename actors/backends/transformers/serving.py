@@ -38,6 +38,7 @@ class ContinuousBatchingEngine:
         # Block sharing off for measurement, as vLLM's prefix caching is: random prompts share
         # nothing, and a served request must cost what it costs alone.
         cb = ContinuousBatchingConfig(allow_block_sharing=False, max_requests_per_batch=max_batch_requests)
+        self.eos_token_id = model.generation_config.eos_token_id
         self.manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
         self.manager.start()
         self.offset_s = time.monotonic() - time.perf_counter()
@@ -50,8 +51,11 @@ class ContinuousBatchingEngine:
     # -- SteppedEngine ---------------------------------------------------------------------------
     def submit(self, request: ServingRequest, arrival_s: float, submit_s: float) -> None:
         request_id = f"r{next(self._runs)}"
+        # eos -1 (no token has it) keeps exact lengths; natural lengths stop at the model's EOS.
+        eos = self.eos_token_id if request.stop_at_eos else -1
+        eos = eos if isinstance(eos, int) or eos is None else eos[0]
         self.manager.add_request(request.prompt_ids.tolist(), request_id=request_id,
-                                 max_new_tokens=request.output_len, record_timestamps=True, eos_token_id=-1)
+                                 max_new_tokens=request.output_len, record_timestamps=True, eos_token_id=eos)
         self.live[request_id] = (request, arrival_s, submit_s)
 
     def wait(self, until_s: float) -> list[ServedRequest]:
@@ -87,7 +91,8 @@ class ContinuousBatchingEngine:
         times = tuple(t + self.offset_s for t in (output.timestamps or ()))
         scheduled, finished = (t + self.offset_s if t and t > 0 else None for t in output.lifespan)
         error = output.error
-        if error is None and len(times) != request.output_len:
+        wrong = len(times) > request.output_len if request.stop_at_eos else len(times) != request.output_len
+        if error is None and wrong:
             error = f"produced {len(times)} tokens, expected {request.output_len}"
         return ServedRequest(request.index, request.prompt_tokens, arrival_s, submit_s, scheduled, times,
                              times[-1] if times and error is None else None, error)

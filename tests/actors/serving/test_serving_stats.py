@@ -11,6 +11,7 @@ import pytest
 from actors.serving.arrivals import arrival_offsets, serving_requests
 from actors.serving.records import ServedRequest, ServedRun
 from actors.serving.stats import latency_columns, meets, running, steady_window
+from actors.workload import RandomSource
 from sweeper.core.settings import ServingSettings
 
 
@@ -98,8 +99,9 @@ def test_arrivals_are_seeded_and_follow_their_process():
 
 def test_duration_s_ends_the_arrivals():
     settings = ServingSettings(duration_s=2.0)
-    requests = serving_requests(settings, request_rate=50.0, vocab_size=100, input_len=4, output_len=2, seed=0)
+    source = RandomSource(vocab_size=100, input_len=4, output_len=2, seed=0)
+    requests = serving_requests(settings, request_rate=50.0, source=source, seed=0)
     assert 60 < len(requests) < 140 and max(r.arrival_offset_s for r in requests) <= 2.0
     capped = serving_requests(ServingSettings(duration_s=2.0, num_prompts=10), request_rate=50.0,
-                              vocab_size=100, input_len=4, output_len=2, seed=0)
+                              source=source, seed=0)
     assert len(capped) == 10
