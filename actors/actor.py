@@ -52,6 +52,7 @@ class TrialRunner:
         self.pre_load_idle: IdleBaseline | None = None
         self.env = environment.capture()
         self._fidelity: dict[str, Any] | None = None  # the group's fidelity columns, once per load
+        self._reference: Any = None  # the reference step's outputs, or why there are none
 
     # -- lifecycle -------------------------------------------------------------
     def load(self, trial: Trial) -> LoadResult:
@@ -59,6 +60,11 @@ class TrialRunner:
         self._fidelity = None
         try:
             self.pre_load_idle = self._pre_load_idle(trial)
+            if trial.fidelity is not None:
+                # Its own step, before the group's model loads: the two never share the GPU.
+                from actors.quality.fidelity import prepare_reference
+
+                self._reference = prepare_reference(trial, create_backend)
             self.backend = create_backend(trial.backend)
             t0 = time.monotonic()
             self.load_info = self.backend.load(ModelSpec(
@@ -167,7 +173,8 @@ class TrialRunner:
         return TrialOutcome(trial.trial_id, row, tables)
 
     def _fidelity_columns(self, trial: Trial) -> dict[str, Any]:
-        """The group's fidelity columns, computed after its first measured trial.
+        """The group's fidelity columns, computed after its first measured trial against the
+        reference its load step prepared.
 
         Outputs do not depend on the batch size, so one pass per loaded model
         serves every trial of the group. It never fails the trial (see
@@ -177,8 +184,8 @@ class TrialRunner:
             from actors.quality.fidelity import fidelity_columns
 
             backend, load_info = self._loaded()
-            self._fidelity = fidelity_columns(trial, backend, load_info,
-                                              lambda: create_backend(trial.backend))
+            self._fidelity = fidelity_columns(trial, backend, self._reference)
+            self._reference = None  # host memory: the group's pass is done
             if trial.fidelity is not None and trial.fidelity.perplexity:
                 from actors.quality.perplexity import perplexity_columns
 

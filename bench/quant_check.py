@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         # 2-4. each precision: layers, footprint, generate, fidelity vs bf16
         from actors.backends.base import ModelSpec
         from actors.backends.transformers.eager import TransformersBackend
-        from actors.quality.fidelity import reference_outputs
+        from actors.quality.reference import reference_outputs
         from sweeper.core.backends import TransformersOptions
         from sweeper.core.settings import FidelitySettings
 

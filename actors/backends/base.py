@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import BaseModel
 
+from actors.quality.divergence import TopK
 from actors.serving.records import ServedRun, ServingRequest
 
 Options = TypeVar("Options", bound=BaseModel)
@@ -168,6 +169,15 @@ class Backend(ABC):
         (batch, len) ``token_ids``; position i predicts token i + 1. ``last``: only the last
         ``last`` positions."""
         raise NotImplementedError(f"{type(self).__name__} cannot score tokens")
+
+    def topk_logprobs(self, token_ids: np.ndarray, last: int, k: int) -> TopK:
+        """The top-k next-token log-probabilities at the last ``last`` positions of one
+        teacher-forced pass over (batch, len) ``token_ids`` (position i predicts token i + 1):
+        (batch, last, k) ids and log-probs, most likely first. From the full distribution
+        where the backend has it; a serving engine returns these directly."""
+        from actors.quality.divergence import topk_of
+
+        return topk_of(self.next_token_logprobs(token_ids, last=last), k)
 
     # -- serving mode (actors.serving); optional ------------------------------------------
     def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,

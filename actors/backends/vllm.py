@@ -54,6 +54,7 @@ from actors.backends.base import (
     RequestTiming,
 )
 from actors.backends.vllm_worker import WORKER_EXTENSION
+from actors.quality.divergence import TopK
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.backends import VllmOptions
 from sweeper.core.precisions import PRECISIONS
@@ -253,10 +254,17 @@ class VllmBackend(Backend):
         if problem:
             raise VllmCapabilityError(problem)
         path, overrides = self._model_path(spec)
+        dummy = spec.source == "synthetic"
+        if dummy and spec.weights_on_disk:
+            # The fidelity pass compares backends and precisions on one set of weights: the
+            # seeded ones transformers reads too, not vLLM's own random ones.
+            from actors.models import materialize_weights
+
+            path, dummy = str(materialize_weights(spec.location, spec.seed)), False
         kwargs = engine_kwargs(
             model_path=path, precision=spec.precision, options=self.options,
             tensor_parallel=spec.tensor_parallel, seed=spec.seed,
-            dummy_weights=spec.source == "synthetic", hf_overrides=overrides,
+            dummy_weights=dummy, hf_overrides=overrides,
         )
         if spec.serving:
             from actors.backends.vllm_serving import AsyncEngineRunner
@@ -361,6 +369,39 @@ class VllmBackend(Backend):
 
     def sync(self) -> None:
         """Nothing to wait for: ``generate`` returns only once every output exists."""
+
+    # -- scoring (fidelity pass): vLLM returns top-k log-probabilities, never full ones ---------
+    def greedy_continuation(self, prompt_ids: np.ndarray, n: int) -> np.ndarray:
+        if self.llm is None:
+            raise NotImplementedError("vLLM's serving engine does not score (run fidelity offline)")
+        outputs = self.llm.generate([{"prompt_token_ids": row} for row in prompt_ids.tolist()],
+                                    self._sampling_params(n), use_tqdm=False)
+        return np.asarray([list(o.outputs[0].token_ids) for o in outputs], dtype=np.int64)
+
+    def topk_logprobs(self, token_ids: np.ndarray, last: int, k: int) -> TopK:
+        """One prefill per row: ``prompt_logprobs`` gives the distribution of each prompt token
+        after the ones before it (positions 1..len-1), and the one sampled token's
+        ``logprobs`` the distribution after the last; the last ``last`` of those."""
+        if self.llm is None:
+            raise NotImplementedError("vLLM's serving engine does not score (run fidelity offline)")
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, logprobs=k, detokenize=False)
+        outputs = self.llm.generate([{"prompt_token_ids": row} for row in token_ids.tolist()], params,
+                                    use_tqdm=False)
+        length = token_ids.shape[1]
+        ids = np.zeros((len(outputs), last, k), dtype=np.int64)
+        values = np.zeros((len(outputs), last, k), dtype=np.float32)
+        for b, out in enumerate(outputs):
+            # Entry j predicts token j + 1: prompt_logprobs[j + 1] for j < length - 1, the sample's after.
+            dists = list(out.prompt_logprobs[1:]) + [out.outputs[0].logprobs[0]]
+            for pos, dist in enumerate(dists[length - last:]):
+                ranked = sorted((e.rank, t, e.logprob) for t, e in dist.items() if e.rank is not None and e.rank <= k)
+                if len(ranked) < k:
+                    raise RuntimeError(f"vLLM returned {len(ranked)} of the top {k} log-probabilities")
+                ids[b, pos] = [t for _, t, _ in ranked[:k]]
+                values[b, pos] = [lp for _, _, lp in ranked[:k]]
+        return TopK(ids, values)
 
     def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
               deadline_s: float) -> ServedRun:

@@ -128,6 +128,8 @@ class BackendSpec:
     precision_notes: tuple[tuple[str, str], ...] = ()
     # Whether it runs the model (noop simulates one: its replies end where it draws them to).
     runs_model: bool = True
+    # Whether it returns full next-token distributions for the fidelity pass (else top-k only).
+    full_logprobs: bool = False
 
     def default_options(self) -> BaseModel:
         return self.options()
@@ -190,6 +192,7 @@ BACKENDS: dict[str, BackendSpec] = {
             options=TransformersOptions,
             layer_hooks=True,
             serving=True,
+            full_logprobs=True,
         ),
         # No model: generate sleeps. Measures the harness and scheduler themselves.
         BackendSpec(

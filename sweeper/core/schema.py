@@ -195,7 +195,11 @@ _RESULT: tuple[Column, ...] = (
                                  "compute format (fp32: non-tensor), summed"),
     _c("gpu_peak_bandwidth_bytes_per_s", F, "datasheet peak memory bandwidth of the held GPUs, summed"),
     # fidelity (a separate pass once per loaded model, after the group's first measured trial)
-    _c("fidelity_reference", S, "precision this trial's outputs were compared with (the same model, options and seed)"),
+    _c("fidelity_reference", S, "precision this trial's outputs were compared with (the same model, options and "
+                                "seed), as backend/precision when the reference runs on a named backend"),
+    _c("fidelity_method", S, "full (KL over the whole vocabulary: both backends return full distributions) | topK "
+                             "(KL estimated over the reference's top K tokens and one bucket for the rest, vLLM; "
+                             "docs/METHOD.md); null unless fidelity_status is ok"),
     _c("fidelity_kl", F, "mean over prompts and positions of KL(reference || this) of next-token distributions "
                          "(nats, float64), teacher-forced on the reference's greedy continuation; on synthetic "
                          "models numerical deviation, not quality; null unless fidelity_status is ok"),

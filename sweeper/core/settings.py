@@ -65,20 +65,45 @@ class ProfileSettings(Settings):
     layers: LayerGranularity = Field(description="per-layer GPU time and energy at this granularity")
 
 
+# Top-k log-probabilities per position where a backend returns no full distribution (vLLM's
+# default max_logprobs).
+DEFAULT_TOP_K = 20
+
+
 class FidelitySettings(Settings):
     """Output fidelity of each precision against a reference precision of the same model.
 
     Teacher-forced on the reference's own greedy continuation of fixed random
     prompts: mean KL divergence of next-token distributions and top-1 agreement.
+    The reference may run on another backend (``reference: {backend: transformers,
+    precision: bf16}``), so that backends are compared on the same weights and prompts.
     """
 
     reference: str = Field("bf16", description="precision the others are compared with")
+    reference_backend: str | None = Field(None, description="backend the reference runs on (null: each trial's own)")
+    top_k: int | None = Field(None, gt=0, le=DEFAULT_TOP_K, strict=True,
+                              description="compare top-k log-probabilities (a KL estimate over the reference's top k "
+                                          "and the rest of the vocabulary); null: the full distribution where both "
+                                          f"backends return it, else top {DEFAULT_TOP_K}")
     prompts: int = Field(8, gt=0, le=256, strict=True, description="prompts (sequences) compared")
     prompt_len: int = Field(32, gt=0, strict=True, description="tokens per prompt")
     continuation_len: int = Field(32, gt=0, le=4096, strict=True,
                                   description="greedy reference tokens compared after each prompt")
     perplexity: bool = Field(False, description="also each precision's perplexity on a bundled "
                              "public-domain text (real checkpoints with a tokenizer)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reference_on_a_backend(cls, data: object) -> object:
+        """``reference: {backend: B, precision: P}`` is ``reference: P`` on backend B."""
+        if isinstance(data, dict) and isinstance(data.get("reference"), dict):
+            ref = dict(data["reference"])
+            unknown = set(ref) - {"backend", "precision"}
+            if unknown or "precision" not in ref:
+                raise ValueError("reference: a precision name, or {backend: ..., precision: ...}"
+                                 + (f" (unknown key {sorted(unknown)[0]!r})" if unknown else ""))
+            data = {**data, "reference": ref["precision"], "reference_backend": ref.get("backend")}
+        return data
 
     @field_validator("reference")
     @classmethod
@@ -87,10 +112,24 @@ class FidelitySettings(Settings):
             raise ValueError(f"unknown precision {reference!r}; known: {', '.join(PRECISIONS)}")
         return reference
 
+    @field_validator("reference_backend")
+    @classmethod
+    def _known_backend(cls, backend: str | None) -> str | None:
+        from sweeper.core.backends import BACKENDS
+
+        if backend is not None and backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; known: {', '.join(sorted(BACKENDS))}")
+        return backend
+
+    def reference_label(self) -> str:
+        """``bf16``, or ``transformers/bf16`` for a reference on a named backend."""
+        return self.reference if self.reference_backend is None else f"{self.reference_backend}/{self.reference}"
+
     def canonical_json(self) -> str:
-        # perplexity joined the settings later: it is in the text (and so in trial
-        # ids) only when asked for, so older trials keep their ids.
-        exclude = None if self.perplexity else {"perplexity"}
+        # Keys that joined later are in the text (and so in trial ids) only when set,
+        # so older trials keep their ids.
+        exclude = {k for k, off in (("perplexity", False), ("reference_backend", None), ("top_k", None))
+                   if getattr(self, k) is off}
         return json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True, separators=(",", ":"))
 
 

@@ -11,14 +11,9 @@ import torch
 
 from actors.backends import create_backend
 from actors.backends.base import ModelSpec
-from actors.quality.fidelity import (
-    compare,
-    fidelity_prompts,
-    kl_per_position,
-    load_reference,
-    reference_outputs,
-    top1_agreement,
-)
+from actors.quality.divergence import TopK, kl_topk, topk_of
+from actors.quality.fidelity import compare, kl_per_position, top1_agreement
+from actors.quality.reference import fidelity_prompts, load_reference, reference_outputs
 from sweeper.core.backends import BACKENDS
 from sweeper.core.settings import FidelitySettings
 from sweeper.plan.expand import expand
@@ -72,6 +67,26 @@ def test_kl_where_either_side_has_zero_probability():
     assert kl_per_position(p[:2] + 1e-6, p[:2]) == pytest.approx(0.0, abs=1e-12)
 
 
+def test_topk_kl_is_exact_over_the_coarse_space_when_every_token_is_listed():
+    p = np.log(np.array([0.5, 0.3, 0.1, 0.1]))
+    q = np.log(np.array([0.4, 0.4, 0.1, 0.1]))
+    ref, trial = topk_of(p[None], 2), topk_of(q[None], 2)
+    assert ref.ids.tolist() == [[0, 1]] and trial.ids[0, :2].tolist() in ([0, 1], [1, 0])
+    # {0}, {1}, rest {2, 3}: 0.5 ln(0.5/0.4) + 0.3 ln(0.3/0.4) + 0.2 ln(0.2/0.2)
+    expected = 0.5 * math.log(0.5 / 0.4) + 0.3 * math.log(0.3 / 0.4)
+    assert kl_topk(ref, trial)[0] == pytest.approx(expected)
+    assert expected <= kl_per_position(p, q) + 1e-12  # merging tokens never raises KL
+    assert kl_topk(ref, ref)[0] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_topk_kl_puts_a_missing_token_at_the_trial_s_kth_probability():
+    ref = TopK(np.array([[7, 3]]), np.log(np.array([[0.6, 0.3]])))
+    trial = TopK(np.array([[7, 5]]), np.log(np.array([[0.5, 0.2]])))
+    # token 3 is missing from the trial's top 2: taken at 0.2; rest 0.1 vs 1 - 0.7 = 0.3
+    expected = 0.6 * math.log(0.6 / 0.5) + 0.3 * math.log(0.3 / 0.2) + 0.1 * math.log(0.1 / 0.3)
+    assert kl_topk(ref, trial)[0] == pytest.approx(expected)
+
+
 # -- real tiny models ----------------------------------------------------------------
 
 @pytest.mark.slow
@@ -94,6 +109,11 @@ def test_identical_models_agree_exactly_and_a_perturbed_one_does_not():
                 p.add_(torch.randn(p.shape, generator=gen) * 0.02)
     perturbed = compare(twin, ref, SETTINGS)
     assert perturbed.kl > 1e-4 and perturbed.top1 < 1.0
+    # The top-k method on the same pair: top-1 agreement exact, KL an estimate near the full one.
+    ref20 = reference_outputs(ref_backend, SETTINGS, info.vocab_size, seed=0, top_k=20)
+    assert np.array_equal(ref20.tokens, ref.tokens) and ref20.topk.ids.shape == (3, 5, 20)
+    topk = compare(twin, ref20, SETTINGS)
+    assert topk.top1 == perturbed.top1 and 0 < topk.kl <= 1.5 * perturbed.kl
     ref_backend.close()
     twin.close()
 
@@ -105,15 +125,16 @@ def test_reference_is_cached_on_disk_and_reused(cache):
     backend, info = _load("bf16")
     opened = []
 
-    def open_backend():
-        opened.append(create_backend("transformers"))
+    def open_backend(name: str):
+        opened.append(create_backend(name))
         return opened[-1]
 
-    first = load_reference(trial, settings, info, open_backend)
-    again = load_reference(trial, settings, info, open_backend)
+    first = load_reference(trial, open_backend)
+    again = load_reference(trial, open_backend)
     assert len(opened) == 1 and opened[0].model is None  # loaded once, then closed
     assert len(list((cache / "fidelity").glob("*.npz"))) == 1
     assert np.array_equal(first.tokens, again.tokens) and np.array_equal(first.logprobs, again.logprobs)
+    assert settings is not None and info.vocab_size == first.logprobs.shape[-1]
     backend.close()
 
 
@@ -128,6 +149,8 @@ def test_actor_computes_once_per_group_and_marks_reference_rows(cache):
         trials = _trials(precisions=precision, fidelity=fidelity)
         runner = TrialRunner()
         assert runner.load(trials[0]).ok
+        # The reference was computed in its own step, before the trial's model loaded.
+        assert len(list((cache / "fidelity").glob("*.npz"))) == (expect == "ok")
         rows = [runner.run(t).row for t in trials]
         runner.close()
         for row in rows:
@@ -138,6 +161,7 @@ def test_actor_computes_once_per_group_and_marks_reference_rows(cache):
         else:
             assert rows[0]["fidelity_kl"] > 0 and 0 < rows[0]["fidelity_top1"] <= 1
             assert rows[0]["fidelity_kl"] == rows[1]["fidelity_kl"]  # one pass per load
+            assert rows[0]["fidelity_method"] == "full"
     assert len(list((cache / "fidelity").glob("*.npz"))) == 1
 
 
@@ -154,6 +178,27 @@ def test_a_reference_that_cannot_run_leaves_the_trial_ok():
     assert row["fidelity_kl"] is None
 
 
+def test_the_reference_may_name_another_backend_and_the_top_k_method():
+    from actors.quality.reference import method_top_k, reference_key
+
+    named = _trials(precisions="bf16", fidelity={"reference": {"backend": "noop", "precision": "fp32"}})[0]
+    own = _trials(precisions="bf16", fidelity={"reference": "fp32"})[0]
+    top = _trials(precisions="bf16", fidelity={"reference": "fp32", "top_k": 5})[0]
+    assert named.fidelity.reference_label() == "noop/fp32" and own.fidelity.reference_label() == "fp32"
+    assert len({reference_key(t) for t in (named, own, top)}) == 3
+    assert (method_top_k(own), method_top_k(top), method_top_k(named)) == (None, 5, 20)
+    # Settings that leave the new keys alone keep their trial ids.
+    assert "reference_backend" not in own.fidelity.canonical_json() and "top_k" not in own.fidelity.canonical_json()
+    from actors.actor import TrialRunner
+
+    runner = TrialRunner()
+    assert runner.load(named).ok
+    row = runner.run(named).row
+    runner.close()
+    assert row["fidelity_status"] == "not applicable: backend noop has no model to score tokens with"
+    assert row["fidelity_reference"] == "noop/fp32"
+
+
 def test_a_backend_that_cannot_score_is_not_applicable():
     if "noop" not in BACKENDS:
         pytest.skip("no noop backend in this tree")
@@ -164,7 +209,7 @@ def test_a_backend_that_cannot_score_is_not_applicable():
     assert runner.load(trial).ok
     row = runner.run(trial).row
     assert row["status"] == "ok"
-    assert row["fidelity_status"] == "not applicable: NoopBackend cannot score tokens"
+    assert row["fidelity_status"] == "not applicable: backend noop has no model to score tokens with"
 
 
 # -- a real sweep on a local Ray ----------------------------------------------------

@@ -1,0 +1,234 @@
+"""The fidelity pass's reference: computed in its own step, cached on the node's disk.
+
+Fixed random prompts (seeded) are continued greedily by the model at the reference
+precision, on the reference backend; the reference then scores its own token sequences
+(prompt + continuation) teacher-forced, keeping full log-probabilities (``full``) or the
+top k per position (``topk``: what vLLM returns).
+
+The step runs in the group's actor *before* the group's model loads: the reference
+backend loads, scores, moves its outputs to host memory and closes, so the two models
+never share the GPU's memory. Its outputs go to a file under the sweep cache keyed by
+everything that decides them, and a lock per key makes a second actor on the node wait
+for the first one's file instead of computing it again; every other precision of the
+same model (and every other backend naming the same reference) reads that file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gc
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel
+
+from actors.backends.base import Backend, ModelSpec
+from actors.quality.divergence import TopK
+from actors.workload import RandomPrompts
+from sweeper.core.backends import BACKENDS
+from sweeper.core.settings import DEFAULT_TOP_K, FidelitySettings, canonical_json
+from sweeper.core.trial import Trial
+
+log = logging.getLogger(__name__)
+
+# The prompts' RandomPrompts iteration: far from the measured (>= 0) and warm-up
+# (small negative) batches, so fidelity prompts are never a measured batch.
+PROMPT_ITERATION = -(2**19)
+# Host memory one scoring call may fill with float32 log-probs.
+CHUNK_BYTES = 256 * 2**20
+# The reference's cached full log-probs are (prompts, continuation_len, vocab) float32.
+MAX_REFERENCE_BYTES = 8 * 2**30
+
+
+@dataclass(frozen=True)
+class ReferenceOutputs:
+    """Prompt + greedy continuation (prompts, prompt_len + n), and at the n continuation
+    positions either full log-probs (prompts, n, vocab) or the top k (prompts, n, k)."""
+
+    tokens: np.ndarray
+    logprobs: np.ndarray | None = None
+    topk: TopK | None = None
+
+
+def method_top_k(trial: Trial) -> int | None:
+    """The comparison's k (top-k log-probabilities), or None: full distributions. Full only
+    where the trial's backend and the reference's both return them, unless top_k is set."""
+    settings = trial.fidelity
+    assert settings is not None
+    if settings.top_k is not None:
+        return settings.top_k
+    backends = {trial.backend, settings.reference_backend or trial.backend}
+    return None if all(BACKENDS[b].full_logprobs for b in backends) else DEFAULT_TOP_K
+
+
+def method_name(top_k: int | None) -> str:
+    return "full" if top_k is None else f"top{top_k}"
+
+
+def reference_backend(trial: Trial) -> tuple[str, BaseModel]:
+    """The backend the reference runs on and its options: the trial's own, or the named one
+    at its default options."""
+    settings = trial.fidelity
+    assert settings is not None
+    name = settings.reference_backend or trial.backend
+    return name, (trial.backend_options if name == trial.backend else BACKENDS[name].default_options())
+
+
+def is_reference(trial: Trial) -> bool:
+    """This trial is the reference itself (same backend and precision)."""
+    settings = trial.fidelity
+    assert settings is not None
+    return trial.precision == settings.reference and reference_backend(trial)[0] == trial.backend
+
+
+def fidelity_prompts(settings: FidelitySettings, vocab_size: int, seed: int) -> np.ndarray:
+    return RandomPrompts(vocab_size, settings.prompt_len, settings.prompts, seed).batch(PROMPT_ITERATION)
+
+
+def chunk_rows(settings: FidelitySettings, width: int) -> int:
+    per_row = (settings.prompt_len + settings.continuation_len) * width * 4
+    return max(1, min(settings.prompts, CHUNK_BYTES // max(per_row, 1)))
+
+
+def score(backend: Backend, tokens: np.ndarray, n: int, top_k: int | None) -> np.ndarray | TopK:
+    """Log-probs at the n positions that predict the last n tokens of ``tokens``."""
+    if top_k is None:
+        return backend.next_token_logprobs(tokens[:, :-1], last=n)
+    return backend.topk_logprobs(tokens[:, :-1], n, top_k)
+
+
+def reference_outputs(backend: Backend, settings: FidelitySettings, vocab_size: int, seed: int,
+                      top_k: int | None = None) -> ReferenceOutputs:
+    prompts = fidelity_prompts(settings, vocab_size, seed)
+    n = settings.continuation_len
+    rows = chunk_rows(settings, vocab_size if top_k is None else 2 * top_k)
+    tokens: list[np.ndarray] = []
+    scored: list = []
+    for i in range(0, len(prompts), rows):
+        chunk = prompts[i:i + rows]
+        full = np.concatenate([chunk, backend.greedy_continuation(chunk, n).astype(np.int64)], axis=1)
+        tokens.append(full)
+        scored.append(score(backend, full, n, top_k))
+    if top_k is None:
+        return ReferenceOutputs(np.concatenate(tokens), logprobs=np.concatenate(scored).astype(np.float32, copy=False))
+    return ReferenceOutputs(np.concatenate(tokens), topk=TopK(np.concatenate([s.ids for s in scored]),
+                                                             np.concatenate([s.logprobs for s in scored])))
+
+
+def _device_description() -> str:
+    """What the reference runs on, known before any model loads (its numbers depend on it)."""
+    from actors.environment import cpu_model
+    from actors.telemetry.nvml import TelemetryError, resolve_gpus
+
+    try:
+        names = [g.name for g in resolve_gpus()]
+    except TelemetryError:
+        names = []
+    return ",".join(names) or cpu_model()
+
+
+def reference_key(trial: Trial) -> str:
+    """What makes two reference computations give the same numbers."""
+    from actors.models import weights_dir
+
+    settings = trial.fidelity
+    assert settings is not None
+    model = trial.model_location
+    if trial.model_source == "synthetic":
+        model = weights_dir(trial.model_location, trial.seed).name  # preset config digest + seed + generator
+    backend, options = reference_backend(trial)
+    versions = {lib: _version(lib) for lib in ("torch", "transformers", *BACKENDS[backend].requires)}
+    blob = json.dumps({
+        "source": trial.model_source, "model": model, "backend": backend, "options": canonical_json(options),
+        "reference": settings.reference, "method": method_name(method_top_k(trial)),
+        "settings": [settings.prompts, settings.prompt_len, settings.continuation_len],
+        "seed": trial.seed, "tensor_parallel": trial.tensor_parallel, "device": _device_description(), **versions,
+    }, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _version(lib: str) -> str | None:
+    try:
+        return importlib.metadata.version(lib)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cache_dir() -> Path:
+    from actors.models import cache_root
+
+    return cache_root() / "fidelity"
+
+
+def _read_cached(path: Path) -> ReferenceOutputs | None:
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "topk_ids" in data:
+                return ReferenceOutputs(data["tokens"], topk=TopK(data["topk_ids"], data["topk_logprobs"]))
+            return ReferenceOutputs(data["tokens"], logprobs=data["logprobs"])
+    except (OSError, ValueError, KeyError):
+        log.warning("unreadable fidelity reference cache %s; recomputing", path)
+        return None
+
+
+def _write_cached(path: Path, ref: ReferenceOutputs) -> None:
+    arrays = ({"logprobs": ref.logprobs} if ref.topk is None
+              else {"topk_ids": ref.topk.ids, "topk_logprobs": ref.topk.logprobs})
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".npz", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, tokens=ref.tokens, **arrays)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def load_reference(trial: Trial, open_backend: Callable[[str], Backend]) -> ReferenceOutputs:
+    """The reference outputs for ``trial``'s model: from the node's cache, or computed.
+
+    Computing loads the reference precision into a backend from ``open_backend``
+    (by name: the reference may run on another backend), scores, moves the results
+    to host memory and closes that backend before returning.
+    """
+    settings = trial.fidelity
+    assert settings is not None
+    cache = _cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / f"{reference_key(trial)}.npz"
+    with open(cache / f".{path.stem}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cached = _read_cached(path)
+        if cached is not None:
+            return cached
+        name, options = reference_backend(trial)
+        backend = open_backend(name)
+        try:
+            ref_load = backend.load(ModelSpec(
+                source=trial.model_source, location=trial.model_location, precision=settings.reference,
+                options=options, seed=trial.seed, tensor_parallel=trial.tensor_parallel, weights_on_disk=True,
+            ))
+            top_k = method_top_k(trial)
+            if top_k is None and settings.prompts * settings.continuation_len * ref_load.vocab_size * 4 > MAX_REFERENCE_BYTES:
+                raise ValueError("the reference log-probs would take more than "
+                                 f"{MAX_REFERENCE_BYTES // 2**30} GiB (prompts x continuation_len x vocab x 4 "
+                                 "bytes); lower fidelity.prompts or fidelity.continuation_len, or set fidelity.top_k")
+            ref = reference_outputs(backend, settings, ref_load.vocab_size, trial.seed, top_k)
+        finally:
+            backend.close()
+            del backend
+            gc.collect()
+        _write_cached(path, ref)
+        return ref
