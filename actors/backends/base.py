@@ -179,6 +179,16 @@ class Backend(ABC):
 
         return topk_of(self.next_token_logprobs(token_ids, last=last), k)
 
+    def sequence_logprobs(self, token_ids: np.ndarray) -> np.ndarray:
+        """log p(token i + 1 | tokens <= i) at each position of one (len,) sequence, float64
+        (len - 1 values): what perplexity needs. From the full distribution, renormalized in
+        float64 so rounding cannot push a probability above 1; a serving engine returns these
+        directly."""
+        logprobs = self.next_token_logprobs(np.asarray(token_ids, dtype=np.int64)[None])[0, :-1].astype(np.float64)
+        targets = np.asarray(token_ids[1:])
+        lse = np.log(np.exp(logprobs).sum(axis=-1))
+        return logprobs[np.arange(len(targets)), targets] - lse
+
     # -- serving mode (actors.serving); optional ------------------------------------------
     def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
               deadline_s: float) -> ServedRun:

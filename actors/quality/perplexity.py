@@ -5,7 +5,8 @@ a random-weight preset has no language to model (its perplexity is about its
 vocabulary size), so synthetic models are reported as not applicable. The text
 is tokenized once, cut into non-overlapping windows no longer than the model's
 context (and ``MAX_WINDOW_TOKENS``), and scored teacher-forced with the same
-``next_token_logprobs`` the fidelity pass uses: perplexity = exp of the mean
+log-probabilities the fidelity pass uses (``Backend.sequence_logprobs``: the full
+distribution on transformers, ``prompt_logprobs`` on vLLM): perplexity = exp of the mean
 negative log-likelihood of every token after the first of each window.
 """
 
@@ -45,21 +46,11 @@ def windows(token_ids: list[int], length: int) -> list[list[int]]:
     return [w for w in out if len(w) >= 2]
 
 
-def negative_log_likelihood(logprobs: np.ndarray, window: list[int]) -> np.ndarray:
-    """-log p(token i+1 | tokens <= i) for each position of one window, float64."""
-    targets = np.asarray(window[1:])
-    picked = logprobs[0, np.arange(len(targets)), targets].astype(np.float64)
-    # Renormalize in float64, as the fidelity pass does, so rounding cannot push p above 1.
-    lse = np.log(np.exp(logprobs[0, : len(targets)].astype(np.float64)).sum(axis=-1))
-    return lse - picked
-
-
 def perplexity_of(backend: Backend, token_ids: list[int], window_tokens: int) -> tuple[float, int]:
     """(perplexity, scored tokens) of ``token_ids`` under ``backend``."""
     nll: list[np.ndarray] = []
     for window in windows(token_ids, window_tokens):
-        logprobs = backend.next_token_logprobs(np.asarray([window], dtype=np.int64))
-        nll.append(negative_log_likelihood(logprobs, window))
+        nll.append(-backend.sequence_logprobs(np.asarray(window, dtype=np.int64)))
     scored = np.concatenate(nll)
     return math.exp(float(scored.mean())), int(scored.size)
 

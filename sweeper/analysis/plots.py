@@ -69,7 +69,7 @@ def require(df: pd.DataFrame, columns: tuple[str, ...], why: str) -> None:
         raise PlotUnavailable(f"{', '.join(missing)} missing or all null ({why})")
 
 
-def _plottable(trials: pd.DataFrame) -> pd.DataFrame:
+def plottable(trials: pd.DataFrame) -> pd.DataFrame:
     """The ok trials, or PlotUnavailable when there is none (every trial failed or was skipped)."""
     df = ok_trials(trials)
     if df.empty:
@@ -100,7 +100,7 @@ def series_label(row: Any, df: pd.DataFrame, with_model: bool = False) -> str:
     return " ".join(parts)
 
 
-def _scatter_marked(ax: Any, x: Any, y: Any, unstable: Any, colour: Any, marker: str = "o",
+def scatter_marked(ax: Any, x: Any, y: Any, unstable: Any, colour: Any, marker: str = "o",
                     size: float = 36, label: str | None = None, series: str | None = None) -> None:
     """Filled markers for stable trials, hollow (hatched) ones for unstable trials.
 
@@ -117,17 +117,17 @@ def _scatter_marked(ax: Any, x: Any, y: Any, unstable: Any, colour: Any, marker:
                    label=None if stable.any() else label, gid=gid)
 
 
-def _log_if_wide(ax: Any, values: Any, axis: str) -> None:
-    """Log scale when the values span more than ~a decade and a half (see ``_set_log``)."""
+def log_if_wide(ax: Any, values: Any, axis: str) -> None:
+    """Log scale when the values span more than ~a decade and a half (see ``set_log``)."""
     import numpy as np
 
     values = np.asarray(values, dtype=float)
     values = values[np.isfinite(values) & (values > 0)]
     if len(values) and values.max() / values.min() > 20:
-        _set_log(ax, axis)
+        set_log(ax, axis)
 
 
-def _set_log(ax: Any, axis: str) -> None:
+def set_log(ax: Any, axis: str) -> None:
     """A log axis whose ticks read as numbers: 1-2-5 steps in every decade, labelled plainly
     (``0.2``, ``500``, never ``10^-1``), so even a span of one decade shows several labels."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
@@ -168,7 +168,7 @@ def _per_batch(trials: pd.DataFrame, panels: list[tuple[str, str, float]], title
     """
     import numpy as np
 
-    df = _plottable(trials)
+    df = plottable(trials)
     if "mode" in df.columns and (df["mode"] == "serving").all():
         raise PlotNotApplicable("a serving sweep has no batch sizes (its trials are drawn against the request rate)")
     df = df[df["batch_size"].notna()] if "batch_size" in df.columns else df
@@ -206,10 +206,10 @@ def _per_batch(trials: pd.DataFrame, panels: list[tuple[str, str, float]], title
                 if repeated.any():
                     ax.vlines(x[repeated], low.to_numpy()[repeated], high.to_numpy()[repeated],
                               color=colour, lw=1.0, alpha=0.8)
-                _scatter_marked(ax, x, median.to_numpy(), unstable.to_numpy(), colour, series=name)
+                scatter_marked(ax, x, median.to_numpy(), unstable.to_numpy(), colour, series=name)
             _batch_axis(ax, mdf["batch_size"] if len(mdf) else df["batch_size"])
             if wide:
-                _set_log(ax, "y")
+                set_log(ax, "y")
             else:
                 ax.set_ylim(bottom=0)
             ax.set_title(model, fontsize=10)
@@ -287,7 +287,7 @@ def plot_pareto(trials: pd.DataFrame, latencies: tuple[str, ...] = ("tpot_s", "t
     The frontier is per model: a smaller model is usually cheaper and faster, so
     a frontier across models would only ever show the smallest one.
     """
-    df = _plottable(trials)
+    df = plottable(trials)
     require(df, ("energy_per_token_j",), "no energy measured: CPU-only run?")
     latencies = tuple(lat for lat in latencies if _usable(df, lat))
     if not latencies:
@@ -302,7 +302,7 @@ def plot_pareto(trials: pd.DataFrame, latencies: tuple[str, ...] = ("tpot_s", "t
             colour = f"C{m % 10}"
             for precision, p in g.groupby("precision"):
                 marker = markers[precisions.index(precision) % len(markers)]
-                _scatter_marked(ax, p["energy_per_token_j"].to_numpy(), p[latency].to_numpy() * 1e3,
+                scatter_marked(ax, p["energy_per_token_j"].to_numpy(), p[latency].to_numpy() * 1e3,
                                 p["unstable"].to_numpy(), colour, marker=marker,
                                 label=f"{model} {precision}")
             on = g[g["on_frontier"]].sort_values("energy_per_token_j")
@@ -312,8 +312,8 @@ def plot_pareto(trials: pd.DataFrame, latencies: tuple[str, ...] = ("tpot_s", "t
                 ax.annotate(f"{series_label(row, df)} bs={row['batch_size']}",
                             (row["energy_per_token_j"], row[latency] * 1e3), fontsize=7,
                             xytext=(5, 4 if k % 2 == 0 else -10), textcoords="offset points")
-        _log_if_wide(ax, front["energy_per_token_j"], "x")
-        _log_if_wide(ax, front[latency], "y")
+        log_if_wide(ax, front["energy_per_token_j"], "x")
+        log_if_wide(ax, front[latency], "y")
         ax.margins(x=0.1)  # room for the labels of the points at the edges
         name = "TPOT" if latency.startswith("tpot") else "TTFT" if latency.startswith("ttft") else latency
         ax.set_xlabel("J / output token (lower is better)")
@@ -337,7 +337,7 @@ def plot_weight_memory(trials: pd.DataFrame) -> Figure:
 
     from sweeper.analysis.tables import memory_unit
 
-    df = _plottable(trials)
+    df = plottable(trials)
     require(df, ("weight_memory_bytes",), "no weight memory recorded")
     df = df[df["weight_memory_bytes"].notna()]
     if not (df["weight_memory_bytes"] > 0).any():
@@ -373,7 +373,7 @@ def plot_fidelity(trials: pd.DataFrame) -> Figure:
     of its most efficient batch size, with a bar to its least efficient one.
     Points are named in the legend, not by annotations that could overlap.
     """
-    df = _plottable(trials)
+    df = plottable(trials)
     if "fidelity_kl" not in df.columns or df["fidelity_kl"].isna().all():
         raise PlotUnavailable("no fidelity_kl values in trials.parquet (no fidelity measured)")
     require(df, ("fidelity_kl", "energy_per_token_j"), "both are needed")
@@ -389,11 +389,11 @@ def plot_fidelity(trials: pd.DataFrame) -> Figure:
             colour, marker = f"C{m % 10}", markers[k % len(markers)]
             if high > low:
                 ax.hlines(kl, low, high, color=colour, lw=1.0, alpha=0.6)
-            _scatter_marked(ax, _arr([low]), _arr([kl]), _arr([bool(g["unstable"].any())]), colour,
+            scatter_marked(ax, _arr([low]), _arr([kl]), _arr([bool(g["unstable"].any())]), colour,
                             marker=marker, label=series_label(g.iloc[0], df, with_model=True))
-    _log_if_wide(ax, df["energy_per_token_j"], "x")
+    log_if_wide(ax, df["energy_per_token_j"], "x")
     if (df["fidelity_kl"] > 0).all():  # a log axis would hide exact zeros (identical outputs)
-        _log_if_wide(ax, df["fidelity_kl"], "y")
+        log_if_wide(ax, df["fidelity_kl"], "y")
     ax.set_xlabel("J / output token (point: best batch size; bar: range over batch sizes)")
     ax.set_ylabel("KL divergence to reference (lower is better)")
     ax.set_title("Fidelity vs energy per token", fontsize=11)

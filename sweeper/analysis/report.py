@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sweeper.analysis import plots, serving_plots
+from sweeper.analysis import plots, quality_plots, serving_plots
 from sweeper.analysis.figure_data import figure_data
 from sweeper.analysis.render import Plot, Report, Table, render_html, render_markdown
 from sweeper.analysis.results import Results, load_results, report_settings, table_path
@@ -45,7 +45,7 @@ from sweeper.core.settings import ReportSettings
 FORMATS = ("html", "md")
 PLOT_FILES = ("throughput.png", "latency.png", "energy_per_token.png", "pareto.png", "serving_latency.png",
               "serving_energy.png", "goodput.png", "weight_memory.png",
-              "fidelity.png", "power_timeline.png", "layer_shares.png")
+              "fidelity.png", "quality.png", "power_timeline.png", "layer_shares.png")
 
 
 def figure_png(fig: Any, dpi: int = 110) -> bytes:
@@ -282,6 +282,9 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
          lambda: serving_plots.plot_goodput(results.trials)),
         ("Weight memory per precision", "weight_memory.png", "", lambda: plots.plot_weight_memory(results.trials)),
         ("Fidelity vs J/token", "fidelity.png", marked, lambda: plots.plot_fidelity(results.trials)),
+        ("Quality vs energy", "quality.png",
+         "KL and top-1 to the reference, perplexity on the bundled text, against J per token and per response"
+         + (f"; {marked}" if marked else ""), lambda: quality_plots.plot_quality(results.trials)),
         ("Power timeline", "power_timeline.png", timeline_caption, timeline_fig),
         ("Layer energy shares", "layer_shares.png", f"layer profile of trial {layer_id}", layers_fig),
     ]

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 from sweeper.analysis.plots import (
     UNSTABLE_NOTE,
     PlotNotApplicable,
-    _plottable,
-    _scatter_marked,
-    _set_log,
     new_figure,
+    plottable,
     require,
+    scatter_marked,
     series_label,
+    set_log,
 )
 from sweeper.core.axes import AXES
 
@@ -31,7 +31,7 @@ SATURATED_NOTE = "x: saturated (the engine fell behind the offered rate); dotted
 
 def serving_trials(trials: pd.DataFrame) -> pd.DataFrame:
     """The ok serving-mode trials, or PlotUnavailable when the sweep has none."""
-    df = _plottable(trials)
+    df = plottable(trials)
     if "mode" not in df.columns or not (df["mode"] == "serving").any():
         raise PlotNotApplicable("no serving-mode trials (workload.mode: serving)")
     return df[df["mode"] == "serving"]
@@ -58,7 +58,7 @@ def _draw(ax: Any, x: Any, y: Any, g: pd.DataFrame, colour: str, label: str, sty
     ax.plot(x, y, style, color=colour, lw=1.4, label=label)
     saturated = g["saturated"].fillna(False).to_numpy(dtype=bool) if "saturated" in g else x * 0 > 0
     unstable = g["unstable"].fillna(False).to_numpy(dtype=bool) & ~saturated
-    _scatter_marked(ax, x[~saturated], y[~saturated], unstable[~saturated], colour, series=label)
+    scatter_marked(ax, x[~saturated], y[~saturated], unstable[~saturated], colour, series=label)
     if saturated.any():
         ax.scatter(x[saturated], y[saturated], marker="x", s=50, color=colour, zorder=4, gid=label)
 
@@ -91,7 +91,7 @@ def plot_serving_latency(trials: pd.DataFrame) -> Figure:
             ax.set_title(model, fontsize=10)
             values = df[f"{metric}_p99_s"].dropna().to_numpy(dtype=float)
             if len(values) and values.min() > 0 and values.max() / values.min() > 20:
-                _set_log(ax, "y")
+                set_log(ax, "y")
     return _finish(fig, grid, "Latency vs achieved throughput (serving)", [SATURATED_NOTE, UNSTABLE_NOTE])
 
 
@@ -129,7 +129,7 @@ def plot_serving_energy(trials: pd.DataFrame) -> Figure:
             ax.set_title(model, fontsize=10)
             values = mdf[column].dropna().to_numpy(dtype=float)
             if len(values) and values.min() > 0 and values.max() / values.min() > 20:
-                _set_log(ax, "y")
+                set_log(ax, "y")
     return _finish(fig, grid, "Energy vs achieved request rate (serving)", [SATURATED_NOTE])
 
 
@@ -152,7 +152,7 @@ def plot_goodput(trials: pd.DataFrame) -> Figure:
                     label=f"{label} achieved")
         ticks = sorted(set(finite.tolist())) + ([inf_at] if (df["request_rate"] == math.inf).any() else [])
         if len(ticks) > 1 and ticks[-1] / max(ticks[0], 1e-9) >= 8:
-            _set_log(ax, "x")
+            set_log(ax, "x")
         ax.set_xticks(ticks, [("inf" if t == inf_at and len(finite) < len(df["request_rate"].dropna()) else f"{t:g}")
                               for t in ticks])
         ax.set_xlabel("offered requests / s")

@@ -336,6 +336,47 @@ def test_fidelity_plot_when_the_column_exists(gpu_results, tmp_path):
     assert not any(n.startswith("Fidelity") for n in report.notes)
 
 
+def test_quality_plot_draws_each_measure_against_each_energy(gpu_results, tmp_path):
+    import pandas as pd
+
+    from sweeper.analysis.figure_data import figure_data
+    from sweeper.analysis.quality_plots import plot_quality
+    from sweeper.analysis.report import build_report
+
+    trials = pd.read_parquet(gpu_results / "trials.parquet")
+    # Quality columns as the fidelity pass writes them: the reference has no KL of its own.
+    trials["fidelity_kl"] = trials["precision"].map({"bf16": None, "fp16": 2.1e-4})
+    trials["fidelity_top1"] = trials["precision"].map({"bf16": None, "fp16": 0.98})
+    trials["perplexity"] = trials["precision"].map({"bf16": 9.1, "fp16": 9.2})
+    fig = plot_quality(trials)
+    assert [ax.get_ylabel().split(" ")[0].rstrip(",") for ax in fig.axes] == ["KL", "KL", "top-1", "top-1", "perplexity",
+                                                                  "perplexity"]
+    assert [ax.get_xlabel() for ax in fig.axes[:2]] == ["J / output token", "J / response"]
+    data = figure_data(fig)
+    first = data["panels"][0]["series"]
+    assert {s["kind"] for s in first} == {"markers"} and any("fp16" in s["label"] for s in first)
+    # The reference has a perplexity but no KL: it is a point in the perplexity panels only.
+    assert len(data["panels"][4]["series"]) == len(first) + len([s for s in first if "fp16" in s["label"]])
+    root = tmp_path / "quality"
+    root.mkdir()
+    trials.to_parquet(root / "trials.parquet")
+    assert "quality.png" in [p.filename for p in build_report(root).plots]
+
+
+def test_quality_without_energy_is_said_and_without_quality_is_silent(quickstart_copy):
+    import pandas as pd
+
+    from sweeper.analysis.plots import PlotNotApplicable, PlotUnavailable
+    from sweeper.analysis.quality_plots import plot_quality
+
+    trials = pd.read_parquet(quickstart_copy / "trials.parquet")
+    with pytest.raises(PlotNotApplicable):
+        plot_quality(trials)
+    trials["perplexity"] = 12.0
+    with pytest.raises(PlotUnavailable, match="no GPU energy"):
+        plot_quality(trials)
+
+
 def test_timeline_phases_are_shaded_from_the_phase_column(gpu_results):
     import pandas as pd
 

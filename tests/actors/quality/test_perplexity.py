@@ -15,7 +15,6 @@ from actors.quality.corpus import PUBLIC_DOMAIN_TEXT
 from actors.quality.perplexity import (
     MAX_WINDOW_TOKENS,
     context_tokens,
-    negative_log_likelihood,
     perplexity_columns,
     perplexity_of,
     windows,
@@ -50,10 +49,17 @@ def checkpoint_with_tokenizer(tmp_path_factory):
 
 
 def test_uniform_model_has_perplexity_equal_to_its_vocabulary():
-    vocab = 50
-    logprobs = np.full((1, 9, vocab), -math.log(vocab), dtype=np.float32)
-    nll = negative_log_likelihood(logprobs, list(range(10)))
-    assert math.exp(nll.mean()) == pytest.approx(vocab, rel=1e-6)
+    from actors.backends.noop import NoopBackend
+    from actors.quality.perplexity import perplexity_of
+
+    class Uniform(NoopBackend):
+        """The arithmetic only: every next token equally likely, slightly off normalization."""
+
+        def next_token_logprobs(self, token_ids, last=None):
+            return np.full((*token_ids.shape, 50), -math.log(50) + 1e-4, dtype=np.float32)
+
+    value, tokens = perplexity_of(Uniform(), list(range(10)), window_tokens=4)
+    assert value == pytest.approx(50, rel=1e-6) and tokens == 3 + 3 + 1
 
 
 def test_windows_fit_the_context_and_drop_what_predicts_nothing():
