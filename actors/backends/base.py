@@ -61,6 +61,9 @@ class Generation:
     requests: tuple[RequestTiming, ...]
     # (phase, t0, t1) intervals: "prefill" and "decode" for energy attribution
     marks: tuple[tuple[str, float, float], ...] = ()
+    # A static batch (prompts padded to the longest, every sequence held until the longest
+    # reply ends); False where the engine batches continuously inside the call (vLLM).
+    static_batch: bool = True
 
     @property
     def output_tokens(self) -> int:

@@ -206,7 +206,7 @@ def generation_from_outputs(outputs: Sequence[Any], *, t_start_s: float, t_end_s
     prefill_end = max(r.t_first_token_s for r in requests)
     return Generation(
         t_start_s=t_start_s, t_end_s=t_end_s, requests=requests,
-        marks=(("prefill", t_start_s, prefill_end), ("decode", prefill_end, t_end_s)),
+        marks=(("prefill", t_start_s, prefill_end), ("decode", prefill_end, t_end_s)), static_batch=False,
     ), {how for _, how in timed}
 
 

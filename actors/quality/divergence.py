@@ -40,11 +40,13 @@ class TopK:
 
 
 def topk_of(logprobs: np.ndarray, k: int) -> TopK:
-    """The top k of full log-probabilities (..., vocab), most likely first."""
+    """The top k of full log-probabilities (..., vocab), most likely first; equal values in
+    token-id order, as ``argmax`` breaks ties (bf16 logits tie often), so the first entry is
+    the argmax and top-1 agreement is the same number by either method."""
     k = min(k, logprobs.shape[-1])
-    part = np.argpartition(-logprobs, k - 1, axis=-1)[..., :k]
+    part = np.sort(np.argpartition(-logprobs, k - 1, axis=-1)[..., :k], axis=-1)
     values = np.take_along_axis(logprobs, part, axis=-1)
-    order = np.argsort(-values, axis=-1, kind="stable")
+    order = np.argsort(-values, axis=-1, kind="stable")  # stable: ties stay in id order
     return TopK(np.take_along_axis(part, order, axis=-1).astype(np.int64),
                 np.take_along_axis(values, order, axis=-1).astype(np.float32))
 

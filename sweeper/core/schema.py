@@ -91,10 +91,11 @@ _RESULT: tuple[Column, ...] = (
     _c("output_len_p50", F, "median reply tokens"),
     _c("output_len_p90", F, "90th percentile reply tokens"),
     _c("prompt_pad_share", F, "offline, varied prompts: share of the batches' prompt slots that were padding "
-                              "(each prompt padded to its batch's longest; vLLM pads nothing but still reports it)"),
+                              "(each prompt padded to its batch's longest); null where the engine batches continuously "
+                              "inside a call (vLLM: no padding, early finishers leave)"),
     _c("decode_idle_slot_share", F, "offline, varied replies: share of decode slots (sequences x steps until the "
                                     "batch's longest reply ended) held by sequences already done: what early "
-                                    "finishers cost a static batch"),
+                                    "finishers cost a static batch; null for vLLM, as above"),
     _c("throughput_tok_s", F, "output_tokens / duration_s"),
     _c("requests_per_s", F, "offline: n_requests / duration_s; serving: achieved_rate_req_s"),
     _c("ttft_s", F, "mean time to first generated token (prefill; serving: from submission, queueing included)"),

@@ -1,0 +1,63 @@
+"""The bundled real model end to end on a CPU: a quality sweep through the CLI with real
+prompts, natural reply lengths, fidelity and perplexity across four precisions."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "What is the capital of France? Answer in one word.",
+    "Reply with only the word yes.",
+    "What is 2 + 2? Give just the number.",
+    "Name one primary colour, in one word.",
+    "Write a long story about a dragon who learns to paint.",
+    "Explain in detail how a steam engine works.",
+    "List twenty animals that live in the ocean.",
+    "Describe your ideal city at length.",
+]
+
+
+def test_quality_sweep_on_the_bundled_model(tmp_path, smollm2_dir):
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    (tmp_path / "quality.yaml").write_text("""
+name: quality-cpu
+models: [smollm2-135m]
+precisions: [fp32, bf16, int8, nf4]
+batch_sizes: [4]
+workload: {dataset: prompts.jsonl, chat: true, num_prompts: 8, output_len: natural, max_output_len: 24}
+measure: {warmup_iters: 0, min_iters: 2, min_duration_s: 0, idle_s: 0, min_window_s: 0}
+fidelity: {reference: bf16, prompts: 4, prompt_len: 16, continuation_len: 16, perplexity: true}
+""")
+    out = tmp_path / "out"
+    proc = run_cli("run", str(tmp_path / "quality.yaml"), "-o", str(out), "-q", timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r[0]: r[1:] for r in duckdb.sql(
+        f"SELECT precision, status, perplexity, fidelity_kl, fidelity_top1, fidelity_status, fidelity_method, "
+        f"output_len_mean, unstable FROM '{out}/trials.parquet'").fetchall()}
+    assert set(rows) == {"fp32", "bf16", "int8", "nf4"}
+    assert all(r[0] == "ok" and r[7] is False for r in rows.values()), rows
+    ppl = {p: r[1] for p, r in rows.items()}
+    kl = {p: r[2] for p, r in rows.items()}
+    top1 = {p: r[3] for p, r in rows.items()}
+    # Plausible for a small instruct model on plain English (8.9 here for bf16), and ordered:
+    # 4-bit blocks damage it most, LLM.int8 a little, fp32 and bf16 of the same weights agree.
+    assert all(3 < v < 40 for v in ppl.values()), ppl
+    assert ppl["nf4"] > ppl["int8"] > min(ppl["bf16"], ppl["fp32"]) and abs(ppl["fp32"] - ppl["bf16"]) < 0.2
+    assert rows["bf16"][4] == "reference" and kl["bf16"] is None
+    assert 0 < kl["fp32"] < kl["int8"] < kl["nf4"], kl
+    assert top1["fp32"] >= top1["int8"] >= top1["nf4"] and top1["nf4"] < 1, top1
+    assert {r[5] for p, r in rows.items() if p != "bf16"} == {"full"}
+
+    lengths = [r[0] for r in duckdb.sql(
+        f"SELECT r.output_tokens FROM '{out}/requests.parquet' r JOIN '{out}/trials.parquet' t USING (trial_id) "
+        f"WHERE t.precision = 'bf16'").fetchall()]
+    # Natural lengths: the one-word answers end at EOS well before the cap, the stories run to it.
+    assert len(lengths) == 8 and min(lengths) < 12 and max(lengths) == 24 and len(set(lengths)) >= 3, lengths
+    assert rows["bf16"][6] == pytest.approx(sum(lengths) / 8)
