@@ -15,7 +15,6 @@ its cap (natural lengths: the reply ends at EOS), or its record's reference leng
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +23,18 @@ from typing import Any
 import numpy as np
 
 from actors.backends.base import PromptBatch
-from sweeper.core.datasets import PromptRecord, read_records, sha256_of
+from sweeper.core.datasets import (
+    BYTES_PER_TOKEN_FALLBACK,
+    PromptRecord,
+    fallback_tokens,
+    read_records,
+    sha256_of,
+)
 from sweeper.core.settings import DatasetSettings
 from sweeper.core.trial import Trial
 
-# Without a tokenizer (synthetic models), a prompt is as many random ids as its UTF-8
-# bytes / 4, about what English BPE tokenizers make of English text.
-BYTES_PER_TOKEN_FALLBACK = 4
+__all__ = ["BYTES_PER_TOKEN_FALLBACK", "DatasetSource", "NoPromptsLeft", "Prompt", "PromptSource", "RandomSource",
+           "dataset_prompts", "prompt_source"]
 
 
 class RandomPrompts:
@@ -178,7 +182,7 @@ def _prompt_ids(record: PromptRecord, tokenizer: Any, chat: bool, vocab_size: in
                 index: int) -> np.ndarray:
     if tokenizer is None:
         # No tokenizer: the prompt's length in fallback tokens, random ids (seeded per record).
-        n = max(1, math.ceil(len(record.prompt.encode()) / BYTES_PER_TOKEN_FALLBACK))
+        n = fallback_tokens(record.prompt)
         low = min(8, max(vocab_size - 1, 0))
         return np.random.default_rng([seed, index, 2**23]).integers(low, vocab_size, size=n, dtype=np.int64)
     if chat:
@@ -197,5 +201,5 @@ def _reference_len(record: PromptRecord, tokenizer: Any) -> int:
         return record.output_len
     assert record.reference is not None  # the plan checked every record has one or the other
     if tokenizer is None:
-        return max(1, math.ceil(len(record.reference.encode()) / BYTES_PER_TOKEN_FALLBACK))
+        return fallback_tokens(record.reference)
     return max(1, len(tokenizer(record.reference, add_special_tokens=False)["input_ids"]))

@@ -10,7 +10,7 @@ a request, which with natural reply lengths is what a user pays per answer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,7 +49,7 @@ def plot_quality(trials: pd.DataFrame) -> Figure:
         raise PlotUnavailable("quality was measured, but no GPU energy (a CPU-only run): nothing to draw it against")
     keys = ["model", *[k for k in AXES.series_columns() if k in df.columns]]
     groups = list(df.groupby(keys, sort=True, dropna=False))
-    fig = new_figure(4.2 * len(energies) + 2.6, 3.0 * len(measures) + 0.6)
+    fig = new_figure(4.8 * len(energies) + 2.8, 3.0 * len(measures) + 0.6)
     axes = np.atleast_2d(fig.subplots(len(measures), len(energies), squeeze=False))
     models = sorted(df["model"].unique())
     for row, (measure, measure_label) in enumerate(measures):
@@ -67,8 +67,7 @@ def plot_quality(trials: pd.DataFrame) -> Figure:
                     ax.hlines(y, low, high, color=colour, lw=1.0, alpha=0.6)
                 name = series_label(g.iloc[0], df, with_model=True)
                 scatter_marked(ax, np.asarray([low]), np.asarray([y]), np.asarray([bool(g["unstable"].any())]),
-                               colour, marker=MARKERS[k % len(MARKERS)], series=name,
-                               label=name if row == col == 0 else None)
+                               colour, marker=MARKERS[k % len(MARKERS)], series=name, label=name)
             log_if_wide(ax, df[energy].dropna(), "x")
             if measure != "fidelity_top1" and (df[measure].dropna() > 0).all():
                 log_if_wide(ax, df[measure].dropna(), "y")
@@ -76,7 +75,12 @@ def plot_quality(trials: pd.DataFrame) -> Figure:
             ax.set_ylabel(measure_label, fontsize=8)
             ax.grid(True, alpha=0.3)
     fig.suptitle("Quality vs energy, per precision (point: best trial; bar: range over trials)", fontsize=11)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    # One legend for the figure, each configuration once (the reference has no KL panel point),
+    # outside the panels: constrained layout keeps it inside the saved image.
+    legend: dict[str, Any] = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    if legend:
+        fig.legend(list(legend.values()), list(legend), fontsize=7, loc="outside right upper")
     return fig

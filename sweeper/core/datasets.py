@@ -33,6 +33,14 @@ BUNDLED_FILE = Path(__file__).resolve().parent.parent / "data" / "prompts.jsonl"
 
 # A prompt file past this size is refused: it would be read on every node, and hashed.
 MAX_FILE_BYTES = 2 * 2**30
+# Without a tokenizer (synthetic models), a text is as many tokens as its UTF-8 bytes / 4,
+# about what English BPE tokenizers make of English.
+BYTES_PER_TOKEN_FALLBACK = 4
+
+
+def fallback_tokens(text: str) -> int:
+    """A text's length in tokens for a model without a tokenizer (``BYTES_PER_TOKEN_FALLBACK``)."""
+    return max(1, -(-len(text.encode()) // BYTES_PER_TOKEN_FALLBACK))
 
 
 class DatasetError(UserInputError):

@@ -12,9 +12,11 @@ from typing import Any
 from sweeper.core.axes import AXES, AxisPoint, ModelRef
 from sweeper.core.backends import BACKENDS
 from sweeper.core.datasets import (
+    BYTES_PER_TOKEN_FALLBACK,
     RANDOM,
     DatasetError,
     dataset_path,
+    fallback_tokens,
     file_format,
     read_records,
     sha256_of,
@@ -25,7 +27,7 @@ from sweeper.core.settings import DatasetSettings, Device
 from sweeper.core.trial import Trial
 from sweeper.plan.capabilities import Capabilities
 from sweeper.plan.models import resolve_model
-from sweeper.plan.spec import Sweep
+from sweeper.plan.spec import MAX_TOKENS, Sweep
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
     if size > MAX_TRIALS:
         raise SweepFileError(sweep_path, None, f"the grid has {size:,} trials, more than the {MAX_TRIALS:,} one "
                              "sweep may plan; split it into several sweeps or add exclude rules")
-    prompts = dataset_settings(sweep, sweep_path)
+    prompts = dataset_settings(sweep, sweep_path, grid.models)
     names = AXES.names
     layer_profile = sweep.profile.layers if sweep.profile is not None else None
     serving = sweep.workload.serving()
@@ -149,7 +151,8 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
     return trials, excluded
 
 
-def dataset_settings(sweep: Sweep, sweep_path: str = "<sweep>") -> DatasetSettings | None:
+def dataset_settings(sweep: Sweep, sweep_path: str = "<sweep>",
+                     models: list[ModelRef] | None = None) -> DatasetSettings | None:
     """The workload's prompt file, read and checked now (None: random prompts).
 
     Reading it here finds a missing, malformed or empty file, or a record without a
@@ -171,6 +174,16 @@ def dataset_settings(sweep: Sweep, sweep_path: str = "<sweep>") -> DatasetSettin
             raise SweepFileError(sweep_path, "workload.dataset", str(DatasetError(
                 str(path), "has no reference length for output_len: reference (give \"output_len\" or "
                 "\"completion\")", missing, "output_len")))
+    if any(ref.source == "synthetic" for ref in models or []):
+        # Synthetic models have no tokenizer: their prompt lengths are known here, so a filter that
+        # keeps nothing is found now (real models' tokenizers run on the actor, which says so there).
+        lengths = [fallback_tokens(r.prompt) for r in records]
+        low, high = w.min_input_len or 0, w.max_input_len or MAX_TOKENS
+        if not any(low <= n <= high for n in lengths):
+            raise SweepFileError(sweep_path, "workload.min_input_len" if w.min_input_len else "workload.max_input_len",
+                                 f"no prompt of {path.name} is within [{low}, {high}] tokens for a synthetic model "
+                                 f"(its prompts are {min(lengths)}-{max(lengths)} tokens: UTF-8 bytes / "
+                                 f"{BYTES_PER_TOKEN_FALLBACK}, having no tokenizer)")
     return DatasetSettings(name=w.dataset, path=str(path), format=fmt, sha256=sha256_of(path),
                            records=len(records), num_prompts=w.num_prompts, min_input_len=w.min_input_len,
                            max_input_len=w.max_input_len, chat=bool(w.chat))

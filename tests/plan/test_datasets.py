@@ -105,6 +105,15 @@ def test_profiling_needs_one_shape():
         parse_sweep(sweep({"dataset": "bundled", "output_len": 4}, profile={"layers": "block"}))
 
 
+def test_a_length_filter_that_keeps_nothing_is_found_at_plan_time_for_synthetic_models(tmp_path):
+    path = jsonl(tmp_path / "p.jsonl", {"prompt": "x" * 40}, {"prompt": "y" * 400})  # 10 and 100 tokens
+    with pytest.raises(SweepFileError) as err:
+        expand(parse_sweep(sweep({"dataset": path, "output_len": 4, "min_input_len": 20, "max_input_len": 90})))
+    assert "workload.min_input_len: no prompt of p.jsonl is within [20, 90] tokens" in str(err.value)
+    assert "its prompts are 10-100 tokens" in str(err.value)
+    assert expand(parse_sweep(sweep({"dataset": path, "output_len": 4, "max_input_len": 10})))[0]
+
+
 def test_reference_lengths_need_every_record_to_have_one(tmp_path):
     path = jsonl(tmp_path / "p.jsonl", {"prompt": "a", "output_len": 3}, {"prompt": "b"})
     with pytest.raises(SweepFileError, match="record 2 field 'output_len': has no reference length"):

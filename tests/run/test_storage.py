@@ -133,7 +133,7 @@ def test_schema_names_carry_units():
                    # datasets and reply lengths: lengths are tokens (as input_len), shares are ratios
                    "dataset_sha256", "min_input_len", "max_input_len", "chat", "output_lengths",
                    "input_len_mean", "output_len_mean", "output_len_p50", "output_len_p90",
-                   "prompt_pad_share", "decode_idle_slot_share"}
+                   "prompt_pad_share", "decode_idle_slot_share", "fidelity_method"}
     for col in TRIALS:
         # rates and per-token quantities carry their unit before the "per"
         if (col.name in unitless_ok or col.name.endswith("_version")

@@ -1,0 +1,56 @@
+"""The bundled real model on the transformers backend: replies that end where the model ends
+them, in static batches and through the continuous-batching engine of serving mode."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from actors.backends.base import ModelSpec, PromptBatch
+from actors.backends.transformers.eager import TransformersBackend
+from actors.serving.records import ServingRequest
+from sweeper.core.backends import TransformersOptions
+
+pytestmark = pytest.mark.slow
+
+SHORT = ["What is the capital of France? Answer in one word.", "Reply with only the word yes.",
+         "What is 2 + 2? Give just the number."]
+LONG = ["Write a long story about a dragon who learns to paint.", "Explain in detail how a steam engine works."]
+CAP = 24
+
+
+@pytest.fixture(scope="module")
+def loaded(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    backend = TransformersBackend()
+    info = backend.load(ModelSpec("bundled", "smollm2-135m", "bf16", TransformersOptions()))
+    prompts = [np.asarray(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                        tokenize=True, return_dict=True)["input_ids"], dtype=np.int64)
+               for p in SHORT + LONG]
+    yield backend, info, prompts
+    backend.close()
+
+
+def test_a_static_batch_stops_each_reply_at_its_eos(loaded):
+    backend, info, prompts = loaded
+    gen = backend.generate_batch(PromptBatch(tuple(prompts), (CAP,) * len(prompts), stop_at_eos=True))
+    lengths = [r.output_tokens for r in gen.requests]
+    assert all(n < CAP for n in lengths[:3]) and all(n == CAP for n in lengths[3:]), lengths
+    assert [r.prompt_tokens for r in gen.requests] == [len(p) for p in prompts]
+    # Exact lengths on the same prompts: EOS suppressed, every reply to its own requested length.
+    exact = backend.generate_batch(PromptBatch(tuple(prompts), (3, 5, 7, 9, 11)))
+    assert [r.output_tokens for r in exact.requests] == [3, 5, 7, 9, 11]
+
+
+def test_serving_requests_end_at_their_eos(loaded):
+    backend, _, prompts = loaded
+    requests = [ServingRequest(i, p, CAP, 0.0, stop_at_eos=True) for i, p in enumerate(prompts)]
+    run = backend.serve(requests, max_concurrency=None, deadline_s=time.monotonic() + 600)
+    by_index = {r.index: r for r in run.requests}
+    assert all(r.ok for r in run.requests), [r.error for r in run.requests]
+    lengths = [by_index[i].output_tokens for i in range(len(prompts))]
+    assert all(n < CAP for n in lengths[:3]) and max(lengths[3:]) == CAP, lengths
