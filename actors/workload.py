@@ -33,8 +33,8 @@ from sweeper.core.datasets import (
 from sweeper.core.settings import DatasetSettings
 from sweeper.core.trial import Trial
 
-__all__ = ["BYTES_PER_TOKEN_FALLBACK", "DatasetSource", "NoPromptsLeft", "Prompt", "PromptSource", "RandomSource",
-           "dataset_prompts", "prompt_source"]
+__all__ = ["BYTES_PER_TOKEN_FALLBACK", "DatasetSource", "NoPromptsLeft", "Prompt", "PromptSource", "RandomPrompts",
+           "RandomSource", "dataset_prompts", "prompt_source"]
 
 
 class RandomPrompts:
