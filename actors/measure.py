@@ -105,6 +105,12 @@ def stability_columns(row: dict[str, Any], throughput_cv: float | None, max_cv: 
             "unstable_reason": "; ".join(reasons) or None}
 
 
+def reply_length_columns(input_lens: Sequence[int], output_lens: Sequence[int]) -> dict[str, float | None]:
+    """Prompt and reply lengths of a trial's requests (offline and serving rows alike)."""
+    return {"input_len_mean": _mean(input_lens), "output_len_mean": _mean(output_lens),
+            "output_len_p50": _pct(output_lens, 50), "output_len_p90": _pct(output_lens, 90)}
+
+
 def length_columns(generations: list[Generation], requests: list[dict[str, Any]]) -> dict[str, Any]:
     """How long prompts and replies were, and what a static batch of mixed lengths wasted:
     ``prompt_pad_share``, the padding share of the batches' prompt slots (every prompt is
@@ -125,9 +131,7 @@ def length_columns(generations: list[Generation], requests: list[dict[str, Any]]
         decode_slots += len(outs) * max(outs)
         idle += len(outs) * max(outs) - sum(outs)
     return {
-        "input_len_mean": float(np.mean(inputs)) if inputs else None,
-        "output_len_mean": _mean(outputs), "output_len_p50": _pct(outputs, 50),
-        "output_len_p90": _pct(outputs, 90),
+        **reply_length_columns(inputs, outputs),
         "prompt_pad_share": pad / prompt_slots if prompt_slots else None,
         "decode_idle_slot_share": idle / decode_slots if decode_slots else None,
     }

@@ -38,6 +38,7 @@ from actors.quality.divergence import (
 from actors.quality.reference import (
     ReferenceOutputs,
     chunk_rows,
+    held_gpu_names,
     is_reference,
     load_reference,
     method_name,
@@ -101,15 +102,6 @@ def _columns(trial: Trial, status: str, result: FidelityResult | None = None) ->
             "fidelity_kl": result.kl if result else None, "fidelity_top1": result.top1 if result else None}
 
 
-def _device() -> str:
-    from actors.telemetry.nvml import TelemetryError, resolve_gpus
-
-    try:
-        return "cuda" if resolve_gpus() else "cpu"
-    except TelemetryError:
-        return "cpu"
-
-
 def prepare_reference(trial: Trial, open_backend: Callable[[str], Backend]) -> ReferenceOutputs | str | None:
     """The reference step, before the group's model loads: its outputs (cached on the node),
     or the fidelity status that says why there are none; None for the reference itself.
@@ -121,7 +113,7 @@ def prepare_reference(trial: Trial, open_backend: Callable[[str], Backend]) -> R
     for who in dict.fromkeys((trial.backend, name)):
         if not BACKENDS[who].runs_model:
             return f"not applicable: backend {who} has no model to score tokens with"
-    device = _device()
+    device = "cuda" if held_gpu_names() else "cpu"
     reason = (BACKENDS[name].unsupported_reason(settings.reference, device)
               or PRECISIONS[settings.reference].unsupported_reason(device))
     if reason:

@@ -124,16 +124,21 @@ def reference_outputs(backend: Backend, settings: FidelitySettings, vocab_size: 
                                                              np.concatenate([s.logprobs for s in scored])))
 
 
-def _device_description() -> str:
-    """What the reference runs on, known before any model loads (its numbers depend on it)."""
-    from actors.environment import cpu_model
+def held_gpu_names() -> list[str]:
+    """The GPUs this process holds, known before any model loads (none: a CPU worker)."""
     from actors.telemetry.nvml import TelemetryError, resolve_gpus
 
     try:
-        names = [g.name for g in resolve_gpus()]
+        return [g.name for g in resolve_gpus()]
     except TelemetryError:
-        names = []
-    return ",".join(names) or cpu_model()
+        return []
+
+
+def _device_description() -> str:
+    """What the reference runs on (its numbers depend on it)."""
+    from actors.environment import cpu_model
+
+    return ",".join(held_gpu_names()) or cpu_model()
 
 
 def reference_key(trial: Trial) -> str:

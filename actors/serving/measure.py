@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from actors.backends.base import Backend, LoadInfo
-from actors.measure import Measurement
+from actors.measure import Measurement, reply_length_columns
 from actors.serving import attribution
 from actors.serving.arrivals import serving_requests
 from actors.serving.records import ServedRun
@@ -94,11 +94,7 @@ def measure_serving_trial(backend: Backend, trial: Trial, load: LoadInfo, teleme
     row["idle_settle_s"] = baseline.settle_s if baseline is not None else None
     if source.varies():
         done = [r for r in run.requests if r.ok]
-        outputs = [r.output_tokens for r in done]
-        row.update(input_len_mean=float(np.mean([r.prompt_tokens for r in done])) if done else None,
-                   output_len_mean=float(np.mean(outputs)) if done else None,
-                   output_len_p50=float(np.percentile(outputs, 50)) if done else None,
-                   output_len_p90=float(np.percentile(outputs, 90)) if done else None)
+        row.update(reply_length_columns([r.prompt_tokens for r in done], [r.output_tokens for r in done]))
     row.update(_stability(row, window, trial, baseline))
     if len(run.failed) == len(run.requests):
         raise RuntimeError(f"every request of the run failed: {run.failed[0].error}")
