@@ -20,6 +20,7 @@ from actors.backends.base import Backend, LoadInfo, ModelSpec
 from actors.layers.profile_pass import failed_columns, profile_layers
 from actors.measure import Measurement, measure_trial
 from actors.serving.measure import measure_serving_trial
+from actors.stages import StageClock, stage
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.trial import Trial
 
@@ -45,6 +46,8 @@ def _error_text(exc: BaseException) -> str:
 
 class TrialRunner:
     def __init__(self) -> None:
+        self.stages = StageClock()
+        started_at, t0 = _now(), time.monotonic()
         self.backend: Backend | None = None
         self.load_info: LoadInfo | None = None
         self.load_s: float | None = None
@@ -53,30 +56,48 @@ class TrialRunner:
         self.env = environment.capture()
         self._fidelity: dict[str, Any] | None = None  # the group's fidelity columns, once per load
         self._reference: Any = None  # the reference step's outputs, or why there are none
+        self.stages.add("actor_start", started_at, time.monotonic() - t0)
 
     # -- lifecycle -------------------------------------------------------------
     def load(self, trial: Trial) -> LoadResult:
         """Load the group's model once; every later ``run`` reuses it."""
-        self._fidelity = None
+        with self.stages.current():
+            result = self._load(trial)
+        result.stages = self.stages.take()
+        return result
+
+    def _load(self, trial: Trial) -> LoadResult:
+        # An actor handed on to another group closes the previous one's model first.
+        if self.backend is not None:
+            import gc
+
+            self.close()
+            self.backend, self.load_info, self.telemetry = None, None, None
+            gc.collect()  # cycles holding tensors go now, not at some later allocation
+        self._fidelity = self._reference = None
         try:
-            self.pre_load_idle = self._pre_load_idle(trial)
+            if self.pre_load_idle is None:  # untouched only before this process's first load
+                with stage("pre_load_idle"):
+                    self.pre_load_idle = self._pre_load_idle(trial)
             if trial.fidelity is not None:
                 # Its own step, before the group's model loads: the two never share the GPU.
                 from actors.quality.fidelity import prepare_reference
 
-                self._reference = prepare_reference(trial, create_backend)
+                with stage("reference"):
+                    self._reference = prepare_reference(trial, create_backend)
             self.backend = create_backend(trial.backend)
             t0 = time.monotonic()
-            self.load_info = self.backend.load(ModelSpec(
-                source=trial.model_source, location=trial.model_location,
-                precision=trial.precision, options=trial.backend_options, seed=trial.seed,
-                tensor_parallel=trial.tensor_parallel,
-                # A fidelity pass compares precisions: they must hold the same weights.
-                weights_on_disk=trial.fidelity is not None,
-                serving=trial.serving is not None,
-            ))
-            self.load_s = time.monotonic() - t0
-            self.telemetry = self._open_telemetry(trial)
+            with stage("load"):
+                self.load_info = self.backend.load(ModelSpec(
+                    source=trial.model_source, location=trial.model_location,
+                    precision=trial.precision, options=trial.backend_options, seed=trial.seed,
+                    tensor_parallel=trial.tensor_parallel,
+                    # A fidelity pass compares precisions: they must hold the same weights.
+                    weights_on_disk=trial.fidelity is not None,
+                    serving=trial.serving is not None,
+                ))
+                self.load_s = time.monotonic() - t0
+                self.telemetry = self._open_telemetry(trial)
         except Exception as exc:  # reported as the group's failure, never raised
             log.exception("load failed")
             return LoadResult(ok=False, error=_error_text(exc),
@@ -135,6 +156,12 @@ class TrialRunner:
 
     # -- one trial ---------------------------------------------------------------
     def run(self, trial: Trial) -> TrialOutcome:
+        with self.stages.current(), stage("harness"):
+            outcome = self._run(trial)
+        outcome.stages = self.stages.take()
+        return outcome
+
+    def _run(self, trial: Trial) -> TrialOutcome:
         started = _now()
         base: dict[str, Any] = {
             **self.env, "started_at": started, "load_s": self.load_s,
@@ -166,9 +193,11 @@ class TrialRunner:
         row = {**base, "status": "ok", **measured.row}
         if trial.layer_profile is not None:
             # After the headline window has closed: hooks never touch the headline numbers.
-            row.update(self._profile_layers(trial, trial.layer_profile, measured, tables))
+            with stage("layer_pass"):
+                row.update(self._profile_layers(trial, trial.layer_profile, measured, tables))
         if trial.fidelity is not None:
-            row.update(self._fidelity_columns(trial))
+            with stage("fidelity"):
+                row.update(self._fidelity_columns(trial))
         row["finished_at"] = _now()
         return TrialOutcome(trial.trial_id, row, tables)
 

@@ -20,7 +20,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from actors.backends.base import Backend, Generation, LoadInfo
-from actors.workload import prompt_source
+from actors.convergence import ENERGY_SETTLE_S, MIN_CI_BLOCKS, window_precision
+from actors.stages import stage
+from actors.telemetry.telemetry import MIN_STABILITY_BLOCK_S
+from actors.workload import PromptSource, prompt_source
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
@@ -91,10 +94,16 @@ def iteration_throughput_cv(generations: list[Generation]) -> float | None:
 
 
 def stability_columns(row: dict[str, Any], throughput_cv: float | None, max_cv: float, n: int,
-                      baseline: IdleBaseline | None = None) -> dict[str, Any]:
-    """The telemetry's verdict (window length, energy CV) joined by the throughput CV's and
-    by an idle baseline taken while the power was still falling."""
+                      baseline: IdleBaseline | None = None, target_rel_ci: float | None = None) -> dict[str, Any]:
+    """The telemetry's verdict (window length, energy CV) joined by the throughput CV's, by
+    an idle baseline taken while the power was still falling, and by a precision target
+    the window ended without meeting."""
     reasons = [row["unstable_reason"]] if row.get("unstable_reason") else []
+    if target_rel_ci is not None and row.get("target_met") is False:
+        achieved = {name: row.get(f"{name}_rel_ci95") for name in ("throughput", "energy_per_token")}
+        shown = ", ".join(f"{name} ±{rel:.1%}" for name, rel in achieved.items() if rel is not None)
+        reasons.append(f"95 % intervals ({shown or f'fewer than {MIN_CI_BLOCKS} blocks of 1 s'}) not within "
+                       f"target_rel_ci {target_rel_ci:g} when max_duration_s ended the window")
     if baseline is not None and not baseline.settled:
         reasons.append(f"idle power still falling after {baseline.settle_s:g} s: idle_power_w "
                        "(and active_energy_j) include the warm-up's tail")
@@ -164,6 +173,37 @@ def offline_batch_size(trial: Trial) -> int:
     return trial.batch_size
 
 
+def _measured_window(backend: Backend, source: PromptSource, batch_size: int, trial: Trial,
+                     telemetry: TelemetryBase, clock: Callable[[], float]
+                     ) -> tuple[list[Generation], Any, float, float]:
+    """Generate calls inside one telemetry window, device-synchronized at both ends, until
+    ``min_iters`` and ``min_duration_s`` are reached and, with ``target_rel_ci``, until the
+    headline intervals are within it or ``max_duration_s`` has passed."""
+    m = trial.measure
+    cap_s = m.window_cap_s
+    generations: list[Generation] = []
+    with telemetry.measure(trial.trial_id) as handle:
+        backend.sync()
+        t0 = clock()
+        checked_s = t0
+        while True:
+            generations.append(backend.generate_batch(source.batch(len(generations), batch_size)))
+            now = clock()
+            if len(generations) < m.min_iters or now - t0 < m.min_duration_s:
+                continue
+            if m.target_rel_ci is None or cap_s is None or now - t0 >= cap_s:
+                break
+            # At most once per block's length: the check is host work inside the window.
+            if now - checked_s >= MIN_STABILITY_BLOCK_S:
+                checked_s = now
+                precision = window_precision(generations, telemetry, energy_before_s=now - ENERGY_SETTLE_S)
+                if precision.meets(m.target_rel_ci, energy_expected=telemetry.active):
+                    break
+        backend.sync()
+        t1 = clock()
+    return generations, handle, t0, t1
+
+
 def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: TelemetryBase,
                   clock: Callable[[], float] = time.monotonic) -> Measurement:
     m = trial.measure
@@ -171,29 +211,24 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Tel
     source = prompt_source(trial, load.vocab_size, trial.model_ref.max_positions)
 
     # Compilation and graph capture for the shape, timed apart: never in the window.
-    prepared = backend.prepare(batch_size, trial.input_len or 0, trial.output_len)
+    with stage("compile"):
+        prepared = backend.prepare(batch_size, trial.input_len or 0, trial.output_len)
     backend.reset_peak_memory()
     t_warm, warmed = clock(), 0
-    while warmed < m.warmup_iters or clock() - t_warm < m.warmup_s:
-        backend.generate_batch(source.batch(-1 - warmed, batch_size))
-        warmed += 1
+    with stage("warmup"):
+        while warmed < m.warmup_iters or clock() - t_warm < m.warmup_s:
+            backend.generate_batch(source.batch(-1 - warmed, batch_size))
+            warmed += 1
+        backend.sync()
 
-    backend.sync()
     t_idle = clock()
     # After the warm-up, the GPUs first settle (its power tail is not idle), then the baseline.
-    baseline = telemetry.idle_baseline(m.idle_s) if telemetry.active and m.idle_s > 0 else None
+    with stage("idle_baseline"):
+        baseline = telemetry.idle_baseline(m.idle_s) if telemetry.active and m.idle_s > 0 else None
     idle_power_w = baseline.power_w if baseline is not None else None
 
-    generations: list[Generation] = []
-    with telemetry.measure(trial.trial_id) as handle:
-        backend.sync()
-        t0 = clock()
-        while True:
-            generations.append(backend.generate_batch(source.batch(len(generations), batch_size)))
-            if len(generations) >= m.min_iters and clock() - t0 >= m.min_duration_s:
-                break
-        backend.sync()
-        t1 = clock()
+    with stage("measure"):
+        generations, handle, t0, t1 = _measured_window(backend, source, batch_size, trial, telemetry, clock)
     duration_s = t1 - t0
 
     requests = request_rows(generations, t0, trial.input_len)
@@ -218,10 +253,14 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Tel
         handle, idle_power_w=idle_power_w, marks=marks, output_tokens=output_tokens,
         requests=n_requests, decode_tokens=decode_tokens,
         iteration_bounds=[(g.t_start_s, g.t_end_s) for g in generations],
-        min_window_s=m.min_window_s, max_iteration_cv=max_cv,
+        # With a precision target the achieved interval judges the window, not its length.
+        min_window_s=m.min_window_s if m.target_rel_ci is None else 0.0, max_iteration_cv=max_cv,
         duration_s=duration_s,
     ))
-    row.update(stability_columns(row, iteration_throughput_cv(generations), max_cv, len(generations), baseline))
+    precision = window_precision(generations, telemetry)
+    row.update(precision.columns(m.target_rel_ci, energy_expected=telemetry.active))
+    row.update(stability_columns(row, iteration_throughput_cv(generations), max_cv, len(generations), baseline,
+                                 m.target_rel_ci))
     if source.varies():
         row.update(length_columns(generations, requests))
         if row.get("energy_j") is not None:

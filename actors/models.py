@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from actors.stages import stage
 from sweeper.core.presets import PRESETS
 
 # Hugging Face's default largest shard; also keeps one shard's host copy small.
@@ -56,7 +57,7 @@ def _build_dir(target: Path) -> Iterator[Path | None]:
     a half-written directory from ever being seen under the target's name.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
+    with stage("materialize"), open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if target.is_dir():
             yield None

@@ -366,7 +366,17 @@ def _print_summary(name: str, summary: Any, counts: dict[str, int], store: Any, 
     err.print(table)
     if busy is not None:
         err.print(f"busy fraction {busy:.2f}: {summary.busy_s:,.1f} s of trials over {summary.slots} {summary.slot_unit} "
-                  f"x {summary.wall_s:,.1f} s wall; {summary.model_loads} model load(s)", highlight=False)
+                  f"x {summary.wall_s:,.1f} s wall; {summary.model_loads} model load(s)"
+                  + (f", {summary.actor_handovers} by an actor handed on from a finished group"
+                     if summary.actor_handovers else ""), highlight=False)
+        breakdown = summary.stage_breakdown()
+        if len(breakdown) > 1:
+            total_s = sum(breakdown.values())
+            parts = " · ".join(f"{stage} {seconds:,.1f} s ({seconds / total_s:.0%})"
+                               for stage, seconds in breakdown.items() if seconds > 0)
+            err.print(f"where the slot time went: {parts} (idle: queued or starting actors, round trips, "
+                      f"slots with nothing left to run; `sweeper report` draws the timeline)",
+                      highlight=False, soft_wrap=True)
     if len(summary.placements) > 1:
         where = Table(title="per node and GPU", title_justify="left")
         for col in ("node", "GPUs", "trials", "busy s", "model loads"):

@@ -78,9 +78,11 @@ class NoopBackend(Backend):
         self.options = NoopOptions()
         self.clock = time.monotonic
         self.sleep = time.sleep
+        self._jitter = np.random.default_rng(0)
 
     def load(self, spec: ModelSpec) -> LoadInfo:
         self.options = spec.options_as(NoopOptions)
+        self._jitter = np.random.default_rng(spec.seed)
         vocab_size = _vocab_size(spec)
         self.sleep(self.options.load_s)
         gpus = _visible_gpus()
@@ -101,14 +103,16 @@ class NoopBackend(Backend):
             raise SimulatedOutOfMemory(f"simulated out of memory: batch {size} >= oom_batch_size {o.oom_batch_size}")
         lengths = [simulated_reply_len(p, n) if batch.stop_at_eos else n
                    for p, n in zip(batch.prompts, batch.output_lens, strict=True)]
-        prefill_s = o.step_s if o.prefill_s is None else o.prefill_s
+        scale = 1.0 + (self._jitter.uniform(-o.step_jitter, o.step_jitter) if o.step_jitter else 0.0)
+        step_s = o.step_s * scale
+        prefill_s = (o.step_s if o.prefill_s is None else o.prefill_s) * scale
         while o.gate_file is not None and not os.path.exists(o.gate_file):
             self.sleep(0.02)
         t_start = self.clock()
         # Sleep to absolute deadlines: the sleeps' own overshoot does not accumulate.
         _sleep_until(t_start + prefill_s, self.clock, self.sleep)
         t_first = self.clock()
-        _sleep_until(t_first + o.step_s * (max(lengths) - 1), self.clock, self.sleep)
+        _sleep_until(t_first + step_s * (max(lengths) - 1), self.clock, self.sleep)
         t_end = self.clock()
         requests = tuple(RequestTiming(t_start, t_first, t_end, n, len(p))
                          for p, n in zip(batch.prompts, lengths, strict=True))

@@ -31,6 +31,7 @@ from actors.serving.stats import (
     saturation,
     steady_window,
 )
+from actors.stages import stage
 from actors.workload import prompt_source
 from sweeper.core.trial import Trial
 
@@ -69,21 +70,23 @@ def measure_serving_trial(backend: Backend, trial: Trial, load: LoadInfo, teleme
 
     # Warm-up: bursts of requests at once, until both warmup_iters bursts and warmup_s are done.
     t_warm, warmed = clock(), 0
-    while warmed < max(m.warmup_iters, 1) or clock() - t_warm < m.warmup_s:
-        burst = [dataclasses.replace(r, arrival_offset_s=0.0)
-                 for r in requests(stream=1 + warmed, count=WARMUP_REQUESTS)]
-        backend.serve(burst, max_concurrency=trial.max_concurrency,
-                      deadline_s=_run_deadline(trial, 0.0, started, clock()))
-        warmed += 1
+    with stage("warmup"):
+        while warmed < max(m.warmup_iters, 1) or clock() - t_warm < m.warmup_s:
+            burst = [dataclasses.replace(r, arrival_offset_s=0.0)
+                     for r in requests(stream=1 + warmed, count=WARMUP_REQUESTS)]
+            backend.serve(burst, max_concurrency=trial.max_concurrency,
+                          deadline_s=_run_deadline(trial, 0.0, started, clock()))
+            warmed += 1
+        backend.sync()
 
-    backend.sync()
     t_idle = clock()
-    baseline = telemetry.idle_baseline(m.idle_s) if telemetry.active and m.idle_s > 0 else None
+    with stage("idle_baseline"):
+        baseline = telemetry.idle_baseline(m.idle_s) if telemetry.active and m.idle_s > 0 else None
     idle_power_w = baseline.power_w if baseline is not None else None
 
     measured = requests(stream=0)
     last_arrival_s = max(r.arrival_offset_s for r in measured)
-    with telemetry.measure(trial.trial_id) as handle:
+    with stage("measure"), telemetry.measure(trial.trial_id) as handle:
         run = backend.serve(measured, max_concurrency=trial.max_concurrency,
                             deadline_s=_run_deadline(trial, last_arrival_s, started, clock()))
         backend.sync()

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sweeper.analysis import plots, quality_plots, serving_plots
+from sweeper.analysis import plots, quality_plots, serving_plots, stage_plots
 from sweeper.analysis.figure_data import figure_data
 from sweeper.analysis.render import Plot, Report, Table, render_html, render_markdown
 from sweeper.analysis.results import Results, load_results, report_settings, table_path
@@ -45,7 +45,7 @@ from sweeper.core.settings import ReportSettings
 FORMATS = ("html", "md")
 PLOT_FILES = ("throughput.png", "latency.png", "energy_per_token.png", "pareto.png", "serving_latency.png",
               "serving_energy.png", "goodput.png", "weight_memory.png",
-              "fidelity.png", "quality.png", "power_timeline.png", "layer_shares.png")
+              "fidelity.png", "quality.png", "power_timeline.png", "layer_shares.png", "stages.png")
 
 
 def figure_png(fig: Any, dpi: int = 110) -> bytes:
@@ -163,6 +163,16 @@ def _tables(results: Results, bounds: Sequence[LatencyBound]) -> list[Table]:
         "kept in every plot and table, drawn with hollow hatched markers" if len(unstable)
         else "every ok trial passed the stability checks",
     ))
+    if results.stages is not None:
+        breakdown = stage_plots.stage_breakdown(results.stages)
+        tables.append(Table(
+            "Where the time went",
+            ["stage", "seconds", "share", "spans"],
+            [[r.stage, _fmt(r.seconds, 4), f"{r.share:.1%}" if r.share is not None else "", _fmt(r.spans)]
+             for r in breakdown.itertuples()],
+            "seconds summed over every slot (a node's GPUs an actor held); idle: the gaps between a slot's "
+            f"stages, up to {stage_plots.SESSION_GAP_S:g} s each (longer: the sweep was not running)",
+        ))
     bad = not_ok_trials(trials)
     tables.append(Table(
         f"Failed and skipped trials ({len(bad)})",
@@ -287,6 +297,8 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
          + (f"; {marked}" if marked else ""), lambda: quality_plots.plot_quality(results.trials)),
         ("Power timeline", "power_timeline.png", timeline_caption, timeline_fig),
         ("Layer energy shares", "layer_shares.png", f"layer profile of trial {layer_id}", layers_fig),
+        ("Stage timeline", "stages.png", "each slot's stages over the sweep's wall time (sweeper/core/stages.py "
+         "says what each holds)", lambda: stage_plots.plot_stage_timeline(results.stages)),
     ]
     report = Report(path=directory / ("index.html" if fmt == "html" else "report.md"), directory=directory,
                     tables=tables, header=_header(results))

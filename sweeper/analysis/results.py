@@ -31,6 +31,7 @@ class Results:
     layers: pd.DataFrame | None = None
     timeline_path: Path | None = None
     report: ReportSettings = ReportSettings()  # how energy is priced (co2e_g_per_1k_tokens, cost_per_1m_tokens)
+    stages: pd.DataFrame | None = None  # where the sweep's time went (sweeper.core.stages)
 
     def timeline(self, trial_id: str) -> pd.DataFrame | None:
         if self.timeline_path is None:
@@ -128,5 +129,7 @@ def load_results(root: str | os.PathLike[str], report: ReportSettings | None = N
             timeline_path = None
     report = report if report is not None else report_settings(path)
     trials = add_budget_columns(trials, report)
+    stages_path = table_path(path, "stages")
+    stages = _read(pd, stages_path, root) if stages_path else None
     return Results(path, trials, layers if layers is not None and not layers.empty else None, timeline_path,
-                   report)
+                   report, stages if stages is not None and not stages.empty else None)

@@ -55,6 +55,9 @@ class NoopOptions(BaseModel):
     step_s: float = Field(0.01, ge=0)
     # Seconds until the first token (prefill); None: one step_s.
     prefill_s: float | None = Field(None, ge=0)
+    # Each offline generate call's step times scaled by a factor drawn uniformly from
+    # [1 - step_jitter, 1 + step_jitter] (seeded): a noisy trial, on any machine.
+    step_jitter: float = Field(0.0, ge=0, lt=1)
     # Seconds a model load takes (sleeps), to measure what loads cost a sweep.
     load_s: float = Field(0.0, ge=0)
     # Batch sizes at or above this fail as out of memory, to exercise OOM handling.
@@ -130,6 +133,10 @@ class BackendSpec:
     runs_model: bool = True
     # Whether it returns full next-token distributions for the fidelity pass (else top-k only).
     full_logprobs: bool = False
+    # Whether an actor that has closed this backend may load the next group in the same
+    # process (imports done, its GPU already held): the backend's close() must give back
+    # every byte of device memory and every child process it made.
+    reuses_actor: bool = False
 
     def default_options(self) -> BaseModel:
         return self.options()
@@ -193,6 +200,7 @@ BACKENDS: dict[str, BackendSpec] = {
             layer_hooks=True,
             serving=True,
             full_logprobs=True,
+            reuses_actor=True,
         ),
         # No model: generate sleeps. Measures the harness and scheduler themselves.
         BackendSpec(
@@ -206,6 +214,7 @@ BACKENDS: dict[str, BackendSpec] = {
             max_tensor_parallel=8,
             serving=True,
             runs_model=False,
+            reuses_actor=True,
         ),
         # vLLM's offline engine; its model runs in engine processes, out of reach of hooks.
         BackendSpec(

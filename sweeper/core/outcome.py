@@ -9,12 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweeper.core.stages import StageSpan
+
 
 @dataclass
 class TrialOutcome:
     trial_id: str
     row: dict[str, Any]  # trials-table columns measured by the actor
     tables: dict[str, Any] = field(default_factory=dict)  # kind -> pyarrow.Table | list[dict]
+    stages: list[StageSpan] = field(default_factory=list)  # where the actor's time went on this trial
 
     @property
     def status(self) -> str:
@@ -28,3 +31,4 @@ class LoadResult:
     error: str | None = None
     reason: str | None = None
     info: dict[str, Any] = field(default_factory=dict)  # weight_memory_bytes, device, ...
+    stages: list[StageSpan] = field(default_factory=list)  # the actor's start and the load's stages

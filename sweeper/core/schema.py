@@ -58,6 +58,9 @@ _RESULT: tuple[Column, ...] = (
     _c("min_duration_s", F, "measured window length, at least"),
     _c("idle_s", F, "idle-baseline window before the measured phase"),
     _c("sample_interval_s", F, "telemetry sampling interval"),
+    _c("target_rel_ci", F, "the window measured until the 95 % interval of throughput (and, on GPUs, J/token) "
+                           "was within this share of the mean; null: a fixed window of min_duration_s"),
+    _c("max_duration_s", F, "with target_rel_ci, where the window ended regardless (null: 60 s, or no target)"),
     _c("min_window_s", F, "windows shorter than this are flagged unstable"),
     _c("max_iteration_cv", F, "per-iteration throughput or energy CV above this is flagged unstable"),
     _c("layer_profile", S, "layer-profiling granularity (block | submodule | leaf); null: no profiling pass"),
@@ -140,7 +143,7 @@ _RESULT: tuple[Column, ...] = (
     _c("compile_s", F, "one-time compilation for the trial's shape (torch.compile of the decode step, CUDA-graph capture): what the first generate calls took beyond as many steady-state calls, outside duration_s; a shape an earlier trial on the same actor compiled repeats that value; null: nothing compiled for the trial"),
     _c("compile_status", S, "compiled (with notes: graph breaks, skipped CUDA graphs) | eager (not requested) | fallback: why the trial ran eager instead; null: the backend has no compiled path"),
     # memory
-    _c("peak_memory_bytes", I, "peak memory during the trial (transformers on CUDA: torch max_memory_allocated; vllm: NVML memory used on the trial's GPUs, i.e. what the engine reserves; CPU: process max RSS)"),
+    _c("peak_memory_bytes", I, "peak memory during the trial (transformers on CUDA: torch max_memory_allocated; vllm: NVML memory used on the trial's GPUs, i.e. what the engine reserves; CPU: the actor process's resident peak (VmHWM) since the trial's reset, null where the kernel cannot reset it)"),
     _c("weight_memory_bytes", I, "model footprint after loading and quantizing: parameters, buffers and quantization state (int8 row scales, 4-bit absmax)"),
     # energy (null on CPU-only runs)
     _c("energy_j", F, "GPU energy over the measured window, all GPUs the trial holds"),
@@ -174,6 +177,13 @@ _RESULT: tuple[Column, ...] = (
     _c("iteration_throughput_cv", F, "coefficient of variation of output tokens/s across the window's generate calls (null with fewer than 3); CPU runs too"),
     _c("cpu_energy_j", F, "CPU package energy (RAPL) over the window, null when unreadable"),
     _c("dram_energy_j", F, "DRAM energy (RAPL) over the window, null when unreadable"),
+    _c("throughput_rel_ci95", F, "half-width of the 95 % confidence interval of the window's throughput over "
+                                 "blocks of >= 1 s (Student's t, blocks as independent samples), as a share of "
+                                 "the mean; null with fewer than 3 blocks or in serving mode"),
+    _c("energy_per_token_rel_ci95", F, "the same for J/token over the same blocks (GPUs only)"),
+    _c("ci_blocks", I, "blocks of >= 1 s the intervals were computed over"),
+    _c("target_met", B, "with target_rel_ci: every headline interval was within it when the window ended "
+                        "(false: max_duration_s came first, and the trial is flagged unstable); null: no target"),
     _c("unstable", B, "the measurement is flagged as unreliable (see unstable_reason)"),
     _c("unstable_reason", S, "why the trial is flagged unstable"),
     # layer profiling (a separate pass after the measured window; rows in layers.parquet)
@@ -295,6 +305,20 @@ LAYERS: tuple[Column, ...] = (
 )
 
 
+STAGES: tuple[Column, ...] = (
+    _c("trial_id", S, "trial the span is recorded with (a group's stages: with the first trial recorded after "
+                      "its load)"),
+    _c("stage", S, "actor_start | pre_load_idle | reference | materialize | load (scope group) | compile | "
+                   "warmup | idle_baseline | measure | fidelity | layer_pass | harness (scope trial); "
+                   "sweeper/core/stages.py says what each holds"),
+    _c("scope", S, "group (once per loaded model) | trial"),
+    _c("started_at", TS, "when the span began (the actor's clock, UTC)"),
+    _c("duration_s", F, "the span's length; stages are timed exclusively (a stage nested in another pauses it), "
+                        "so one slot's spans never overlap"),
+    _c("node", S, "the node it ran on (host:ray-node-id prefix)"),
+    _c("gpu_ids", S, "node-local GPU ids the actor held, comma-separated; null: a CPU-only node"),
+)
+
 
 def trials_columns() -> tuple[Column, ...]:
     """The trials table: identity, one column set per axis of the axis table, then results."""
@@ -308,6 +332,7 @@ TABLES: dict[str, tuple[Column, ...]] = {
     "requests": REQUESTS,
     "timeline": TIMELINE,
     "layers": LAYERS,
+    "stages": STAGES,
 }
 
 

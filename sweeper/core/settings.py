@@ -39,8 +39,14 @@ class MeasureSettings(Settings):
     min_duration_s: float = Field(10.0, ge=0, le=MAX_SECONDS)
     idle_s: float = Field(2.0, ge=0, le=MAX_SECONDS, description="idle-baseline window before the measured phase")
     sample_interval_s: float = Field(0.1, gt=0, le=10)
-    min_window_s: float = Field(10.0, ge=0, le=MAX_SECONDS, description="shorter measured windows are flagged unstable")
+    min_window_s: float = Field(10.0, ge=0, le=MAX_SECONDS, description="shorter measured windows are flagged unstable (not with target_rel_ci: the interval judges the window then)")
     max_iteration_cv: float = Field(0.05, gt=0, description="per-iteration throughput or energy CV above this is flagged unstable")
+    # Measure until precise: the window goes on past min_duration_s until the 95 % interval
+    # of each headline figure (throughput; on GPUs, J/token) over >= 1 s blocks is within
+    # this share of its mean, or until max_duration_s.
+    target_rel_ci: float | None = Field(None, gt=0, lt=1, description="end the window once the 95 % confidence interval of throughput (and, on GPUs, J/token) over >= 1 s blocks is within this share of the mean (e.g. 0.02); null: a fixed window of min_duration_s")
+    max_duration_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="with target_rel_ci, the window ends here whether or not the target is met (then flagged unstable); default 60")
+
     # A limit on the driver's patience, not a measurement setting: it never
     # shapes an ok row's numbers.
     timeout_s: float | None = Field(None, gt=0, le=7 * MAX_SECONDS, description="a trial running longer is recorded failed (timeout) and its actor replaced")
@@ -51,6 +57,37 @@ class MeasureSettings(Settings):
     # Settings that bound the driver's patience, not the measurement: no part of
     # trial ids or rows, so changing them re-runs nothing.
     PATIENCE: ClassVar[frozenset[str]] = frozenset({"timeout_s", "load_timeout_s"})
+    # Settings that joined later, with the value that means "not used": they join a
+    # trial's identity only when set, so trials that do not use them keep their ids.
+    OFF_VALUES: ClassVar[dict[str, object]] = {"warmup_s": 0.0, "target_rel_ci": None, "max_duration_s": None}
+    DEFAULT_MAX_DURATION_S: ClassVar[float] = 60.0
+
+    @model_validator(mode="after")
+    def _window_bounds(self) -> MeasureSettings:
+        if self.max_duration_s is not None:
+            if self.target_rel_ci is None:
+                raise ValueError("max_duration_s bounds a window that measures until precise: set target_rel_ci "
+                                 "too (without it the window is min_duration_s long)")
+            if self.max_duration_s < self.min_duration_s:
+                raise ValueError(f"max_duration_s ({self.max_duration_s:g}) is below min_duration_s "
+                                 f"({self.min_duration_s:g})")
+        elif self.target_rel_ci is not None and self.min_duration_s > self.DEFAULT_MAX_DURATION_S:
+            raise ValueError(f"min_duration_s ({self.min_duration_s:g}) is above the default max_duration_s "
+                             f"({self.DEFAULT_MAX_DURATION_S:g}): set max_duration_s")
+        return self
+
+    @property
+    def window_cap_s(self) -> float | None:
+        """Where a window that measures until precise ends regardless; None: a fixed window."""
+        if self.target_rel_ci is None:
+            return None
+        return self.max_duration_s if self.max_duration_s is not None else self.DEFAULT_MAX_DURATION_S
+
+    def identity(self) -> dict[str, object]:
+        """The settings that make two measurements the same: patience left out, later
+        settings only when set."""
+        d = self.model_dump(exclude=set(self.PATIENCE))
+        return {k: v for k, v in d.items() if k not in self.OFF_VALUES or v != self.OFF_VALUES[k]}
 
 
 # Layer-profiling granularities: decoder blocks, the attention / MLP / norms

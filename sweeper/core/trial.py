@@ -192,10 +192,8 @@ class Trial:
         for name, value in self.point.items_:
             d.update(AXES[name].identity_part(value))
         # timeout_s limits the driver's patience, never the numbers: changing it re-runs nothing.
-        measure = self.measure.model_dump(exclude=set(MeasureSettings.PATIENCE))
-        if measure["warmup_s"] == 0:
-            del measure["warmup_s"]
-        d.update(dataset=self.dataset, seed=self.seed, measure=measure, method_version=METHOD_VERSION)
+        d.update(dataset=self.dataset, seed=self.seed, measure=self.measure.identity(),
+                 method_version=METHOD_VERSION)
         if self.layer_profile is not None:
             d["layer_profile"] = self.layer_profile
         if self.fidelity is not None:

@@ -56,6 +56,14 @@ class TrialGroup:
         t = self.trials[0]
         return f"{t.model} {t.backend}/{t.precision}"
 
+    @property
+    def reuses_actor(self) -> bool:
+        """Whether every backend the group loads (a fidelity reference's included) lets an actor
+        go on to another group after closing it."""
+        t = self.trials[0]
+        used = {t.backend} | ({t.fidelity.reference_backend} if t.fidelity and t.fidelity.reference_backend else set())
+        return all(BACKENDS[b].reuses_actor for b in used)
+
 
 @dataclass
 class Plan:

@@ -294,6 +294,9 @@ class Sweep(_Strict):
         if self.workload.mode == "serving" and self.fidelity is not None:
             raise ValueError("fidelity: the fidelity pass scores offline generate calls; serving mode has none "
                              "(measure fidelity in an offline sweep of the same model and precisions)")
+        if self.workload.mode == "serving" and self.measure.target_rel_ci is not None:
+            raise ValueError("measure.target_rel_ci: a serving run plays its whole request schedule and judges "
+                             "its steady window afterwards; it cannot stop early (use it in offline mode)")
         if self.workload.mode == "serving" and self.batch_sizes is not None:
             raise ValueError("batch_sizes: not an axis in serving mode, where the engine forms its own batches; "
                              "remove it (cap them with workload.max_concurrency or the backend's own limit: "

@@ -59,6 +59,7 @@ _SORT = {
     "timeline": [("trial_id", "ascending"), ("t_s", "ascending"), ("gpu_index", "ascending")],
     "layers": [("trial_id", "ascending"), ("phase", "descending"), ("layer_index", "ascending"),
                ("module", "ascending")],
+    "stages": [("started_at", "ascending"), ("trial_id", "ascending")],
 }
 
 

@@ -26,6 +26,7 @@ from rich.console import Console
 
 from sweeper.core.errors import SweeperError
 from sweeper.core.outcome import LoadResult, TrialOutcome
+from sweeper.core.stages import IDLE, STAGES, StageSpan, stage_seconds
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import Plan, TrialGroup
 from sweeper.run.cluster import ClusterInfo
@@ -145,7 +146,10 @@ class RunSummary:
     wall_s: float = 0.0
     model_loads: int = 0
     retries: int = 0  # trial attempts re-run after their actor died
+    actor_handovers: int = 0  # groups loaded by a finished group's actor instead of a new one
     busy_s: float = 0.0  # sum over trials of the time an actor spent running them
+    # Seconds per stage summed over every slot (sweeper.core.stages), as the actors timed them.
+    stage_s: dict[str, float] = field(default_factory=dict)
     slots: int = 1  # GPUs (or, CPU-only, nodes) the sweep could use at once
     slot_unit: str = "GPU(s)"
     failures: list[str] = field(default_factory=list)
@@ -158,6 +162,17 @@ class RunSummary:
         if self.wall_s <= 0:
             return None
         return self.busy_s / (max(self.slots, 1) * self.wall_s)
+
+    def add_stages(self, spans: list[StageSpan]) -> None:
+        for name, seconds in stage_seconds(spans).items():
+            self.stage_s[name] = self.stage_s.get(name, 0.0) + seconds
+
+    def stage_breakdown(self) -> dict[str, float]:
+        """Seconds per stage over the slots' wall time, ``idle`` the remainder (see sweeper.core.stages)."""
+        ordered = {name: self.stage_s[name] for name in STAGES if name in self.stage_s}
+        if self.wall_s > 0:
+            ordered[IDLE] = max(max(self.slots, 1) * self.wall_s - sum(ordered.values()), 0.0)
+        return ordered
 
 
 @dataclass(frozen=True)
@@ -184,8 +199,13 @@ class Recorder:
     def __init__(self, store: ResultStore):
         self.store = store
 
-    def record(self, trial: Trial, row: dict[str, Any], tables: dict[str, Any] | None = None) -> None:
-        for kind, table in (tables or {}).items():
+    def record(self, trial: Trial, row: dict[str, Any], tables: dict[str, Any] | None = None,
+               stages: list[StageSpan] | None = None, placement: Placement | None = None) -> None:
+        tables = dict(tables or {})
+        if stages:
+            node, gpu_ids = (placement.node, placement.gpu_ids) if placement is not None else (None, None)
+            tables["stages"] = [span.row(trial.trial_id, node, gpu_ids) for span in stages]
+        for kind, table in tables.items():
             self.store.write_shard(kind, trial.trial_id, table)
         self.store.write_shard("trials", trial.trial_id, [{**trial.columns(), **row}])
 
@@ -276,6 +296,8 @@ class GroupRun:
     placed_s: float = 0.0  # monotonic time the actor got its resources (its load's clock starts)
     attempt: int = 0  # actors started for this group; tells a stale actor's replies apart
     placement: Placement | None = None
+    # The load's stage spans (and the actor's start), recorded with the next trial recorded.
+    load_stages: list[StageSpan] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -436,20 +458,54 @@ class SweepRun:
         self._submit(g, CallKind.RUN, g.current)
 
     def _done(self, g: GroupRun, *, close: bool) -> None:
-        if close:
+        successor = self._successor(g) if close else None
+        if successor is not None:
+            self.hand_over(g, successor)
+        elif close:
             self.runner.close(g.actor, CLOSE_TIMEOUT_S)  # frees its GPU for a waiting group
         else:
             self.runner.kill(g.actor)
         g.state = GroupState.DONE
         self._view.group_done(g)
 
-    def finish(self, g: GroupRun, row: dict[str, Any], tables: dict[str, Any]) -> None:
+    def _successor(self, g: GroupRun) -> GroupRun | None:
+        """The first group still waiting for an actor that ``g``'s could serve: the same
+        resources, and backends that let an actor go on after closing them."""
+        if not g.group.reuses_actor:
+            return None
+        return next((h for h in self.groups if h.state is GroupState.WAITING and h.resources == g.resources
+                     and h.group.reuses_actor), None)
+
+    def hand_over(self, g: GroupRun, h: GroupRun) -> None:
+        """``g`` is done: its actor, already started and holding its GPU, loads ``h``'s model
+        next, and ``h``'s own actor (still queued for resources) is cancelled. A new
+        process per group would start, import its backend and queue for the GPU again:
+        seconds of an idle GPU per group."""
+        for future, call in list(self.calls.items()):
+            if call.group is h:
+                del self.calls[future]
+        self.runner.kill(h.actor)
+        h.actor, g.actor = g.actor, None
+        h.attempt += 1
+        h.load = None
+        self.summary.actor_handovers += 1
+        self.on_placed(h, g.placement)
+        self._submit(h, CallKind.LOAD, h.group.trials[0])
+
+    def _record(self, g: GroupRun, trial: Trial, row: dict[str, Any], tables: dict[str, Any],
+                stages: list[StageSpan]) -> None:
+        spans, g.load_stages = g.load_stages + stages, []
+        self.summary.add_stages(spans)
+        self.recorder.record(trial, row, tables, spans, g.placement)
+
+    def finish(self, g: GroupRun, row: dict[str, Any], tables: dict[str, Any],
+               stages: list[StageSpan] | None = None) -> None:
         """Record the current trial's final row; prune what its OOM predicts."""
         trial, g.current = g.current, None
         if trial is None:
             raise RuntimeError(f"{g.label}: a result arrived with no trial running")
         row.setdefault("load_s", g.load.load_s if g.load else None)
-        self.recorder.record(trial, row, tables)
+        self._record(g, trial, row, tables, stages or [])
         self.summary.ran += 1
         if row["status"] == "ok":
             self.summary.ok += 1
@@ -470,7 +526,7 @@ class SweepRun:
         queue = ([g.current] if g.current is not None else []) + g.pending
         g.current, g.pending = None, []
         for t in queue:
-            self.recorder.record(t, failed_row(reason, text))
+            self._record(g, t, failed_row(reason, text), {}, [])
             self.summary.failed += 1
             self.summary.failures.append(f"{t.label()}: {text}")
             self._view.trial_finished(t, "failed", text)
@@ -514,17 +570,21 @@ class SweepRun:
             self.on_trial_done(g, outcome)
 
     # -- events --------------------------------------------------------------------------
-    def on_placed(self, g: GroupRun, info: dict[str, Any]) -> None:
-        """The group's actor got its resources and answered: show where it runs."""
-        g.placement = Placement(info["hostname"], info["ray_node_id"] or "", info.get("ray_gpu_ids"))
+    def on_placed(self, g: GroupRun, where: dict[str, Any] | Placement | None) -> None:
+        """The group's actor got its resources and answered (or was handed over): show where it runs."""
+        if isinstance(where, dict):
+            where = Placement(where["hostname"], where["ray_node_id"] or "", where.get("ray_gpu_ids"))
+        g.placement = where
         g.state, g.placed_s = GroupState.LOADING, time.monotonic()
         use = self.summary.placements.setdefault(str(g.placement), PlacementUse())
         use.model_loads += 1
-        self._view.group_placed(g, g.placement)
+        if g.placement is not None:
+            self._view.group_placed(g, g.placement)
 
     def on_loaded(self, g: GroupRun, load: LoadResult) -> None:
         """The model load ended: run the group's trials, or fail them all with the load's error."""
         g.load = load
+        g.load_stages += load.stages
         self._view.group_loaded(g)
         if load.ok:
             self.submit_next(g)
@@ -556,7 +616,7 @@ class SweepRun:
         self.on_loaded(g, LoadResult(ok=False, reason=reason, error=error(g.deaths)))
 
     def on_trial_done(self, g: GroupRun, outcome: TrialOutcome) -> None:
-        self.finish(g, outcome.row, outcome.tables)
+        self.finish(g, outcome.row, outcome.tables, outcome.stages)
         self.submit_next(g)
 
     def on_actor_died(self, g: GroupRun, text: str) -> None:

@@ -250,9 +250,11 @@ def test_report_on_gpu_results_has_every_plot(gpu_results):
     names = [p.filename for p in report.plots]
     assert names == ["throughput.png", "latency.png", "energy_per_token.png", "pareto.png", "weight_memory.png",
                      "power_timeline.png", "layer_shares.png"]
-    # No fidelity was measured in that run: its plot is the only one left out.
+    # No fidelity was measured in that run, and it predates stage timing: those plots are left out.
     assert report.notes == ["Fidelity vs J/token left out: no fidelity_kl values in trials.parquet "
-                            "(no fidelity measured)"]
+                            "(no fidelity measured)",
+                            "Stage timeline left out: no stage spans recorded (results from a version before "
+                            "stage timing)"]
     page = report.path.read_text()
     assert len(_embedded_pngs(page)) == 7
     assert "NVIDIA H200" in page

@@ -89,7 +89,7 @@ def test_aggregate_writes_every_kind_readable_by_duckdb(tmp_path):
                                               "ttft_s": 0.1 * i} for i in range(3)])
         store.write_shard("trials", tid, [trial_row(tid, throughput_tok_s=10.0)])
     counts = store.aggregate()
-    assert counts == {"trials": 2, "requests": 6, "timeline": 0, "layers": 0}
+    assert counts == {"trials": 2, "requests": 6, "timeline": 0, "layers": 0, "stages": 0}
     con = duckdb.connect()
     n, avg = con.execute(f"SELECT count(*), avg(throughput_tok_s) FROM '{tmp_path}/trials.parquet'").fetchone()
     assert (n, avg) == (2, 10.0)
@@ -133,7 +133,10 @@ def test_schema_names_carry_units():
                    # datasets and reply lengths: lengths are tokens (as input_len), shares are ratios
                    "dataset_sha256", "min_input_len", "max_input_len", "chat", "output_lengths",
                    "input_len_mean", "output_len_mean", "output_len_p50", "output_len_p90",
-                   "prompt_pad_share", "decode_idle_slot_share", "fidelity_method"}
+                   "prompt_pad_share", "decode_idle_slot_share", "fidelity_method",
+                   # precision of the window: relative half-widths (ratios), a block count, a verdict
+                   "target_rel_ci", "throughput_rel_ci95", "energy_per_token_rel_ci95", "ci_blocks",
+                   "target_met"}
     for col in TRIALS:
         # rates and per-token quantities carry their unit before the "per"
         if (col.name in unitless_ok or col.name.endswith("_version")

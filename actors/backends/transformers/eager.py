@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import importlib.metadata
-import resource
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -31,6 +30,7 @@ from actors.backends.base import (
 from actors.backends.transformers import bnb
 from actors.environment import cpu_model
 from actors.errors import PrecisionUnavailable
+from actors.host_memory import host_peak_bytes, reset_host_peak
 from actors.serving.client import run_requests
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.backends import TransformersOptions
@@ -66,6 +66,7 @@ class TransformersBackend(Backend):
         self._compiled: Any = None  # compiled.CompiledDecode of the loaded model
         self._serving: Any = None  # serving.ContinuousBatchingEngine, started by the first serve
         self._max_batch_requests: int | None = None
+        self._host_peak_reset = False  # reset_peak_memory reset the process's resident peak (CPU)
 
     def load(self, spec: ModelSpec) -> LoadInfo:
         import torch
@@ -278,14 +279,18 @@ class TransformersBackend(Backend):
             import torch
 
             torch.cuda.reset_peak_memory_stats()
+        else:
+            self._host_peak_reset = reset_host_peak()
 
     def peak_memory_bytes(self) -> int | None:
         if self.device == "cuda":
             import torch
 
             return int(torch.cuda.max_memory_allocated())
-        # No resettable peak exists for host memory: this is the process's peak.
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        # The process's resident peak since the trial's reset; where the kernel cannot reset
+        # it, the process's peak over its life (earlier groups of a reused actor included),
+        # which is no trial's figure.
+        return host_peak_bytes() if self._host_peak_reset else None
 
     def recover(self) -> None:
         gc.collect()
