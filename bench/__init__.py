@@ -27,6 +27,7 @@ SUBCOMMANDS = (
     "quant-check",
     "roofline",
     "scheduling",
+    "plan-scale",
     "vllm-compare",
     "serving",
     "trials-table",

@@ -8,7 +8,7 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -109,6 +109,65 @@ def _json_axes(values: dict[str, Any]) -> dict[str, Any]:
     return {k: ("inf" if isinstance(v, float) and math.isinf(v) else v) for k, v in values.items()}
 
 
+# Beyond this many trials the plan is shown one row per model load: a table of 100,000
+# rows takes minutes to render and nobody reads it (``--json`` lists every trial).
+PLAN_TABLE_MAX_ROWS = 2000
+
+
+def _plan_trials_table(name: str, p: Any, status: Callable[[Any], str]) -> Table:
+    """One row per trial: its axes, its variant and whether it runs."""
+    from sweeper.core.axes import AXES, BACKEND
+
+    table = Table(title=f"{name}: {len(p.trials)} trials on {p.device}", title_justify="left")
+    # One column per axis (the axis table's order); option variants and tensor
+    # parallelism share a "variant" column, shown only when the sweep has them.
+    with_variant = any(pt.trial.variant() for pt in p.trials)
+    # An axis no trial gives a value (serving's rate in an offline sweep, and the reverse) is left out.
+    shown = [a for a in AXES if not a.in_variant and any(pt.trial.point.get(a.name) is not None for pt in p.trials)]
+    table.add_column("trial_id")
+    for axis in shown:
+        table.add_column(axis.title, justify="right" if axis.value_type is int else "left")
+        if axis.name == BACKEND and with_variant:
+            table.add_column("variant")
+    table.add_column("status")
+    for pt in p.trials:
+        t, values = pt.trial, pt.trial.axes()
+        cells = [t.trial_id]
+        for axis in shown:
+            cells.append("-" if values[axis.name] is None else f"{values[axis.name]:g}"
+                         if isinstance(values[axis.name], float) else str(values[axis.name]))
+            if axis.name == BACKEND and with_variant:
+                cells.append(t.variant())
+        state = status(pt)
+        table.add_row(*cells, f"[yellow]skipped[/]: {pt.skip_reason}" if state == "skipped"
+                      else f"[green]{state}[/]" if state.startswith("done") else state)
+    return table
+
+
+def _plan_groups_table(name: str, p: Any, status: Callable[[Any], str]) -> Table:
+    """One row per model load (group) of a large plan: its trials by status, and the skip reasons."""
+    from collections import Counter
+
+    table = Table(title=f"{name}: {len(p.trials):,} trials on {p.device}, one row per model load "
+                        f"(sweeper plan --json lists every trial)", title_justify="left")
+    for col in ("model", "backend", "precision", "variant", "trials", "run", "done", "skipped", "why skipped"):
+        table.add_column(col, justify="right" if col in ("trials", "run", "done", "skipped") else "left")
+    groups: dict[tuple, list[Any]] = {}
+    for pt in p.trials:
+        groups.setdefault(pt.trial.load_key, []).append(pt)
+    for planned in groups.values():
+        t = planned[0].trial
+        states = Counter("done" if (s := status(pt)).startswith("done") else s for pt in planned)
+        reasons = Counter(pt.skip_reason for pt in planned if pt.skip_reason)
+        why = ""
+        if reasons:
+            reason, n = reasons.most_common(1)[0]
+            why = f"{reason} ({n:,})" + (f"; {len(reasons) - 1} other reason(s)" if len(reasons) > 1 else "")
+        table.add_row(t.model, t.backend, t.precision, t.variant(), f"{len(planned):,}", f"{states['run']:,}",
+                      f"{states['done']:,}", f"{states['skipped']:,}", why)
+    return table
+
+
 @app.command(cls=_Command)
 def plan(
     sweep_file: SweepArg,
@@ -143,52 +202,33 @@ def plan(
     if not address:
         p.notes[-1] += " (no --address: this machine stands in for the cluster)"
 
-    def status(pt: Any) -> str:
-        from sweeper.run.sweep_run import is_settled
+    from sweeper.run.sweep_run import is_settled
 
-        found = stored.get(pt.trial.trial_id)
+    def status(pt: Any) -> str:
+        found = stored.get(pt.trial.trial_id) if stored else None
         if found is not None and pt.runnable and is_settled(found, retry_failed):
             return f"done ({found.status})" if found.status == "ok" else f"done ({found.status}: {found.reason})"
         return "run" if pt.runnable else "skipped"
 
     if as_json:
-        payload = {
+        header = {
             "sweep": sweep.name, "device": p.device, "trials": len(p.trials),
             "runnable": len(p.runnable), "skipped": len(p.skipped), "excluded": p.excluded,
-            "groups": len(p.groups()),
+            "groups": p.load_count(),
             "notes": p.notes,
-            "plan": [{"trial_id": pt.trial.trial_id, **_json_axes(pt.trial.axes()), "variant": pt.trial.variant(),
-                      "status": status(pt), "reason": pt.skip_reason}
-                     for pt in p.trials],
         }
-        print(json.dumps(payload, indent=2, allow_nan=False))
+        # One trial per line: as readable as an indented document, and written by json's C
+        # encoder (an indented dump of 100,000 trials takes the pure-Python one seconds).
+        entries = ",\n".join("    " + json.dumps({
+            "trial_id": pt.trial.trial_id, **_json_axes(pt.trial.axes()), "variant": pt.trial.variant(),
+            "status": status(pt), "reason": pt.skip_reason}, allow_nan=False) for pt in p.trials)
+        head = json.dumps(header, indent=2, allow_nan=False)
+        sys.stdout.write(head[:-2] + ',\n  "plan": [\n' + entries + ("\n  ]\n}\n" if entries else "]\n}\n"))
         return
-    from sweeper.core.axes import AXES, BACKEND
-
-    table = Table(title=f"{sweep.name}: {len(p.trials)} trials on {p.device}", title_justify="left")
-    # One column per axis (the axis table's order); option variants and tensor
-    # parallelism share a "variant" column, shown only when the sweep has them.
-    with_variant = any(pt.trial.variant() for pt in p.trials)
-    # An axis no trial gives a value (serving's rate in an offline sweep, and the reverse) is left out.
-    shown = [a for a in AXES if not a.in_variant and any(pt.trial.point.get(a.name) is not None for pt in p.trials)]
-    table.add_column("trial_id")
-    for axis in shown:
-        table.add_column(axis.title, justify="right" if axis.value_type is int else "left")
-        if axis.name == BACKEND and with_variant:
-            table.add_column("variant")
-    table.add_column("status")
-    for pt in p.trials:
-        t, values = pt.trial, pt.trial.axes()
-        cells = [t.trial_id]
-        for axis in shown:
-            cells.append("-" if values[axis.name] is None else f"{values[axis.name]:g}"
-                         if isinstance(values[axis.name], float) else str(values[axis.name]))
-            if axis.name == BACKEND and with_variant:
-                cells.append(t.variant())
-        state = status(pt)
-        table.add_row(*cells, f"[yellow]skipped[/]: {pt.skip_reason}" if state == "skipped"
-                      else f"[green]{state}[/]" if state.startswith("done") else state)
-    out.print(table)
+    if len(p.trials) > PLAN_TABLE_MAX_ROWS:
+        out.print(_plan_groups_table(sweep.name, p, status))
+    else:
+        out.print(_plan_trials_table(sweep.name, p, status))
     w = sweep.workload
     if w.dataset != "random" or w.output_lengths != "fixed":
         sample = f"{w.num_prompts} sampled" if w.num_prompts else "all"
@@ -199,7 +239,7 @@ def plan(
         out.print(f"prompts: {prompts}; replies: {replies}", highlight=False)
     to_run = [pt.trial for pt in p.trials if status(pt) == "run"]
     done = sum(1 for pt in p.trials if status(pt).startswith("done"))
-    out.print(f"{len(to_run)} to run in {len(p.groups(to_run))} model load(s)"
+    out.print(f"{len(to_run)} to run in {p.load_count(to_run)} model load(s)"
               + (f", {done} already done in {output}" if output else "")
               + f", {len(p.skipped)} skipped, {p.excluded} excluded by the sweep's exclude rules")
     for note in p.notes:
@@ -316,7 +356,7 @@ def _run_sweep(sweep: Any, sweep_file: Path, store: Any, address: str | None, **
     p = make_plan(sweep, cluster.device, sweep_path=str(sweep_file), check_hub=False,
                   capabilities=capabilities)
     store.write_plan(sweep.name, [pt.trial.trial_id for pt in p.trials], sweep.report)
-    err.print(f"sweeper: {sweep.name}: {len(p.runnable)} trials to run in {len(p.groups())} group(s), "
+    err.print(f"sweeper: {sweep.name}: {len(p.runnable)} trials to run in {p.load_count()} group(s), "
               f"{len(p.skipped)} skipped, on {cluster.nodes} node(s) with {cluster.gpus} GPU(s), "
               f"{cluster.cpus} CPU(s); results in {store.uri}", highlight=False)
     try:

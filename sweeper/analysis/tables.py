@@ -362,8 +362,9 @@ def precision_summary(trials: pd.DataFrame) -> pd.DataFrame:
 
     Per model, backend and precision: weight memory, and J/token and tok/s as
     ratios to the reference measured at the same batch size and shape (geometric
-    mean over the shapes both have), beside fidelity and the best MBU. Empty when
-    no model was run at more than one precision.
+    mean over the shapes both have, each shape's repeats taken at their median),
+    beside fidelity and the best MBU; ``shapes_compared`` counts those shapes.
+    Empty when no model was run at more than one precision.
     """
     import pandas as pd
 
@@ -390,9 +391,14 @@ def precision_summary(trials: pd.DataFrame) -> pd.DataFrame:
             return p != r, order.get(p, len(order)), p
 
         # Reference first, then the registry's order.
+        # Repeats of a shape are one point (their median) before pairing: pairing every repeat
+        # with every repeat grows as repeats squared and counts pairs, not shapes.
+        measured = ["energy_per_token_j", "throughput_tok_s"]
+        ref_by_shape = ref.groupby(shape, dropna=False)[measured].median().reset_index()
         for precision in sorted(group["precision"].unique(), key=rank):
             rows_p = group[group["precision"] == precision]
-            paired = rows_p.merge(ref, on=shape, suffixes=("", "_ref"))
+            by_shape = rows_p.groupby(shape, dropna=False)[measured].median().reset_index()
+            paired = by_shape.merge(ref_by_shape, on=shape, suffixes=("", "_ref"))
             weights = rows_p["weight_memory_bytes"].median()
 
             def ratio(column: str, paired: pd.DataFrame = paired) -> float | None:

@@ -14,6 +14,7 @@ it alone.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -98,6 +99,18 @@ class Axis:
         return self.header or self.name
 
     def identity_part(self, value: Any) -> dict[str, Any]:
+        """What ``value`` adds to a trial's identity (nothing at the axis's default). Every
+        trial asks for each of its values: the answer is kept per value (read-only)."""
+        try:
+            return _IDENTITY_PARTS[self.name, value]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable value: worked out every time
+            return self._identity_part(value)
+        part = _IDENTITY_PARTS[self.name, value] = self._identity_part(value)
+        return part
+
+    def _identity_part(self, value: Any) -> dict[str, Any]:
         if self.default is not _ALWAYS and self.key(value) == self.default:
             return {}
         return self.identity(self.name, value)
@@ -128,9 +141,20 @@ def _backend_identity(name: str, choice: BackendChoice) -> dict[str, Any]:
     return {"backend": choice.name, "backend_options": non_default_options(choice.options)}
 
 
+_IDENTITY_PARTS: dict[tuple[str, Any], dict[str, Any]] = {}
+_NON_DEFAULT: dict[BaseModel, dict[str, Any]] = {}
+
+
 def non_default_options(options: BaseModel) -> dict[str, Any]:
-    """An options model's fields that differ from the model's defaults, as JSON values."""
-    return non_default_values(type(options), options.model_dump(mode="json"))
+    """An options model's fields that differ from the model's defaults, as JSON values
+    (kept per options value, which is frozen: read-only)."""
+    try:
+        return _NON_DEFAULT[options]
+    except KeyError:
+        found = _NON_DEFAULT[options] = non_default_values(type(options), options.model_dump(mode="json"))
+        return found
+    except TypeError:  # an options model that is not frozen
+        return non_default_values(type(options), options.model_dump(mode="json"))
 
 
 def non_default_values(options_type: type[BaseModel], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -154,6 +178,7 @@ class AxisTable:
 
     def __init__(self, axes: Sequence[Axis]):
         self._axes = tuple(axes)
+        self._by_name = {axis.name: axis for axis in self._axes}  # looked up per trial and per value
 
     def __iter__(self) -> Iterator[Axis]:
         return iter(self._axes)
@@ -162,13 +187,10 @@ class AxisTable:
         return len(self._axes)
 
     def __getitem__(self, name: str) -> Axis:
-        for axis in self._axes:
-            if axis.name == name:
-                return axis
-        raise KeyError(name)
+        return self._by_name[name]
 
     def __contains__(self, name: object) -> bool:
-        return any(axis.name == name for axis in self._axes)
+        return name in self._by_name
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -207,12 +229,13 @@ class AxisTable:
     @contextmanager
     def extended(self, *axes: Axis) -> Iterator[AxisTable]:
         """The table with more axes for the duration of a block (tests, experiments)."""
-        saved = self._axes
+        saved, saved_names = self._axes, self._by_name
         self._axes = saved + tuple(axes)
+        self._by_name = {axis.name: axis for axis in self._axes}
         try:
             yield self
         finally:
-            self._axes = saved
+            self._axes, self._by_name = saved, saved_names
 
 
 MODEL, BACKEND = "model", "backend"
@@ -258,11 +281,12 @@ class AxisPoint(Mapping[str, Any]):
 
     items_: tuple[tuple[str, Any], ...]
 
+    @functools.cached_property
+    def _values(self) -> dict[str, Any]:
+        return dict(self.items_)
+
     def __getitem__(self, name: str) -> Any:
-        for key, value in self.items_:
-            if key == name:
-                return value
-        raise KeyError(name)
+        return self._values[name]
 
     def __iter__(self) -> Iterator[str]:
         return (key for key, _ in self.items_)

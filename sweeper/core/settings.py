@@ -8,6 +8,7 @@ JSON) appears only in a trial's identity and its row.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import ClassVar, Literal, get_args
 
@@ -85,9 +86,15 @@ class MeasureSettings(Settings):
 
     def identity(self) -> dict[str, object]:
         """The settings that make two measurements the same: patience left out, later
-        settings only when set."""
-        d = self.model_dump(exclude=set(self.PATIENCE))
-        return {k: v for k, v in d.items() if k not in self.OFF_VALUES or v != self.OFF_VALUES[k]}
+        settings only when set (read-only: one dict per distinct settings value)."""
+        return _measure_identity(self)
+
+
+@functools.lru_cache(maxsize=256)
+def _measure_identity(m: MeasureSettings) -> dict[str, object]:
+    # Every trial's id asks; a sweep has one measure block.
+    d = m.model_dump(exclude=set(m.PATIENCE))
+    return {k: v for k, v in d.items() if k not in m.OFF_VALUES or v != m.OFF_VALUES[k]}
 
 
 # Layer-profiling granularities: decoder blocks, the attention / MLP / norms

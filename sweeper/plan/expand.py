@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,10 @@ class Plan:
     def skipped(self) -> list[PlannedTrial]:
         return [p for p in self.trials if not p.runnable]
 
+    def load_count(self, trials: list[Trial] | None = None) -> int:
+        """How many groups (model loads) ``groups`` would make, without ordering them."""
+        return len({t.load_key for t in (self.runnable if trials is None else trials)})
+
     def groups(self, trials: list[Trial] | None = None) -> list[TrialGroup]:
         by_key: OrderedDict[tuple, list[Trial]] = OrderedDict()
         for t in self.runnable if trials is None else trials:
@@ -92,14 +97,6 @@ class Plan:
                                                           t.max_concurrency or 0, t.shape, t.repeat))))
             for k, v in by_key.items()
         ]
-
-
-def _matches(rule: dict[str, Any], axes: dict[str, Any]) -> bool:
-    for key, wanted in rule.items():
-        options = wanted if isinstance(wanted, list) else [wanted]
-        if axes[key] not in options:
-            return False
-    return True
 
 
 def resolve_models(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True) -> list[ModelRef]:
@@ -145,18 +142,40 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
     serving = sweep.workload.serving()
     trials: list[Trial] = []
     excluded = 0
-    for point in itertools.product(*values):
-        trial = Trial(
-            sweep=sweep.name, point=AxisPoint(tuple(zip(names, point, strict=True))),
+    rules = _compiled_rules(sweep.exclude)
+    # The plain value (what rules see) of each axis value, worked out once per value, not per trial.
+    keys = [[AXES[name].key(v) for v in vals] for name, vals in zip(names, values, strict=True)]
+    for index in itertools.product(*(range(len(v)) for v in values)):
+        if rules and any(rule(index, keys) for rule in rules):
+            excluded += 1
+            continue
+        point = AxisPoint(tuple((name, values[a][i]) for a, (name, i) in enumerate(zip(names, index, strict=True))))
+        trials.append(Trial(
+            sweep=sweep.name, point=point,
             dataset=sweep.workload.dataset, seed=sweep.workload.seed, measure=sweep.measure,
             layer_profile=layer_profile, fidelity=sweep.fidelity, serving=serving, prompts=prompts,
             output_lengths=sweep.workload.output_lengths,
-        )
-        if any(_matches(rule, trial.axes()) for rule in sweep.exclude):
-            excluded += 1
-            continue
-        trials.append(trial)
+        ))
     return trials, excluded
+
+
+def _compiled_rules(rules: list[dict[str, Any]]) -> list[Callable[[tuple[int, ...], list[list[Any]]], bool]]:
+    """Each ``exclude`` rule as a test of a grid point given as value indices: the rule's
+    allowed values, per axis it names, looked up in a set (rules x trials stays cheap)."""
+    position = {name: i for i, name in enumerate(AXES.names)}
+    compiled = []
+    for rule in rules:
+        wanted = [(position[key], _as_list(value)) for key, value in rule.items()]
+
+        def test(index: tuple[int, ...], keys: list[list[Any]], wanted: list = wanted) -> bool:
+            return all(keys[a][index[a]] in options for a, options in wanted)
+
+        compiled.append(test)
+    return compiled
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
 
 
 def dataset_settings(sweep: Sweep, sweep_path: str = "<sweep>",
@@ -243,10 +262,21 @@ def _too_long(trial: Trial) -> str | None:
     return None
 
 
+_NOT_IN_VERDICT = frozenset({"batch_size", "request_rate", "max_concurrency", "repeat"})
+
+
 def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", check_hub: bool = True,
               capabilities: Capabilities | None = None) -> Plan:
     trials, excluded = expand(sweep, sweep_path=sweep_path, check_hub=check_hub)
-    planned = [PlannedTrial(t, compatibility(t, device, capabilities)) for t in trials]
+    # Whether a trial can run does not depend on its batch size, offered load or repeat
+    # (memory is found out by running): one verdict per rest of the point.
+    verdicts: dict[tuple, str | None] = {}
+    planned = []
+    for t in trials:
+        key = tuple(item for item in t.point.items_ if item[0] not in _NOT_IN_VERDICT)
+        if key not in verdicts:
+            verdicts[key] = compatibility(t, device, capabilities)
+        planned.append(PlannedTrial(t, verdicts[key]))
     plan = Plan(sweep=sweep, device=device, trials=planned, excluded=excluded)
     if capabilities is not None:
         plan.notes.append(f"installed libraries checked in: {capabilities.source}")

@@ -25,12 +25,11 @@ def offsets(clock: StageClock, spans: list[StageSpan]) -> list[tuple[str, float,
 def test_a_nested_stage_pauses_the_one_around_it():
     t = Clock()
     clock = StageClock(clock=t)
-    with clock.current():
-        with stage("load"):
-            t.now_s += 1
-            with stage("materialize"):
-                t.now_s += 2
-            t.now_s += 0.5
+    with clock.current(), stage("load"):
+        t.now_s += 1
+        with stage("materialize"):
+            t.now_s += 2
+        t.now_s += 0.5
     spans = clock.take()
     assert sorted(offsets(clock, spans)) == [("load", 10.0, 1.0), ("load", 13.0, 0.5), ("materialize", 11.0, 2.0)]
     assert stage_seconds(spans) == {"materialize": 2.0, "load": 1.5}  # registry order, exclusive
@@ -51,9 +50,8 @@ def test_a_stage_too_short_to_matter_counts_in_the_stage_around_it():
 def test_marking_outside_a_clock_records_nothing_and_names_are_checked():
     with stage("load"):  # a backend used directly (benchmarks, tests): free
         pass
-    with pytest.raises(KeyError, match="unknown stage 'lunch'"):
-        with stage("lunch"):
-            pass
+    with pytest.raises(KeyError, match="unknown stage 'lunch'"), stage("lunch"):
+        pass
     with pytest.raises(KeyError):
         StageSpan("lunch", None, 1.0)  # type: ignore[arg-type]
 

@@ -680,3 +680,27 @@ def test_option_variants_are_lines_of_their_own():
     fig = plot_throughput(to_table("trials", rows).to_pandas())
     labels = sorted(line.get_label() for line in fig.axes[0].get_lines())
     assert labels == ["bf16", "bf16 compile=True"]
+
+
+def test_precision_ratios_take_each_shape_once_however_many_repeats(tmp_path):
+    """Repeats of a shape are one point (their median): ``shapes_compared`` counts shapes, and the
+    table's cost does not grow as repeats squared."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    from sweeper.analysis.tables import precision_summary
+    from sweeper.core.schema import to_table
+
+    study = ROOT / "docs/data/sweep_quantization_h200_2026-11-21_study-trials.parquet"
+    trials = to_table("trials", pq.read_table(study)).to_pandas()
+    once = precision_summary(trials).set_index(["model", "precision"])
+    # Fifty repeats of every trial, each 10 % slower or faster than the median one.
+    copies = []
+    for k in range(50):
+        c = trials.copy()
+        c["throughput_tok_s"] *= (1.1, 1.0, 0.9)[k % 3] if k else 1.0
+        copies.append(c)
+    many = precision_summary(pd.concat(copies, ignore_index=True)).set_index(["model", "precision"])
+    int8 = many.loc[("llama-3.1-8b", "int8")]
+    assert int8.shapes_compared == once.loc[("llama-3.1-8b", "int8")].shapes_compared == 4
+    assert int8.throughput_vs_ref == pytest.approx(once.loc[("llama-3.1-8b", "int8")].throughput_vs_ref)

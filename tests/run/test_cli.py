@@ -32,6 +32,36 @@ def test_plan_table(write_sweep):
     assert "4 to run in 2 model load(s), 0 skipped" in r.stdout
 
 
+LARGE = """
+name: large
+models: [tiny-llama, llama-3.2-1b]
+backends: noop
+precisions: [fp32, bf16]
+batch_sizes: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+workload: {input_len: [8, 16, 32, 64, 1024, 2000], output_len: [4, 8, 16, 32, 64, 128]}
+repeats: 3
+exclude:
+  - {model: llama-3.2-1b, precision: fp32, batch_size: [1, 2]}
+"""
+
+
+def test_a_large_plan_is_one_row_per_model_load_and_json_lists_every_trial(write_sweep):
+    path = str(write_sweep(LARGE))
+    r = run_cli("plan", path, "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    # 2 models x 2 precisions x 10 batches x 36 shapes x 3 repeats = 4,320, less 2 x 36 x 3 excluded
+    assert "large: 4,104 trials on cpu, one row per model load (sweeper plan --json lists every trial)" in r.stdout
+    rows = [line for line in r.stdout.splitlines() if line.startswith("│ ") and "noop" in line]
+    assert len(rows) == 4
+    tiny = next(line for line in rows if "tiny-llama" in line and "fp32" in line)
+    # 2 of the 36 shapes are longer than tiny-llama's 2048 positions (2000 + 64, 2000 + 128)
+    assert [c.strip() for c in tiny.split("│")[5:9]] == ["1,080", "1,020", "0", "60"]
+    assert "exceeds the model's 2048 positions" in tiny
+    plan = json.loads(run_cli("plan", path, "--device", "cpu", "--json").stdout)
+    assert len(plan["plan"]) == plan["trials"] == 4104 and plan["excluded"] == 216
+    assert len({t["trial_id"] for t in plan["plan"]}) == 4104
+
+
 @pytest.mark.parametrize("text, expected", [
     ("name: t\nmodels: [a, b\n", "malformed YAML"),
     (GOOD + "colour: red\n", "colour: unknown key"),
