@@ -163,7 +163,7 @@ def _compiled_rules(rules: list[dict[str, Any]]) -> list[Callable[[tuple[int, ..
     """Each ``exclude`` rule as a test of a grid point given as value indices: the rule's
     allowed values, per axis it names, looked up in a set (rules x trials stays cheap)."""
     position = {name: i for i, name in enumerate(AXES.names)}
-    compiled = []
+    compiled: list[Callable[[tuple[int, ...], list[list[Any]]], bool]] = []
     for rule in rules:
         wanted = [(position[key], _as_list(value)) for key, value in rule.items()]
 
