@@ -40,6 +40,10 @@
 #   quality8b   bench/quality_gpu_8b.yaml: llama-3.1-8b's shape, reference lengths, vLLM and
 #               transformers against transformers bf16 (§12)
 #   quality8b_vref  bench/quality_gpu_8b_vllm_ref.yaml: vLLM fp8 against vLLM bf16 (§12)
+#   efficiency_fixed   bench/efficiency_gpu.yaml with fixed 10 s windows, vLLM engines on an empty
+#               compile cache: stage spans, actor handover, cold engine starts
+#   efficiency_target  the same trials measured until precise (target_rel_ci 0.02, min 3 s, max 30 s),
+#               engines on the cache the first step filled: warm starts, intervals vs fixed windows
 #   truth       bench/measurement_truth.yaml: settled idle baseline and pre-load idle, peak vs p99
 #               power, vLLM phase sums and weight memory, per-iteration CVs (§10)
 set -uo pipefail
@@ -126,6 +130,19 @@ for kind in ('trials', 'requests', 'timeline'):
                  python3 -m sweeper run "$f" -o "$RESULTS/$1" -q 2>&1 | tee "$OUT/${1}_run.log"
                  cp "$RESULTS/$1/trials.parquet" "$OUT/${1}_trials.parquet"
                  cp "$RESULTS/$1/requests.parquet" "$OUT/${1}_requests.parquet" ;;
+        efficiency_fixed|efficiency_target)
+                 f=bench/efficiency_gpu.yaml
+                 if [ "$1" = efficiency_target ]; then
+                     python3 -c "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); d['measure'].update(min_duration_s=3.0, target_rel_ci=0.02, max_duration_s=30.0); yaml.safe_dump(d, open(sys.argv[2], 'w'))" "$f" /tmp/efficiency_target.yaml
+                     f=/tmp/efficiency_target.yaml
+                 fi
+                 ls "${SWEEPER_CACHE:-$HOME/.cache/sweeper}/vllm" > "$OUT/${1}_vllm_cache_before.txt" 2>&1
+                 /usr/bin/time -v python3 -m sweeper run "$f" -o "$RESULTS/$1" 2>&1 | tee "$OUT/${1}_run.log" | tail -40
+                 python3 -m sweeper report "$RESULTS/$1" --format md >> "$OUT/${1}_run.log" 2>&1
+                 du -sh "${SWEEPER_CACHE:-$HOME/.cache/sweeper}/vllm" >> "$OUT/${1}_vllm_cache_before.txt" 2>&1
+                 for t in trials stages timeline; do cp "$RESULTS/$1/$t.parquet" "$OUT/${1}_$t.parquet"; done
+                 cp "$RESULTS/$1/report/stages.png" "$OUT/${1}_stages.png" 2>/dev/null
+                 cp "$RESULTS/$1/report/report.md" "$OUT/${1}_report.md" 2>/dev/null ;;
         *) echo "unknown step: $1 (see the header of $0)" >&2; return 2 ;;
     esac
 }

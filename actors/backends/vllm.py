@@ -37,6 +37,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -231,6 +232,17 @@ def _architecture(model_config: Any) -> dict[str, Any] | None:
         return None
 
 
+def share_compile_cache() -> str:
+    """Point vLLM's cache (its torch.compile artefacts, keyed by vLLM on the model, dtype,
+    quantization and compilation settings) at one directory per node under sweeper's cache,
+    so that every group's engine on the node finds what an earlier one compiled, and wiping
+    sweeper's cache wipes it too. A ``VLLM_CACHE_ROOT`` the user set is kept. The engine's
+    processes inherit the environment, so it is set before the engine starts."""
+    from actors.models import cache_root
+
+    return os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_root() / "vllm"))
+
+
 class VllmBackend(Backend):
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.llm: Any = None
@@ -243,6 +255,7 @@ class VllmBackend(Backend):
         self._warned_clock = False
 
     def load(self, spec: ModelSpec) -> LoadInfo:
+        share_compile_cache()
         import vllm
 
         self.options = spec.options_as(VllmOptions)

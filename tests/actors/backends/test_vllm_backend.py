@@ -382,3 +382,16 @@ def test_the_worker_extension_answers_by_name_without_vllm():
     worker = type("Worker", (extension,), {})()
     worker.model_runner = SimpleNamespace(model_memory_usage=2_471_000_000.0)
     assert worker.sweeper_weight_memory_bytes() == 2_471_000_000
+
+
+def test_engines_on_a_node_share_one_compile_cache_under_sweepers(monkeypatch, tmp_path):
+    from actors.backends.vllm import share_compile_cache
+
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    monkeypatch.setenv("SWEEPER_CACHE", str(tmp_path / "cache"))
+    assert share_compile_cache() == str(tmp_path / "cache" / "vllm")
+    import os
+
+    assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "cache" / "vllm")  # the engine's processes inherit it
+    monkeypatch.setenv("VLLM_CACHE_ROOT", "/elsewhere")  # the user's own choice stands
+    assert share_compile_cache() == "/elsewhere"
