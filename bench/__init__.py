@@ -28,6 +28,7 @@ SUBCOMMANDS = (
     "roofline",
     "scheduling",
     "plan-scale",
+    "driver-scale",
     "vllm-compare",
     "serving",
     "trials-table",

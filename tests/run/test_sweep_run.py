@@ -227,3 +227,80 @@ def test_predicted_oom_skips_stay_skipped_on_resume_until_retry_failed(tmp_path)
     retried = ScriptedRunner(script)
     _run(tmp_path, retried, _sweep(precisions="fp32"), retry_failed=True)
     assert len(retried.runs) == 1  # batch 2 again; its OOM predicts batch 4 once more
+
+
+@dataclass
+class OneSlotRunner(ScriptedRunner):
+    """A cluster of one slot: an actor is placed (its ping and load answer) only once every
+    actor started before it has been closed or killed, as Ray queues actors for a GPU."""
+
+    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None) -> _Future:
+        future = super().call(actor, kind, trial)
+        future.queued_behind = range(1, actor) if kind in (CallKind.PING, CallKind.LOAD) else range(0)
+        return future
+
+    def wait(self, futures: Sequence[_Future], timeout_s: float) -> list[_Future]:
+        gone = set(self.closed) | set(self.killed)
+        placed = [f for f in futures if all(a in gone for a in getattr(f, "queued_behind", ()))]
+        return super().wait(placed, timeout_s)
+
+
+def test_a_finished_groups_actor_loads_the_next_waiting_group(tmp_path):
+    runner = OneSlotRunner()
+    run, rows = _run(tmp_path, runner)
+    assert sorted(r["status"] for r in rows) == ["ok"] * 6
+    # Two groups, two actors requested; the second, still queued, is cancelled and its group
+    # loaded on the first, which is closed once, at the end.
+    assert len(runner.started) == 2 and runner.killed == [2] and runner.closed == [1]
+    assert run.summary.actor_handovers == 1 and run.summary.model_loads == 2
+    assert all(g.state is GroupState.DONE for g in run.groups)
+
+
+def test_an_actor_is_not_handed_to_a_backend_that_needs_a_fresh_process(tmp_path, monkeypatch):
+    import dataclasses
+
+    from sweeper.core.backends import BACKENDS
+
+    monkeypatch.setitem(BACKENDS, "noop", dataclasses.replace(BACKENDS["noop"], reuses_actor=False))
+    runner = OneSlotRunner()
+    run, rows = _run(tmp_path, runner)
+    assert sorted(r["status"] for r in rows) == ["ok"] * 6
+    # the first actor is closed, freeing the slot, and the queued second one is placed
+    assert runner.closed == [1, 2] and runner.killed == [] and run.summary.actor_handovers == 0
+
+
+class FailingStore(ResultStore):
+    """A destination whose disk fills at the n-th trials shard."""
+
+    def __init__(self, root: str, fail_at: int) -> None:
+        super().__init__(root)
+        self.fail_at, self.trials_written = fail_at, 0
+
+    def write_shard(self, kind: str, trial_id: str, table: Any) -> None:
+        if kind == "trials":
+            self.trials_written += 1
+            if self.trials_written == self.fail_at:
+                raise OSError(28, "No space left on device")
+        super().write_shard(kind, trial_id, table)
+
+
+def test_shards_are_written_off_the_drivers_thread_in_order_and_a_failed_write_is_raised(tmp_path):
+    from sweeper.run.sweep_run import Recorder
+
+    trials = make_plan(_sweep(), "cpu").runnable
+    store = FailingStore(str(tmp_path / "out"), fail_at=3)
+    recorder = Recorder(store)
+    for t in trials:
+        recorder.record(t, ok_row(t), {"requests": [{"trial_id": t.trial_id, "iteration": 0}]})
+    try:
+        recorder.flush()
+        raise AssertionError("the failed write was not raised")
+    except OSError as exc:
+        assert exc.errno == 28
+    finally:
+        recorder.shutdown()
+    written = {p.stem for p in (tmp_path / "out" / "shards" / "trials").glob("*.parquet")}
+    # every trial but the one whose write failed is on disk: flush drains the queue whatever fails
+    assert written == {t.trial_id for t in trials} - {trials[2].trial_id}
+    # a trial's requests shard is written before its trials shard (the commit)
+    assert trials[2].trial_id in {p.stem for p in (tmp_path / "out" / "shards" / "requests").glob("*.parquet")}
