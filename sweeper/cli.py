@@ -466,12 +466,12 @@ def _print_best(store: Any) -> None:
 def aggregate(
     output: Annotated[str, typer.Argument(help="results directory or URI", show_default=False)],
 ) -> None:
-    """Merge a results directory's shards into trials.parquet, requests.parquet, timeline.parquet, layers.parquet."""
+    """Rebuild a results directory's trials.parquet, requests.parquet, timeline.parquet, layers.parquet and stages.parquet from its shards."""
     from sweeper.run.storage import ResultStore
 
     try:
         store = ResultStore(output, on_quarantine=_warn)
-        counts = store.aggregate()
+        counts = store.aggregate(full=True)
     except UserInputError as exc:
         raise _fail(exc) from None
     out.print(", ".join(f"{kind}.parquet: {n} rows" for kind, n in counts.items()), highlight=False)

@@ -323,16 +323,29 @@ class ResultStore:
         return set(record.trial_ids) if record is not None else None
 
     # -- aggregation -----------------------------------------------------------
-    def aggregate(self) -> dict[str, int]:
+    def aggregate(self, *, full: bool = False) -> dict[str, int]:
         """Merge the shards into ``<root>/<kind>.parquet`` (the plan's trials) and
-        ``<root>/superseded/<kind>.parquet`` (every other stored trial); return row counts."""
+        ``<root>/superseded/<kind>.parquet`` (every other stored trial); return row counts.
+
+        Incrementally where it can (``full=False``): when the last aggregation answers for
+        the same plan, every one of its trials still has its shard, and its files have the
+        current schema, each table keeps its previous rows but those of trials written
+        since (re-run or new) and adds theirs, reading only the new shards and one file
+        per table. Otherwise, and with ``full``, everything is rebuilt from the shards.
+        """
         if not self.shard_paths(TRIALS):
             raise ResultsError(f"{self.uri}: no trial shards found (is this a sweeper output directory?)")
         stored = {_stem(p) for p in self.shard_paths(TRIALS)}
         planned = self.planned_ids()
         current = stored if planned is None else stored & planned
         superseded = stored - current
+        changed = None if full else self._changed_since_aggregate(stored, current)
         counts = {}
+        if changed is not None:
+            for kind in TABLES:
+                counts[kind] = self._aggregate_changes(kind, current, changed)
+            self.superseded = len(superseded)  # the plan is unchanged: so are the superseded tables
+            return counts
         for kind in TABLES:
             counts[kind] = self._aggregate(kind, current, posixpath.join(self.root, f"{kind}.parquet"))
             target = posixpath.join(self.root, "superseded", f"{kind}.parquet")
@@ -364,6 +377,68 @@ class ResultStore:
                     writer.write_table(batch.sort_by(_SORT[kind]))
                     rows += batch.num_rows
             if not ids:
+                writer.write_table(schema.empty_table())
+        return rows
+
+    def _changed_since_aggregate(self, stored: set[str], current: set[str]) -> set[str] | None:
+        """The trials whose shards were written since the last aggregation, or None when the
+        aggregates cannot be updated in place (none yet, another plan, a trial of theirs whose
+        shard is gone, a schema that has changed since, a results store without local mtimes)."""
+        if not self.local:
+            return None
+        targets = [posixpath.join(self.root, f"{kind}.parquet") for kind in TABLES]
+        infos = self.fs.get_file_info(targets)
+        if any(i.type != pafs.FileType.File or i.mtime is None for i in infos):
+            return None
+        since = min(i.mtime for i in infos)
+        plan = self.fs.get_file_info(posixpath.join(self.root, PLAN_FILE))
+        if plan.mtime is not None and plan.mtime > since:
+            return None
+        for kind, target in zip(TABLES, targets, strict=True):
+            if pq.read_schema(target).remove_metadata() != arrow_schema(kind):
+                return None
+        previous = set(pq.read_table(targets[0], columns=["trial_id"]).column("trial_id").to_pylist())
+        if not previous <= current:
+            return None  # a trial it holds lost its shard (quarantined, moved away): rebuild
+        changed: set[str] = set()
+        for kind in TABLES:
+            selector = pafs.FileSelector(self._shard_dir(kind), allow_not_found=True)
+            changed |= {_stem(i.path) for i in self.fs.get_file_info(selector)
+                        if i.is_file and i.base_name.endswith(".parquet") and not i.base_name.startswith(".")
+                        and i.mtime is not None and i.mtime >= since}
+        # A trial the previous aggregate lacks is new whatever its shards' times say.
+        return (changed | (current - previous)) & stored
+
+    def _aggregate_changes(self, kind: str, current: set[str], changed: set[str]) -> int:
+        """``<kind>.parquet`` rewritten as its previous rows less the changed trials' plus
+        theirs from their shards: one file and the new shards read, a batch at a time."""
+        import pyarrow.compute as pc
+
+        target = posixpath.join(self.root, f"{kind}.parquet")
+        fresh = sorted(changed & current)
+        drop = pa.array(sorted(changed), pa.string())
+        schema = arrow_schema(kind)
+        rows = 0
+        if kind == TRIALS:  # one row per trial: sorted whole, as a full aggregation sorts it
+            kept = pq.read_table(target, schema=schema)
+            kept = kept.filter(pc.invert(pc.is_in(kept.column("trial_id"), value_set=drop)))
+            table = pa.concat_tables([kept, self.read_shards(kind, trial_ids=fresh)]).combine_chunks()
+            if table.num_rows:
+                table = table.sort_by(_SORT[kind])
+            self._write_atomic(table, target)
+            return int(table.num_rows)
+        with self._atomic_output(target) as out, pq.ParquetWriter(out, schema) as writer:
+            for batch in pq.ParquetFile(target).iter_batches(batch_size=65_536):
+                batch = batch.filter(pc.invert(pc.is_in(batch.column("trial_id"), value_set=drop)))
+                if batch.num_rows:
+                    writer.write_table(pa.Table.from_batches([batch], schema=schema))
+                    rows += batch.num_rows
+            for start in range(0, len(fresh), BATCH_FILES):
+                new = self.read_shards(kind, trial_ids=fresh[start:start + BATCH_FILES])
+                if new.num_rows:
+                    writer.write_table(new.sort_by(_SORT[kind]))
+                    rows += new.num_rows
+            if not rows:
                 writer.write_table(schema.empty_table())
         return rows
 

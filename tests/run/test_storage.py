@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from datetime import datetime, timezone
 
 import duckdb
@@ -154,3 +156,56 @@ def test_the_next_run_removes_temporaries_a_killed_run_left(tmp_path):
         path.write_bytes(b"partial")
     assert store.remove_stale_temporaries() == 2
     assert not any(p.exists() for p in left) and (tmp_path / "shards" / "trials" / "a.parquet").exists()
+
+
+def _trial_rows(store: ResultStore, ids: range, value: float) -> None:
+    for i in ids:
+        tid = f"t{i:04d}"
+        store.write_shard("requests", tid, [{"trial_id": tid, "iteration": 0}, {"trial_id": tid, "iteration": 1}])
+        store.write_shard("trials", tid, [{"trial_id": tid, "status": "ok", "throughput_tok_s": value}])
+
+
+def _tables(root) -> dict[str, list]:
+    return {kind: sorted(pq.read_table(root / f"{kind}.parquet").to_pylist(), key=str)
+            for kind in ("trials", "requests")}
+
+
+def test_a_run_adds_to_the_aggregates_reading_only_new_shards(tmp_path, monkeypatch):
+    store = ResultStore(str(tmp_path))
+    _trial_rows(store, range(40), 1.0)
+    store.write_plan("s", [f"t{i:04d}" for i in range(50)])
+    store.aggregate()
+    os.utime(tmp_path / "trials.parquet", (1, 1))  # older than anything written from here on
+    for kind in ("requests", "timeline", "layers", "stages"):
+        os.utime(tmp_path / f"{kind}.parquet", (1, 1))
+    for p in (tmp_path / "shards").rglob("*.parquet"):
+        os.utime(p, (0.5, 0.5))
+    os.utime(tmp_path / "plan.json", (0.5, 0.5))
+    _trial_rows(store, range(3, 4), 2.0)  # a re-run trial
+    _trial_rows(store, range(40, 45), 3.0)  # new ones
+    read: list[str] = []
+    real = ResultStore._read_batch
+    monkeypatch.setattr(ResultStore, "_read_batch",
+                        lambda self, kind, paths, *a: read.extend(paths) or real(self, kind, paths, *a))
+    counts = store.aggregate()
+    assert counts["trials"] == 45 and counts["requests"] == 90
+    assert {os.path.basename(p) for p in read} == {f"t{i:04d}.parquet" for i in (3, 40, 41, 42, 43, 44)}
+    incremental = _tables(tmp_path)
+    assert {r["trial_id"]: r["throughput_tok_s"] for r in incremental["trials"]}["t0003"] == 2.0
+    store.aggregate(full=True)  # what a rebuild from every shard gives
+    assert _tables(tmp_path) == incremental
+
+
+def test_aggregates_are_rebuilt_when_the_plan_changed_or_a_shard_is_gone(tmp_path, monkeypatch):
+    store = ResultStore(str(tmp_path))
+    _trial_rows(store, range(10), 1.0)
+    store.write_plan("s", [f"t{i:04d}" for i in range(10)])
+    store.aggregate()
+    stored = {f"t{i:04d}" for i in range(10)}
+    assert store._changed_since_aggregate(stored, stored) is not None
+    # a trial the aggregate holds whose shard went away (quarantined, moved): no update in place
+    assert store._changed_since_aggregate(stored - {"t0001"}, stored - {"t0001"}) is None
+    time.sleep(0.01)
+    store.write_plan("s", [f"t{i:04d}" for i in range(8)])  # another plan: another answer
+    assert store._changed_since_aggregate(stored, stored) is None
+    assert store.aggregate()["trials"] == 8
