@@ -18,12 +18,10 @@ from __future__ import annotations
 import contextlib
 import enum
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
 from rich.console import Console
 
@@ -32,101 +30,29 @@ from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.stages import IDLE, STAGES, StageSpan, stage_seconds
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import Plan, TrialGroup
+from sweeper.run.actor_runner import (
+    ACTOR_CLASS,
+    CLOSE_TIMEOUT_S,
+    ActorDied,
+    ActorRunner,
+    CallFailed,
+    CallKind,
+    RayActorRunner,
+    first_line,
+)
 from sweeper.run.cluster import ClusterInfo
 from sweeper.run.progress import Placement, ProgressView
+from sweeper.run.recorder import Recorder
 from sweeper.run.storage import ResultStore, StoredTrial
 
-# The data plane's actor class, named by string as the backend registry names
-# backends: the control plane never imports the data plane.
-ACTOR_CLASS = "actors.actor:TrialRunner"
-
-# How long a finished group's actor may take to release its backend before it is killed.
-CLOSE_TIMEOUT_S = 60.0
-
-
-# -- the seam to the cluster -------------------------------------------------------------
-
-class ActorDied(Exception):
-    """The actor (or its node) died before the call returned."""
-
-
-class CallFailed(Exception):
-    """The call itself failed on the actor (e.g. an argument that did not deserialize)."""
+# The seam and the writer live in their own modules; these names stay importable from here.
+__all__ = ["ACTOR_CLASS", "ActorDied", "ActorRunner", "CallFailed", "CallKind", "GroupRun", "GroupState",
+           "RayActorRunner", "Recorder", "ResultsWriteError", "RunOptions", "RunSummary", "SweepRun",
+           "is_settled", "predicted_oom", "resume_filter", "run_plan"]
 
 
 class ResultsWriteError(SweeperError):
     """A shard could not be written (a full disk, a lost mount): the sweep stops, what was written stays."""
-
-
-class CallKind(enum.Enum):
-    PING = "ping"  # answered once the actor is placed, before its load
-    LOAD = "load"
-    RUN = "run"
-
-
-class ActorRunner(Protocol):
-    """Starts actors and calls them; every call returns a future the runner can wait on."""
-
-    def start(self, resources: dict[str, Any]) -> Any:
-        """A new actor holding ``resources`` (it may wait for them); returns its handle."""
-
-    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None) -> Any:
-        """Submit ``ping``, ``load(trial)`` or ``run(trial)`` to ``actor``; returns a future."""
-
-    def wait(self, futures: Sequence[Any], timeout_s: float) -> list[Any]:
-        """The futures among ``futures`` that are done (at least one unless ``timeout_s`` passes)."""
-
-    def result(self, future: Any) -> Any:
-        """The call's value; raises ``ActorDied`` or ``CallFailed``."""
-
-    def close(self, actor: Any, timeout_s: float) -> None:
-        """Ask ``actor`` to release its backend (bounded by ``timeout_s``), then end it."""
-
-    def kill(self, actor: Any) -> None:
-        """End ``actor`` now (a dead one is already gone; a hung one must not hold its GPU)."""
-
-
-class RayActorRunner:
-    """``ActorRunner`` over Ray actors of the data plane's ``TrialRunner``."""
-
-    def __init__(self) -> None:
-        import importlib
-
-        import ray
-
-        module, _, name = ACTOR_CLASS.partition(":")
-        self._ray = ray
-        self._remote = ray.remote(getattr(importlib.import_module(module), name))
-
-    def start(self, resources: dict[str, Any]) -> Any:
-        return self._remote.options(**resources).remote()
-
-    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None) -> Any:
-        method = getattr(actor, kind.value)
-        return method.remote() if trial is None else method.remote(trial)
-
-    def wait(self, futures: Sequence[Any], timeout_s: float) -> list[Any]:
-        ready, _ = self._ray.wait(list(futures), num_returns=1, timeout=timeout_s)
-        return list(ready)
-
-    def result(self, future: Any) -> Any:
-        from ray.exceptions import RayActorError, RayError
-
-        try:
-            return self._ray.get(future)
-        except RayActorError as exc:
-            raise ActorDied(first_line(exc)) from exc
-        except RayError as exc:
-            raise CallFailed(first_line(exc)) from exc
-
-    def close(self, actor: Any, timeout_s: float) -> None:
-        # close() first: a backend whose engine runs in child processes (vLLM)
-        # must end them, or they keep the GPU after the actor is killed.
-        self._ray.wait([actor.close.remote()], timeout=timeout_s)
-        self._ray.kill(actor)
-
-    def kill(self, actor: Any) -> None:
-        self._ray.kill(actor)
 
 
 # -- records -----------------------------------------------------------------------------
@@ -197,62 +123,6 @@ def failed_row(reason_code: str, text: str) -> dict[str, Any]:
     return {"status": "failed", "reason": reason_code, "error": text, "started_at": now, "finished_at": now}
 
 
-class Recorder:
-    """Writes each trial's shards — auxiliary tables first, the trials row last (the commit) —
-    on one writer thread, in the order they were recorded.
-
-    The driver hands a finished trial over and submits the GPU's next trial at once: a
-    trial's shards cost milliseconds of serialisation and fsyncs, which a GPU waiting on the
-    driver would otherwise spend idle, once per trial. At most ``MAX_PENDING`` trials wait
-    to be written (then ``record`` waits), so memory stays bounded when the disk is slower
-    than the trials. A write that fails raises its ``OSError`` from the next ``record`` or
-    from ``flush``, on the driver's thread.
-    """
-
-    MAX_PENDING = 64
-
-    def __init__(self, store: ResultStore):
-        self.store = store
-        self.write_s = 0.0  # the writer thread's time spent writing
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweeper-writer")
-        self._pending: deque[Future[None]] = deque()
-
-    def record(self, trial: Trial, row: dict[str, Any], tables: dict[str, Any] | None = None,
-               stages: list[StageSpan] | None = None, placement: Placement | None = None) -> None:
-        while self._pending and self._pending[0].done():
-            self._pending.popleft().result()  # a failed write raises here
-        self._pending.append(self._pool.submit(self._write, trial, row, dict(tables or {}), stages, placement))
-        while len(self._pending) > self.MAX_PENDING:
-            self._pending.popleft().result()
-
-    def flush(self) -> None:
-        """Wait until every recorded trial is written (all of them, whatever fails); then raise
-        the first failed write's error, if any."""
-        first: OSError | None = None
-        while self._pending:
-            try:
-                self._pending.popleft().result()
-            except OSError as exc:
-                first = first or exc
-        if first is not None:
-            raise first
-
-    def shutdown(self) -> None:
-        """End the writer thread (after ``flush``: nothing is left to write)."""
-        self._pool.shutdown(wait=True)
-
-    def _write(self, trial: Trial, row: dict[str, Any], tables: dict[str, Any],
-               stages: list[StageSpan] | None, placement: Placement | None) -> None:
-        t0 = time.monotonic()
-        if stages:
-            node, gpu_ids = (placement.node, placement.gpu_ids) if placement is not None else (None, None)
-            tables["stages"] = [span.row(trial.trial_id, node, gpu_ids) for span in stages]
-        for kind, table in tables.items():
-            self.store.write_shard(kind, trial.trial_id, table)
-        self.store.write_shard("trials", trial.trial_id, [{**trial.columns(), **row}])
-        self.write_s += time.monotonic() - t0
-
-
 def predicted_oom(oom_trial: Trial, pending: list[Trial]) -> list[Trial]:
     """The pending trials that ``oom_trial`` running out of memory predicts will too.
 
@@ -292,11 +162,6 @@ def resume_filter(trials: list[Trial], store: ResultStore, retry_failed: bool) -
         else:
             todo.append(t)
     return todo, have_ok, kept
-
-
-def first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 def _summary_text(row: dict[str, Any]) -> str:
