@@ -369,15 +369,20 @@ class ResultStore:
         # shards at a time, in trial-id order, so memory stays flat in the number of trials.
         ids = sorted(trial_ids & {_stem(p) for p in self.shard_paths(kind)})
         schema = arrow_schema(kind)
-        rows = 0
         with self._atomic_output(target) as out, pq.ParquetWriter(out, schema) as writer:
-            for start in range(0, len(ids), BATCH_FILES):
-                batch = self.read_shards(kind, trial_ids=ids[start:start + BATCH_FILES])
-                if batch.num_rows:
-                    writer.write_table(batch.sort_by(_SORT[kind]))
-                    rows += batch.num_rows
-            if not ids:
+            rows = self._append_shards(writer, kind, ids)
+            if not rows:
                 writer.write_table(schema.empty_table())
+        return rows
+
+    def _append_shards(self, writer: pq.ParquetWriter, kind: str, ids: list[str]) -> int:
+        """The shards of ``ids``, a batch of files at a time, each batch sorted; rows written."""
+        rows = 0
+        for start in range(0, len(ids), BATCH_FILES):
+            batch = self.read_shards(kind, trial_ids=ids[start:start + BATCH_FILES])
+            if batch.num_rows:
+                writer.write_table(batch.sort_by(_SORT[kind]))
+                rows += batch.num_rows
         return rows
 
     def _changed_since_aggregate(self, stored: set[str], current: set[str]) -> set[str] | None:
@@ -433,11 +438,7 @@ class ResultStore:
                 if batch.num_rows:
                     writer.write_table(pa.Table.from_batches([batch], schema=schema))
                     rows += batch.num_rows
-            for start in range(0, len(fresh), BATCH_FILES):
-                new = self.read_shards(kind, trial_ids=fresh[start:start + BATCH_FILES])
-                if new.num_rows:
-                    writer.write_table(new.sort_by(_SORT[kind]))
-                    rows += new.num_rows
+            rows += self._append_shards(writer, kind, fresh)
             if not rows:
                 writer.write_table(schema.empty_table())
         return rows

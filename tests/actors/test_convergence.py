@@ -14,19 +14,7 @@ from sweeper.core.errors import UserInputError
 from sweeper.core.intervals import mean_interval, t975
 from sweeper.plan.expand import expand
 from sweeper.plan.spec import parse_sweep
-
-
-class FakeClock:
-    """Time that moves only when the backend sleeps: the loop's arithmetic, exactly."""
-
-    def __init__(self) -> None:
-        self.now_s = 100.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def sleep(self, seconds: float) -> None:
-        self.now_s += seconds
+from tests.actors.test_measure import FakeClock
 
 
 def sweep(measure: dict, noop: dict | None = None, mode: str = "offline") -> dict:
