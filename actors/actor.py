@@ -56,6 +56,7 @@ class TrialRunner:
         self.env = environment.capture()
         self._fidelity: dict[str, Any] | None = None  # the group's fidelity columns, once per load
         self._reference: Any = None  # the reference step's outputs, or why there are none
+        self.loads = 0  # models this process has loaded (more than one: handed on between groups)
         self.stages.add("actor_start", started_at, time.monotonic() - t0)
 
     # -- lifecycle -------------------------------------------------------------
@@ -75,8 +76,9 @@ class TrialRunner:
             self.backend, self.load_info, self.telemetry = None, None, None
             gc.collect()  # cycles holding tensors go now, not at some later allocation
         self._fidelity = self._reference = None
+        self.loads += 1
         try:
-            if self.pre_load_idle is None:  # untouched only before this process's first load
+            if self.loads == 1:  # untouched only before this process's first load
                 with stage("pre_load_idle"):
                     self.pre_load_idle = self._pre_load_idle(trial)
             if trial.fidelity is not None:

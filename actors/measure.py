@@ -103,7 +103,7 @@ def stability_columns(row: dict[str, Any], throughput_cv: float | None, max_cv: 
         achieved = {name: row.get(f"{name}_rel_ci95") for name in ("throughput", "energy_per_token")}
         shown = ", ".join(f"{name} ±{rel:.1%}" for name, rel in achieved.items() if rel is not None)
         reasons.append(f"95 % intervals ({shown or f'fewer than {MIN_CI_BLOCKS} blocks of 1 s'}) not within "
-                       f"target_rel_ci {target_rel_ci:g} when max_duration_s ended the window")
+                       f"target_rel_ci {target_rel_ci:g} over the whole window")
     if baseline is not None and not baseline.settled:
         reasons.append(f"idle power still falling after {baseline.settle_s:g} s: idle_power_w "
                        "(and active_energy_j) include the warm-up's tail")

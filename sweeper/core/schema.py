@@ -182,8 +182,9 @@ _RESULT: tuple[Column, ...] = (
                                  "the mean; null with fewer than 3 blocks or in serving mode"),
     _c("energy_per_token_rel_ci95", F, "the same for J/token over the same blocks (GPUs only)"),
     _c("ci_blocks", I, "blocks of >= 1 s the intervals were computed over"),
-    _c("target_met", B, "with target_rel_ci: every headline interval was within it when the window ended "
-                        "(false: max_duration_s came first, and the trial is flagged unstable); null: no target"),
+    _c("target_met", B, "with target_rel_ci: every headline interval over the whole window is within it "
+                        "(false: max_duration_s came first, or the last blocks widened an interval the stop "
+                        "judged on settled blocks; the trial is then flagged unstable); null: no target"),
     _c("unstable", B, "the measurement is flagged as unreliable (see unstable_reason)"),
     _c("unstable_reason", S, "why the trial is flagged unstable"),
     # layer profiling (a separate pass after the measured window; rows in layers.parquet)

@@ -135,10 +135,12 @@ def test_report_on_quickstart_leaves_out_energy_plots_with_notes(quickstart_copy
 
     # The plots a CPU run can have, embedded and also written beside the page.
     pngs = _embedded_pngs(page)
-    assert len(pngs) == 3 and all(p.startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
+    assert len(pngs) == 4 and all(p.startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
     assert (quickstart_copy / "report" / "throughput.png").read_bytes() == pngs[0]
     assert (quickstart_copy / "report" / "latency.png").read_bytes() == pngs[1]
     assert (quickstart_copy / "report" / "weight_memory.png").is_file()
+    assert (quickstart_copy / "report" / "stages.png").read_bytes() == pngs[3]  # where the time went
+    assert "Where the time went" in page
     for missing in ("energy_per_token.png", "pareto.png", "power_timeline.png", "layer_shares.png",
                     "fidelity.png"):
         assert not (quickstart_copy / "report" / missing).exists()
@@ -176,7 +178,7 @@ def test_markdown_report_keeps_images_beside_it(quickstart_copy):
     assert r.returncode == 0, r.stderr
     md = (quickstart_copy / "report" / "report.md").read_text()
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
-    assert images == ["throughput.png", "latency.png", "weight_memory.png"]
+    assert images == ["throughput.png", "latency.png", "weight_memory.png", "stages.png"]
     assert all((quickstart_copy / "report" / name).stat().st_size > 5000 for name in images)
     assert "> Power timeline left out" in md
     assert "| model | backend | precision |" in md
