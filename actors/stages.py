@@ -88,7 +88,9 @@ class StageClock:
 
 def stage(name: str) -> contextlib.AbstractContextManager[None]:
     """Time the enclosed code as stage ``name`` on the current clock, if there is one."""
+    clock = _CURRENT.get()
+    if clock is not None:
+        return clock.stage(name)  # which checks the name
     if name not in STAGES:
         raise KeyError(f"unknown stage {name!r}")
-    clock = _CURRENT.get()
-    return clock.stage(name) if clock is not None else contextlib.nullcontext()
+    return contextlib.nullcontext()

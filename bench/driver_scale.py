@@ -31,9 +31,7 @@ import time
 from typing import Any
 
 from bench.benchkit import write_record
-
-MODELS = ["tiny-llama", "tiny-qwen2", "tiny-mistral", "llama-3.2-1b", "qwen2.5-0.5b", "llama-3.2-3b",
-          "llama-3.1-8b", "qwen2.5-7b"]
+from bench.scheduling import MODELS
 
 
 def sweep_dict(trials: int, groups: int, step_s: float) -> dict[str, Any]:

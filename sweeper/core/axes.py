@@ -89,6 +89,9 @@ class Axis:
     identity: Callable[[str, Any], dict[str, Any]] = lambda name, value: {name: value}
     # Columns reports and plots group series by (default: the axis's own column).
     series: tuple[str, ...] = field(default=())
+    # Each value's identity part, worked out once (every trial asks for each of its values).
+    _identity_parts: dict[Any, dict[str, Any]] = field(default_factory=dict, init=False, compare=False,
+                                                       hash=False, repr=False)
 
     @property
     def has_default(self) -> bool:
@@ -102,12 +105,12 @@ class Axis:
         """What ``value`` adds to a trial's identity (nothing at the axis's default). Every
         trial asks for each of its values: the answer is kept per value (read-only)."""
         try:
-            return _IDENTITY_PARTS[self.name, value]
+            return self._identity_parts[value]
         except KeyError:
             pass
         except TypeError:  # an unhashable value: worked out every time
             return self._identity_part(value)
-        part = _IDENTITY_PARTS[self.name, value] = self._identity_part(value)
+        part = self._identity_parts[value] = self._identity_part(value)
         return part
 
     def _identity_part(self, value: Any) -> dict[str, Any]:
@@ -141,7 +144,6 @@ def _backend_identity(name: str, choice: BackendChoice) -> dict[str, Any]:
     return {"backend": choice.name, "backend_options": non_default_options(choice.options)}
 
 
-_IDENTITY_PARTS: dict[tuple[str, Any], dict[str, Any]] = {}
 _NON_DEFAULT: dict[BaseModel, dict[str, Any]] = {}
 
 
