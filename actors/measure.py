@@ -22,6 +22,7 @@ import numpy as np
 from actors.backends.base import Backend, Generation, LoadInfo
 from actors.convergence import ENERGY_SETTLE_S, MIN_CI_BLOCKS, window_precision
 from actors.stages import stage
+from actors.telemetry.baseline import trial_baseline
 from actors.telemetry.telemetry import MIN_STABILITY_BLOCK_S
 from actors.workload import PromptSource, prompt_source
 from sweeper.core.trial import Trial
@@ -224,7 +225,7 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Tel
     t_idle = clock()
     # After the warm-up, the GPUs first settle (its power tail is not idle), then the baseline.
     with stage("idle_baseline"):
-        baseline = telemetry.idle_baseline(m.idle_s) if telemetry.active and m.idle_s > 0 else None
+        baseline, baseline_cols = trial_baseline(telemetry, m)
     idle_power_w = baseline.power_w if baseline is not None else None
 
     with stage("measure"):
@@ -242,7 +243,7 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Tel
         **latency_columns(requests),
         "peak_memory_bytes": backend.peak_memory_bytes(),
         "compile_s": prepared.compile_s, "compile_status": prepared.compile_status,
-        "idle_settle_s": baseline.settle_s if baseline is not None else None,
+        **baseline_cols,
     }
     marks = [mark for g in generations for mark in g.marks]
     decode_tokens = sum(max(r.output_tokens - 1, 0) for g in generations for r in g.requests)

@@ -255,6 +255,7 @@ def run(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", metavar=FLAG, help="one line per finished trial instead of the live display")] = False,
     max_retries: Annotated[int, typer.Option("--max-retries", min=0, help="re-runs of a trial whose actor died (on a fresh actor) before it is recorded failed")] = 2,
     no_oom_pruning: Annotated[bool, typer.Option("--no-oom-pruning", metavar=FLAG, help="run larger batches of a shape that ran out of memory instead of skipping them as predicted_oom")] = False,
+    no_split: Annotated[bool, typer.Option("--no-split", metavar=FLAG, help="keep each group on one actor, even when a long group's last trials could run sooner on an idle GPU")] = False,
 ) -> None:
     """Run every trial of a sweep (resuming: trials with an ok result are not run again)."""
     from sweeper.plan.expand import expand
@@ -282,7 +283,8 @@ def run(
         with _signals_as_interrupts():
             store.remove_stale_temporaries()
             summary, counts = _run_sweep(sweep, sweep_file, store, address, retry_failed=retry_failed,
-                                         quiet=quiet, max_retries=max_retries, oom_pruning=not no_oom_pruning)
+                                         quiet=quiet, max_retries=max_retries, oom_pruning=not no_oom_pruning,
+                                         split_groups=not no_split)
     finally:
         lock.release()
     _print_summary(sweep.name, summary, counts, store, address)
@@ -408,7 +410,9 @@ def _print_summary(name: str, summary: Any, counts: dict[str, int], store: Any, 
         err.print(f"busy fraction {busy:.2f}: {summary.busy_s:,.1f} s of trials over {summary.slots} {summary.slot_unit} "
                   f"x {summary.wall_s:,.1f} s wall; {summary.model_loads} model load(s)"
                   + (f", {summary.actor_handovers} by an actor handed on from a finished group"
-                     if summary.actor_handovers else ""), highlight=False)
+                     if summary.actor_handovers else "")
+                  + (f", {summary.group_splits} for a long group's trials moved to an idle slot"
+                     if summary.group_splits else ""), highlight=False)
         breakdown = summary.stage_breakdown()
         if len(breakdown) > 1:
             total_s = sum(breakdown.values())

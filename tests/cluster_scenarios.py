@@ -99,7 +99,7 @@ def main(scenario: str, sweep_path: str, out: str) -> None:
     print(json.dumps({
         "workers": worker_ids, "head": head_id, "removed": removed, "nodes": info.nodes,
         "runnable": len(plan.runnable), "gpus": info.gpus, "ok": summary.ok, "failed": summary.failed, "retries": summary.retries,
-        "model_loads": summary.model_loads, "wall_s": summary.wall_s,
+        "model_loads": summary.model_loads, "group_splits": summary.group_splits, "wall_s": summary.wall_s,
     }))
 
 

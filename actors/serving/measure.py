@@ -32,6 +32,7 @@ from actors.serving.stats import (
     steady_window,
 )
 from actors.stages import stage
+from actors.telemetry.baseline import trial_baseline
 from actors.workload import prompt_source
 from sweeper.core.trial import Trial
 
@@ -81,7 +82,7 @@ def measure_serving_trial(backend: Backend, trial: Trial, load: LoadInfo, teleme
 
     t_idle = clock()
     with stage("idle_baseline"):
-        baseline = telemetry.idle_baseline(m.idle_s) if telemetry.active and m.idle_s > 0 else None
+        baseline, baseline_cols = trial_baseline(telemetry, m)
     idle_power_w = baseline.power_w if baseline is not None else None
 
     measured = requests(stream=0)
@@ -94,7 +95,7 @@ def measure_serving_trial(backend: Backend, trial: Trial, load: LoadInfo, teleme
 
     window = steady_window(run)
     row, request_energy = _columns(trial, run, window, telemetry, handle, idle_power_w, last_arrival_s)
-    row["idle_settle_s"] = baseline.settle_s if baseline is not None else None
+    row.update(baseline_cols)
     if source.varies():
         done = [r for r in run.requests if r.ok]
         row.update(reply_length_columns([r.prompt_tokens for r in done], [r.output_tokens for r in done]))

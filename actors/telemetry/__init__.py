@@ -11,9 +11,11 @@ imports torch or pynvml at import time.
 Modules, each importing only those before it: ``policy`` (the measurement
 variant), ``nvml`` (devices and reads), ``curves`` (pure maths over samples),
 ``sampler`` (the timeline thread), ``meter`` (windows and intervals), ``rapl``
-(CPU and DRAM energy), ``telemetry`` (what the actor holds).
+(CPU and DRAM energy), ``baseline`` (when a group's idle baseline is reused),
+``telemetry`` (what the actor holds).
 """
 
+from actors.telemetry.baseline import BaselineReuse, baseline_columns, trial_baseline
 from actors.telemetry.curves import CounterCurve, PowerCurve
 from actors.telemetry.meter import (
     METHOD_COUNTER,
@@ -43,12 +45,15 @@ from actors.telemetry.telemetry import (
 )
 
 __all__ = [
+    "BaselineReuse",
     "DEFAULT_POLICY",
     "METHOD_COUNTER",
     "METHOD_INTERPOLATED",
     "METHOD_POWER",
     "TIMELINE_SCHEMA",
     "TRIAL_COLUMNS",
+    "baseline_columns",
+    "trial_baseline",
     "CounterCurve",
     "DeviceMappingError",
     "EnergyMeter",

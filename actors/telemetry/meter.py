@@ -97,6 +97,12 @@ class IdleBaseline:
     settle_s: float  # how long the power took to stop falling before the window began
     settled: bool  # False: still falling when the wait's cap ran out
     window: EnergyWindow
+    # Where the GPUs stood when the baseline was asked for (see actors.telemetry.baseline):
+    # each held GPU's temperature in degrees C (None: not read) and the telemetry clock.
+    temperatures_c: tuple[int | None, ...] = ()
+    taken_at_s: float = 0.0
+    reused: bool = False  # stands for a later trial than the one it was taken for
+    age_s: float = 0.0  # for a reused baseline: seconds since taken_at_s
 
 
 # The settle rule (see EnergyMeter.settle): spans compared, the fall that still counts as

@@ -17,11 +17,12 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeVar
 
 import pyarrow as pa
 
+from actors.telemetry.baseline import BaselineReuse
 from actors.telemetry.meter import EnergyMeter, EnergyWindow, IdleBaseline
 from actors.telemetry.nvml import GpuInfo, NvmlUnavailableError, TelemetryError, resolve_gpus
 from actors.telemetry.policy import DEFAULT_POLICY, SamplingPolicy
@@ -165,9 +166,14 @@ class TelemetryBase(ABC):
         self.close()
 
     @abstractmethod
-    def idle_baseline(self, duration_s: float) -> IdleBaseline | None:
+    def idle_baseline(self, duration_s: float, reuse: BaselineReuse | None = None) -> IdleBaseline | None:
         """Idle power summed over GPUs, over a quiet window of ``duration_s`` begun once the
-        power has stopped falling; None without GPUs."""
+        power has stopped falling; None without GPUs. With ``reuse``, the last baseline
+        this telemetry took stands instead wherever the rule allows (``reused`` says so)."""
+
+    @abstractmethod
+    def temperatures_c(self) -> tuple[int | None, ...]:
+        """Each held GPU's newest temperature reading (empty without GPUs)."""
 
     @abstractmethod
     def measure(self, name: str) -> AbstractContextManager[Measurement]:
@@ -214,12 +220,14 @@ class Telemetry(TelemetryBase):
     active = True
 
     def __init__(self, gpus: list[GpuInfo], sampler: Sampler, meter: EnergyMeter, rapl: RaplReader,
-                 sync: Callable[[], None] = default_sync) -> None:
+                 sync: Callable[[], None] = default_sync, clock: Callable[[], float] = time.monotonic) -> None:
         self.gpus = gpus
         self.sampler = sampler
         self.meter = meter
         self.rapl = rapl
         self._sync = sync
+        self._clock = clock
+        self._baseline: IdleBaseline | None = None  # the last one taken: what reuse stands on
 
     @classmethod
     def open(cls, interval_s: float = 0.1, clock: Callable[[], float] = time.monotonic,
@@ -248,7 +256,7 @@ class Telemetry(TelemetryBase):
         sync = sync or default_sync
         sampler = Sampler(gpus, interval_s=interval_s, clock=clock, policy=policy)
         meter = EnergyMeter(gpus, sampler, sync=sync, clock=clock, sleep=sleep, policy=policy)
-        return cls(gpus, sampler, meter, RaplReader(rapl_root), sync=sync)
+        return cls(gpus, sampler, meter, RaplReader(rapl_root), sync=sync, clock=clock)
 
     @property
     def policy(self) -> SamplingPolicy:
@@ -270,8 +278,16 @@ class Telemetry(TelemetryBase):
 
     # -- measuring --------------------------------------------------------------------
 
-    def idle_baseline(self, duration_s: float) -> IdleBaseline | None:
-        return self.meter.idle_baseline(duration_s)
+    def idle_baseline(self, duration_s: float, reuse: BaselineReuse | None = None) -> IdleBaseline | None:
+        temperatures, now = self.temperatures_c(), self._clock()
+        held = self._baseline
+        if reuse is not None and held is not None and reuse.allows(held, temperatures, now):
+            return replace(held, reused=True, age_s=now - held.taken_at_s)
+        self._baseline = replace(self.meter.idle_baseline(duration_s), temperatures_c=temperatures, taken_at_s=now)
+        return self._baseline
+
+    def temperatures_c(self) -> tuple[int | None, ...]:
+        return self.sampler.latest_temperatures_c()
 
     @contextmanager
     def measure(self, name: str) -> Iterator[Measurement]:
@@ -433,8 +449,11 @@ class NullTelemetry(TelemetryBase):
     def close(self) -> None:
         pass
 
-    def idle_baseline(self, duration_s: float) -> IdleBaseline | None:
+    def idle_baseline(self, duration_s: float, reuse: BaselineReuse | None = None) -> IdleBaseline | None:
         return None
+
+    def temperatures_c(self) -> tuple[int | None, ...]:
+        return ()
 
     @contextmanager
     def measure(self, name: str) -> Iterator[Measurement]:

@@ -61,6 +61,8 @@ _RESULT: tuple[Column, ...] = (
     _c("target_rel_ci", F, "the window measured until the 95 % interval of throughput (and, on GPUs, J/token) "
                            "was within this share of the mean; null: a fixed window of min_duration_s"),
     _c("max_duration_s", F, "with target_rel_ci, where the window ended regardless (null: 60 s, or no target)"),
+    _c("idle_reuse_delta_c", F, "a later trial of a group reused its idle baseline while every held GPU was within this many degrees C of the baseline's temperature (null: a fresh baseline every trial)"),
+    _c("idle_reuse_max_age_s", F, "idle baselines older than this were taken afresh"),
     _c("min_window_s", F, "windows shorter than this are flagged unstable"),
     _c("max_iteration_cv", F, "per-iteration throughput or energy CV above this is flagged unstable"),
     _c("layer_profile", S, "layer-profiling granularity (block | submodule | leaf); null: no profiling pass"),
@@ -164,6 +166,9 @@ _RESULT: tuple[Column, ...] = (
     _c("p99_power_w", F, "99th percentile of the same per-sample power: what a few readings cannot dominate"),
     _c("idle_power_w", F, "mean power over the idle-baseline window, summed over the trial's GPUs: taken after the warm-up, with the model loaded and the power settled (idle_settle_s); what active_energy_j subtracts"),
     _c("idle_settle_s", F, "seconds the power took to stop falling after the warm-up, before the baseline window began (at most 10; longer is flagged unstable); null: no baseline, or a row from a version that did not settle"),
+    _c("idle_baseline_reused", B, "idle_power_w is the group's baseline taken for an earlier trial (the GPUs' temperature had not moved more than idle_reuse_delta_c since); false: taken for this trial; null: no baseline"),
+    _c("idle_baseline_age_s", F, "seconds from the start of the idle baseline to the end of this trial's warm-up (0 when taken for this trial)"),
+    _c("warm_temperature_c", F, "the hottest held GPU's temperature at the end of the warm-up (degrees C): what baseline reuse compares"),
     _c("pre_load_idle_power_w", F, "the same GPUs' settled idle power before the group's model loaded (no context of ours on them): the untouched GPU, for comparison with idle_power_w"),
     _c("active_energy_j", F, "energy_j - idle_power_w x duration_s"),
     _c("prefill_energy_j", F, "energy attributed to prefill (timeline over phase marks)"),

@@ -27,7 +27,7 @@ from rich.console import Console
 
 from sweeper.core.errors import SweeperError
 from sweeper.core.outcome import LoadResult, TrialOutcome
-from sweeper.core.stages import IDLE, STAGES, StageSpan, stage_seconds
+from sweeper.core.stages import StageSpan
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import Plan, TrialGroup
 from sweeper.run.actor_runner import (
@@ -43,7 +43,9 @@ from sweeper.run.actor_runner import (
 from sweeper.run.cluster import ClusterInfo
 from sweeper.run.progress import Placement, ProgressView
 from sweeper.run.recorder import Recorder
+from sweeper.run.splitting import best_split
 from sweeper.run.storage import ResultStore, StoredTrial
+from sweeper.run.summary import PlacementUse, RunSummary
 
 # The seam and the writer live in their own modules; these names stay importable from here.
 __all__ = ["ACTOR_CLASS", "ActorDied", "ActorRunner", "CallFailed", "CallKind", "GroupRun", "GroupState",
@@ -57,59 +59,12 @@ class ResultsWriteError(SweeperError):
 
 # -- records -----------------------------------------------------------------------------
 
-@dataclass
-class PlacementUse:
-    trials: int = 0
-    busy_s: float = 0.0
-    model_loads: int = 0
-
-
-@dataclass
-class RunSummary:
-    planned: int
-    ran: int = 0
-    ok: int = 0
-    failed: int = 0
-    skipped: int = 0
-    resumed: int = 0  # already had an ok (or kept failed) shard
-    wall_s: float = 0.0
-    model_loads: int = 0
-    retries: int = 0  # trial attempts re-run after their actor died
-    actor_handovers: int = 0  # groups loaded by a finished group's actor instead of a new one
-    busy_s: float = 0.0  # sum over trials of the time an actor spent running them
-    write_s: float = 0.0  # the driver's time writing shards
-    # Seconds per stage summed over every slot (sweeper.core.stages), as the actors timed them.
-    stage_s: dict[str, float] = field(default_factory=dict)
-    slots: int = 1  # GPUs (or, CPU-only, nodes) the sweep could use at once
-    slot_unit: str = "GPU(s)"
-    failures: list[str] = field(default_factory=list)
-    # Per node and GPU set (as placed): trials run there and their busy seconds.
-    placements: dict[str, PlacementUse] = field(default_factory=dict)
-
-    @property
-    def busy_fraction(self) -> float | None:
-        """Share of the slots' wall time spent running trials (loads and idle slots are the rest)."""
-        if self.wall_s <= 0:
-            return None
-        return self.busy_s / (max(self.slots, 1) * self.wall_s)
-
-    def add_stages(self, spans: list[StageSpan]) -> None:
-        for name, seconds in stage_seconds(spans).items():
-            self.stage_s[name] = self.stage_s.get(name, 0.0) + seconds
-
-    def stage_breakdown(self) -> dict[str, float]:
-        """Seconds per stage over the slots' wall time, ``idle`` the remainder (see sweeper.core.stages)."""
-        ordered = {name: self.stage_s[name] for name in STAGES if name in self.stage_s}
-        if self.wall_s > 0:
-            ordered[IDLE] = max(max(self.slots, 1) * self.wall_s - sum(ordered.values()), 0.0)
-        return ordered
-
-
 @dataclass(frozen=True)
 class RunOptions:
     retry_failed: bool = False  # re-run trials whose stored result is failed
     max_retries: int = 2  # re-runs of a trial whose actor died, before it is recorded failed
     oom_pruning: bool = True  # skip larger batches of a shape that ran out of memory
+    split_groups: bool = True  # give a long group's last trials to an idle slot (sweeper.run.splitting)
     poll_s: float = 0.25  # how often the display refreshes and time limits are checked
 
 
@@ -206,6 +161,14 @@ class GroupRun:
     placement: Placement | None = None
     # The load's stage spans (and the actor's start), recorded with the next trial recorded.
     load_stages: list[StageSpan] = field(default_factory=list)
+    # What a split weighs: the driver's seconds per finished trial, and from placement to loaded.
+    trials_timed: int = 0
+    trial_s_total: float = 0.0
+    loaded_wall_s: float | None = None
+
+    @property
+    def mean_trial_s(self) -> float | None:
+        return self.trial_s_total / self.trials_timed if self.trials_timed else None
 
     @property
     def label(self) -> str:
@@ -240,8 +203,10 @@ class SweepRun:
     """
 
     def __init__(self, plan: Plan, store: ResultStore, cluster: ClusterInfo, runner: ActorRunner, *,
-                 options: RunOptions = RunOptions(), console: Console | None = None, quiet: bool = False):
+                 options: RunOptions = RunOptions(), console: Console | None = None, quiet: bool = False,
+                 clock: Callable[[], float] = time.monotonic):
         self.plan, self.cluster, self.runner, self.options = plan, cluster, runner, options
+        self.clock = clock
         self.console, self.quiet = console, quiet
         self.recorder = Recorder(store)
         self.store = store
@@ -253,7 +218,7 @@ class SweepRun:
 
     # -- driving -----------------------------------------------------------------------
     def run(self) -> RunSummary:
-        t_begin = time.monotonic()
+        t_begin = self.clock()
         for p in self.plan.skipped:
             self.recorder.record(p.trial, skipped_row("unsupported", p.skip_reason or ""))
             self.summary.skipped += 1
@@ -283,7 +248,7 @@ class SweepRun:
                     f"destination) and run the same command again to resume") from None
             finally:
                 self.recorder.shutdown()
-        self.summary.wall_s = time.monotonic() - t_begin
+        self.summary.wall_s = self.clock() - t_begin
         self.summary.write_s = self.recorder.write_s
         return self.summary
 
@@ -310,7 +275,7 @@ class SweepRun:
                 self._answer_load(g, future)
             else:
                 self._answer_run(g, future)
-        now_s = time.monotonic()
+        now_s = self.clock()
         for future, call in list(self.calls.items()):
             if call.kind is CallKind.RUN and call.group.timed_out(now_s):
                 del self.calls[future]
@@ -374,19 +339,61 @@ class SweepRun:
             g.current, g.deaths = g.pending.pop(0), 0
         g.state = GroupState.RUNNING
         self._view.trial_started(g.current, g)
-        g.started_s = time.monotonic()
+        g.started_s = self.clock()
         self._submit(g, CallKind.RUN, g.current)
 
     def _done(self, g: GroupRun, *, close: bool) -> None:
+        g.state = GroupState.DONE  # its slot is free from here: a split may now use it
         successor = self._successor(g) if close else None
+        if successor is None and close and self._split_long_group():
+            successor = self._successor(g)  # the new copy takes this actor if it can
         if successor is not None:
             self.hand_over(g, successor)
         elif close:
             self.runner.close(g.actor, CLOSE_TIMEOUT_S)  # frees its GPU for a waiting group
         else:
             self.runner.kill(g.actor)
-        g.state = GroupState.DONE
         self._view.group_done(g)
+
+    def _split_long_group(self) -> bool:
+        """Give the last trials of the running group that gains most to a second copy of its
+        model on an idle slot (``sweeper.run.splitting``); True if one was split."""
+        if not self.options.split_groups or not self._idle_slot():
+            return False
+        best: tuple[float, GroupRun, int] | None = None
+        for g in self.groups:
+            # Tensor-parallel groups stay whole: the free GPUs may sit on different nodes.
+            if g.state is not GroupState.RUNNING or g.mean_trial_s is None or g.resources["num_gpus"] > 1:
+                continue
+            split = best_split(len(g.pending), g.mean_trial_s, self._load_cost_s(g))
+            if split is not None and (best is None or split.saving_s > best[0]):
+                best = (split.saving_s, g, split.moved)
+        if best is None:
+            return False
+        _, g, moved = best
+        h = GroupRun(g.group, g.resources, g.pending[-moved:])
+        del g.pending[-moved:]
+        self.groups.append(h)
+        self.summary.group_splits += 1
+        self.start_actor(h)
+        return True
+
+    def _idle_slot(self) -> bool:
+        """A slot holds no actor and no group waits for one (a waiting group gets it first)."""
+        if any(g.state is GroupState.WAITING for g in self.groups):
+            return False
+        held = [g for g in self.groups if g.state in (GroupState.LOADING, GroupState.RUNNING)]
+        if self.cluster.device == "cuda":
+            return sum(g.resources["num_gpus"] for g in held) < self.cluster.gpus
+        return len(held) < self.cluster.slots
+
+    def _load_cost_s(self, g: GroupRun) -> float:
+        """What another load of ``g``'s model is expected to hold a slot for: the longest
+        placed-to-loaded time of any group of its backend this run (a fresh process's imports
+        included), so that a cheap load on a handed-over actor does not make splits look free."""
+        seen = [h.loaded_wall_s for h in self.groups
+                if h.loaded_wall_s is not None and h.group.trials[0].backend == g.group.trials[0].backend]
+        return max(seen, default=g.loaded_wall_s or 0.0)
 
     def _successor(self, g: GroupRun) -> GroupRun | None:
         """The first group still waiting for an actor that ``g``'s could serve: the same
@@ -434,8 +441,9 @@ class SweepRun:
             self.summary.failures.append(f"{trial.label()}: {row.get('error')}")
         self._view.trial_finished(trial, row["status"], _summary_text(row))
         if self.options.oom_pruning and row.get("reason") == "oom":
-            for t in predicted_oom(trial, g.pending):
-                g.pending.remove(t)
+            # The group's trials may have been split among copies: prune them all.
+            for t, copy in [(t, h) for h in self.groups if h.group is g.group for t in predicted_oom(trial, h.pending)]:
+                copy.pending.remove(t)
                 text = (f"predicted out of memory: batch {trial.batch_size} of the same shape ran out "
                         f"({trial.trial_id})")
                 self.recorder.record(t, skipped_row("predicted_oom", text))
@@ -453,6 +461,8 @@ class SweepRun:
 
     def add_busy(self, g: GroupRun, busy_s: float) -> None:
         self.summary.busy_s += busy_s
+        g.trials_timed += 1
+        g.trial_s_total += busy_s
         if g.placement is not None:
             use = self.summary.placements.setdefault(str(g.placement), PlacementUse())
             use.trials += 1
@@ -478,7 +488,7 @@ class SweepRun:
             self.on_loaded(g, result)
 
     def _answer_run(self, g: GroupRun, future: Any) -> None:
-        self.add_busy(g, time.monotonic() - g.started_s)
+        self.add_busy(g, self.clock() - g.started_s)
         try:
             outcome: TrialOutcome = self.runner.result(future)
         except ActorDied as exc:
@@ -495,7 +505,7 @@ class SweepRun:
         if isinstance(where, dict):
             where = Placement(where["hostname"], where["ray_node_id"] or "", where.get("ray_gpu_ids"))
         g.placement = where
-        g.state, g.placed_s = GroupState.LOADING, time.monotonic()
+        g.state, g.placed_s = GroupState.LOADING, self.clock()
         use = self.summary.placements.setdefault(str(g.placement), PlacementUse())
         use.model_loads += 1
         if g.placement is not None:
@@ -505,6 +515,7 @@ class SweepRun:
         """The model load ended: run the group's trials, or fail them all with the load's error."""
         g.load = load
         g.load_stages += load.stages
+        g.loaded_wall_s = self.clock() - g.placed_s
         self._view.group_loaded(g)
         if load.ok:
             self.submit_next(g)
@@ -537,6 +548,7 @@ class SweepRun:
 
     def on_trial_done(self, g: GroupRun, outcome: TrialOutcome) -> None:
         self.finish(g, outcome.row, outcome.tables, outcome.stages)
+        self._split_long_group()
         self.submit_next(g)
 
     def on_actor_died(self, g: GroupRun, text: str) -> None:
@@ -554,7 +566,7 @@ class SweepRun:
 
     def on_timeout(self, g: GroupRun) -> None:
         """The current trial ran past ``measure.timeout_s``: fail it, replace the hung actor."""
-        self.add_busy(g, time.monotonic() - g.started_s)
+        self.add_busy(g, self.clock() - g.started_s)
         limit_s = g.current.measure.timeout_s if g.current is not None else None
         self.finish(g, failed_row("timeout", f"trial ran past measure.timeout_s = {limit_s:g} s; actor replaced"),
                     {})
@@ -563,8 +575,9 @@ class SweepRun:
 
 def run_plan(plan: Plan, store: ResultStore, cluster: ClusterInfo, *, retry_failed: bool = False,
              quiet: bool = False, console: Console | None = None, max_retries: int = 2,
-             oom_pruning: bool = True, runner: ActorRunner | None = None) -> RunSummary:
+             oom_pruning: bool = True, split_groups: bool = True, runner: ActorRunner | None = None) -> RunSummary:
     """Run ``plan``'s missing trials on Ray actors (see ``SweepRun``), writing each one's shards as it ends."""
-    options = RunOptions(retry_failed=retry_failed, max_retries=max_retries, oom_pruning=oom_pruning)
+    options = RunOptions(retry_failed=retry_failed, max_retries=max_retries, oom_pruning=oom_pruning,
+                         split_groups=split_groups)
     return SweepRun(plan, store, cluster, runner or RayActorRunner(), options=options, console=console,
                     quiet=quiet).run()

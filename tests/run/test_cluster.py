@@ -119,3 +119,29 @@ def test_a_cluster_of_another_ray_or_python_is_one_line_with_the_fix():
         assert text.startswith(f"--address h:1: the cluster runs Ray {other['ray_version']} on Python "
                                f"{other['python_version']}, this driver Ray {ray.__version__} on Python {py}")
         assert f'pip install "ray[default]=={other["ray_version"]}"' in text
+
+
+@pytest.mark.slow
+def test_a_long_group_splits_onto_the_idle_node_and_runs_every_trial_once(tmp_path):
+    """One group of 16 two-second trials on two 1-GPU nodes: after its first trial the driver
+    moves about half of the rest to a second copy of the model on the idle node (a noop load
+    takes about 6 s on a 2-core machine: the split must still save more than that)."""
+    from sweeper.run.storage import ResultStore
+    from tests.cluster_scenarios import run_scenario
+
+    sweep = tmp_path / "long.yaml"
+    sweep.write_text(
+        "name: long\nmodels: tiny-llama\nprecisions: fp32\nbatch_sizes: [1, 2, 3, 4, 5, 6, 7, 8]\nrepeats: 2\n"
+        "workload: {input_len: 8, output_len: 4}\n"
+        "measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 2.0, idle_s: 0}\n")
+    info = run_scenario("spread", sweep, tmp_path / "out", ROOT)
+    assert (info["ok"], info["failed"], info["group_splits"], info["model_loads"]) == (16, 0, 1, 2)
+    rows = ResultStore(str(tmp_path / "out")).read_shards("trials").to_pylist()
+    assert len(rows) == len({r["trial_id"] for r in rows}) == 16
+    by_node: dict[str, list[dict]] = {}
+    for row in rows:
+        by_node.setdefault(row["ray_node_id"], []).append(row)
+    assert set(by_node) == set(info["workers"]) and min(len(v) for v in by_node.values()) >= 4
+    for node_rows in by_node.values():  # each node's GPU ran one trial at a time
+        spans = sorted((r["started_at"], r["finished_at"]) for r in node_rows)
+        assert all(prev_end <= start for (_, prev_end), (start, _) in zip(spans, spans[1:], strict=False))

@@ -1,0 +1,56 @@
+"""What a run did, for its closing summary: counts, wall and busy time, where the slot time went."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sweeper.core.stages import IDLE, STAGES, StageSpan, stage_seconds
+
+
+@dataclass
+class PlacementUse:
+    trials: int = 0
+    busy_s: float = 0.0
+    model_loads: int = 0
+
+
+@dataclass
+class RunSummary:
+    planned: int
+    ran: int = 0
+    ok: int = 0
+    failed: int = 0
+    skipped: int = 0
+    resumed: int = 0  # already had an ok (or kept failed) shard
+    wall_s: float = 0.0
+    model_loads: int = 0
+    retries: int = 0  # trial attempts re-run after their actor died
+    actor_handovers: int = 0  # groups loaded by a finished group's actor instead of a new one
+    group_splits: int = 0  # long groups that gave trials to a second copy of their model on an idle slot
+    busy_s: float = 0.0  # sum over trials of the time an actor spent running them
+    write_s: float = 0.0  # the driver's time writing shards
+    # Seconds per stage summed over every slot (sweeper.core.stages), as the actors timed them.
+    stage_s: dict[str, float] = field(default_factory=dict)
+    slots: int = 1  # GPUs (or, CPU-only, nodes) the sweep could use at once
+    slot_unit: str = "GPU(s)"
+    failures: list[str] = field(default_factory=list)
+    # Per node and GPU set (as placed): trials run there and their busy seconds.
+    placements: dict[str, PlacementUse] = field(default_factory=dict)
+
+    @property
+    def busy_fraction(self) -> float | None:
+        """Share of the slots' wall time spent running trials (loads and idle slots are the rest)."""
+        if self.wall_s <= 0:
+            return None
+        return self.busy_s / (max(self.slots, 1) * self.wall_s)
+
+    def add_stages(self, spans: list[StageSpan]) -> None:
+        for name, seconds in stage_seconds(spans).items():
+            self.stage_s[name] = self.stage_s.get(name, 0.0) + seconds
+
+    def stage_breakdown(self) -> dict[str, float]:
+        """Seconds per stage over the slots' wall time, ``idle`` the remainder (see sweeper.core.stages)."""
+        ordered = {name: self.stage_s[name] for name in STAGES if name in self.stage_s}
+        if self.wall_s > 0:
+            ordered[IDLE] = max(max(self.slots, 1) * self.wall_s - sum(ordered.values()), 0.0)
+        return ordered
