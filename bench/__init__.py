@@ -29,6 +29,7 @@ SUBCOMMANDS = (
     "scheduling",
     "plan-scale",
     "driver-scale",
+    "overlap",
     "vllm-compare",
     "serving",
     "trials-table",
