@@ -47,6 +47,8 @@
 #   efficiency8b_fresh   bench/efficiency_gpu_bound.yaml (8B and 1B, batches to 64) with fixed 10 s
 #               windows and a fresh idle baseline every trial: the baseline-reuse rule checked
 #   efficiency8b_target  the same trials until precise (2 %, min 3 s, max 30 s), baselines reused
+#   efficiency8b_fixed   fixed 10 s windows, baselines reused (the defaults)
+#   efficiency8b_target10  until precise at 10 % (about what fixed 10 s windows reach), min 3 s, max 30 s
 #   overlap     bench overlap: a host-bound 1B batch-1 trial alone and beside a process
 #               preparing weights on the host (1 and 4 threads), and materialising 8B's weights
 #   truth       bench/measurement_truth.yaml: settled idle baseline and pre-load idle, peak vs p99
@@ -148,12 +150,13 @@ for kind in ('trials', 'requests', 'timeline'):
                  for t in trials stages timeline; do cp "$RESULTS/$1/$t.parquet" "$OUT/${1}_$t.parquet"; done
                  cp "$RESULTS/$1/report/stages.png" "$OUT/${1}_stages.png" 2>/dev/null
                  cp "$RESULTS/$1/report/report.md" "$OUT/${1}_report.md" 2>/dev/null ;;
-        efficiency8b_fresh|efficiency8b_target)
-                 if [ "$1" = efficiency8b_fresh ]; then
-                     update="idle_reuse_delta_c=None"
-                 else
-                     update="min_duration_s=3.0, target_rel_ci=0.02, max_duration_s=30.0"
-                 fi
+        efficiency8b_fresh|efficiency8b_fixed|efficiency8b_target|efficiency8b_target10)
+                 case "$1" in
+                     efficiency8b_fresh) update="idle_reuse_delta_c=None" ;;
+                     efficiency8b_fixed) update="" ;;
+                     efficiency8b_target) update="min_duration_s=3.0, target_rel_ci=0.02, max_duration_s=30.0" ;;
+                     *) update="min_duration_s=3.0, target_rel_ci=0.10, max_duration_s=30.0" ;;
+                 esac
                  python3 -c "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); d['measure'].update($update); yaml.safe_dump(d, open(sys.argv[2], 'w'))" bench/efficiency_gpu_bound.yaml "/tmp/$1.yaml"
                  /usr/bin/time -v python3 -m sweeper run "/tmp/$1.yaml" -o "$RESULTS/$1" 2>&1 | tee "$OUT/${1}_run.log" | tail -40
                  python3 -m sweeper report "$RESULTS/$1" --format md >> "$OUT/${1}_run.log" 2>&1
