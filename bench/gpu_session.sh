@@ -152,7 +152,7 @@ for kind in ('trials', 'requests', 'timeline'):
                  cp "$RESULTS/$1/report/report.md" "$OUT/${1}_report.md" 2>/dev/null ;;
         efficiency8b_fresh|efficiency8b_fixed|efficiency8b_target|efficiency8b_target10)
                  case "$1" in
-                     efficiency8b_fresh) update="idle_reuse_delta_c=None" ;;
+                     efficiency8b_fresh) update="idle_reuse_tolerance_w=None" ;;
                      efficiency8b_fixed) update="" ;;
                      efficiency8b_target) update="min_duration_s=3.0, target_rel_ci=0.02, max_duration_s=30.0" ;;
                      *) update="min_duration_s=3.0, target_rel_ci=0.10, max_duration_s=30.0" ;;

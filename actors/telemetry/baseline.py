@@ -1,19 +1,26 @@
-"""One idle baseline per loaded model, taken afresh only when the GPU has moved.
+"""One idle baseline per loaded model, taken afresh only when the GPU's idle power has moved.
 
 A trial's active energy subtracts the idle power of its GPUs with the model
 loaded, measured after the warm-up once the power has stopped falling: about
-3 s per trial on an H100 (settling, then a 2 s window), 8 % of a small model's
-sweep. Within a group that power changes little, and what changes it is heat:
-a warmer die leaks more. Over one H100 group of four vLLM trials the settled
-baseline rose 122.1 -> 125.8 W as the GPU warmed 35.3 -> 42.0 C (0.5-0.8 W per
-degree), while two transformers trials at 34.0 and 34.2 C read 119.9 and
-120.7 W. So a later trial reuses the group's baseline while every held GPU is
-within ``idle_reuse_delta_c`` of the temperature it had when the baseline was
-taken (both read at the same point: the end of a warm-up), and the baseline
-is younger than ``idle_reuse_max_age_s`` (a bound on drift that heat does not
-explain); otherwise it takes a fresh one, which the next trials then compare
-with. A new model load (or a handed-on actor) always starts afresh: the
-telemetry, and its baseline, belong to one load.
+3 s per trial on an H100 (0.6-0.9 s settling, then a 2 s window on the energy
+counter), 5-13 % of a small model's sweep. Within a group that power moves by a
+few watts, and not in step with anything cheap to read: on an H100 warming up
+from a cold start, the settled baseline of a 1B group rose 124.0 -> 126.5 W
+between two trials at the same reported GPU temperature (36 C), so a rule on
+temperature would have subtracted 2.5 W too little from the second trial
+(12 % of its active energy).
+
+So a later trial of the group re-checks instead of trusting: it settles as for
+a fresh baseline, then reads the sampled power for ``RECHECK_S``. If that
+reading is within ``idle_reuse_tolerance_w`` per GPU of the held baseline's
+(the same samples' mean over its window, so that one instrument is compared
+with itself; and
+the baseline is younger than ``idle_reuse_max_age_s``), the held baseline
+stands and the 2 s window is skipped; otherwise the window follows at once and
+becomes the group's new baseline. Either way the row records the re-check's
+reading (``idle_recheck_power_w``) beside the baseline it used. A new model
+load, or an actor handed on to another group, starts afresh: the telemetry,
+and its baseline, belong to one load.
 """
 
 from __future__ import annotations
@@ -26,47 +33,41 @@ if TYPE_CHECKING:
     from actors.telemetry.telemetry import TelemetryBase
     from sweeper.core.settings import MeasureSettings
 
+# Seconds of sampled power the re-check reads: five samples at the default 0.1 s interval,
+# whose mean an H100's idle readings (+-0.3 W each) pin to about 0.15 W.
+RECHECK_S = 0.5
+
 
 @dataclass(frozen=True)
 class BaselineReuse:
     """When a baseline taken for an earlier trial of the group stands for this one."""
 
-    max_delta_c: float
+    tolerance_w: float  # per GPU
     max_age_s: float
+    recheck_s: float = RECHECK_S
 
     @classmethod
     def from_settings(cls, m: MeasureSettings) -> BaselineReuse | None:
-        if m.idle_reuse_delta_c is None:
+        if m.idle_reuse_tolerance_w is None:
             return None
-        return cls(max_delta_c=m.idle_reuse_delta_c, max_age_s=m.idle_reuse_max_age_s)
+        return cls(tolerance_w=m.idle_reuse_tolerance_w, max_age_s=m.idle_reuse_max_age_s)
 
-    def allows(self, baseline: IdleBaseline, temperatures_c: tuple[int | None, ...], now_s: float) -> bool:
-        """Every GPU read now and then, within ``max_delta_c`` of then; young enough."""
-        if now_s - baseline.taken_at_s > self.max_age_s:
-            return False
-        then = baseline.temperatures_c
-        if not then or len(then) != len(temperatures_c):
-            return False
-        return all(a is not None and b is not None and abs(a - b) <= self.max_delta_c
-                   for a, b in zip(then, temperatures_c, strict=True))
+    def agrees(self, held_w: float, reading_w: float, gpus: int) -> bool:
+        return abs(reading_w - held_w) <= self.tolerance_w * max(gpus, 1)
 
 
 def trial_baseline(telemetry: TelemetryBase, m: MeasureSettings) -> tuple[IdleBaseline | None, dict[str, Any]]:
     """A trial's idle baseline, asked for at the end of its warm-up, and its row's columns;
     None without GPUs or with ``idle_s: 0``."""
-    temperatures = telemetry.temperatures_c()
     if not telemetry.active or m.idle_s <= 0:
-        return None, baseline_columns(None, temperatures)
+        return None, baseline_columns(None)
     baseline = telemetry.idle_baseline(m.idle_s, BaselineReuse.from_settings(m))
-    return baseline, baseline_columns(baseline, temperatures)
+    return baseline, baseline_columns(baseline)
 
 
-def baseline_columns(baseline: IdleBaseline | None, temperatures_c: tuple[int | None, ...]) -> dict[str, Any]:
+def baseline_columns(baseline: IdleBaseline | None) -> dict[str, Any]:
     """The trial row's baseline columns (besides ``idle_power_w``, which the energy columns carry)."""
-    read = [t for t in temperatures_c if t is not None]
-    return {
-        "idle_settle_s": baseline.settle_s if baseline is not None else None,
-        "idle_baseline_reused": baseline.reused if baseline is not None else None,
-        "idle_baseline_age_s": baseline.age_s if baseline is not None else None,
-        "warm_temperature_c": float(max(read)) if read else None,
-    }
+    if baseline is None:
+        return dict.fromkeys(("idle_settle_s", "idle_baseline_reused", "idle_baseline_age_s", "idle_recheck_power_w"))
+    return {"idle_settle_s": baseline.settle_s, "idle_baseline_reused": baseline.reused,
+            "idle_baseline_age_s": baseline.age_s, "idle_recheck_power_w": baseline.recheck_power_w}

@@ -97,12 +97,16 @@ class IdleBaseline:
     settle_s: float  # how long the power took to stop falling before the window began
     settled: bool  # False: still falling when the wait's cap ran out
     window: EnergyWindow
-    # Where the GPUs stood when the baseline was asked for (see actors.telemetry.baseline):
-    # each held GPU's temperature in degrees C (None: not read) and the telemetry clock.
-    temperatures_c: tuple[int | None, ...] = ()
+    # Reuse within a group (see actors.telemetry.baseline): when it was asked for (the
+    # telemetry clock), whether it stands for a later trial than the one it was taken for,
+    # and that trial's re-check: the settled power it read just before deciding.
     taken_at_s: float = 0.0
-    reused: bool = False  # stands for a later trial than the one it was taken for
+    reused: bool = False
     age_s: float = 0.0  # for a reused baseline: seconds since taken_at_s
+    recheck_power_w: float | None = None
+    # The sampled power's mean over the window: what a re-check, which reads the same
+    # samples, is compared with (the counter's mean may sit a little apart from it).
+    sampled_power_w: float | None = None
 
 
 # The settle rule (see EnergyMeter.settle): spans compared, the fall that still counts as
@@ -215,17 +219,20 @@ class EnergyMeter:
         """Forget an open window (its block failed); unknown names are ignored."""
         self._open.pop(name, None)
 
-    def idle_baseline(self, duration_s: float, settle_max_s: float = IDLE_SETTLE_MAX_S) -> IdleBaseline:
+    def idle_baseline(self, duration_s: float, settle_max_s: float = IDLE_SETTLE_MAX_S, *,
+                      settled_after_s: float | None = None) -> IdleBaseline:
         """Idle power in W, summed over GPUs, over a quiet window of ``duration_s`` that
-        starts once the power has stopped falling (see ``settle``)."""
-        settle_s = self.settle(settle_max_s)
+        starts once the power has stopped falling (see ``settle``; ``settled_after_s``:
+        the caller has just settled, in that many seconds)."""
+        settle_s = self.settle(settle_max_s) if settled_after_s is None else settled_after_s
         name = "__idle_baseline__"
         self.begin(name)
         self._pause(duration_s)
         window = self.end(name)
         self.last_idle_window = window
         return IdleBaseline(power_w=window.avg_power_w, settle_s=settle_s,
-                            settled=settle_s < settle_max_s, window=window)
+                            settled=settle_s < settle_max_s, window=window,
+                            sampled_power_w=self._mean_power(window.t_start_s, window.t_end_s))
 
     def settle(self, max_s: float = IDLE_SETTLE_MAX_S) -> float:
         """Wait until the summed power stops falling; the seconds waited (``max_s`` at most).
@@ -252,6 +259,12 @@ class EnergyMeter:
                 return now - start
             previous = current
         return max_s
+
+    def sampled_power_w(self, seconds: float) -> float | None:
+        """Mean sampled power, summed over GPUs, over the next ``seconds`` (None: no samples)."""
+        self._pause(seconds)
+        now = self._clock()
+        return self._mean_power(now - seconds, now)
 
     def _mean_power(self, t0: float, t1: float) -> float | None:
         sums = self._power_sums(t0, t1)

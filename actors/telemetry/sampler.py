@@ -54,7 +54,6 @@ GPU_INDEX: Final = 1
 GPU_UUID: Final = 2
 POWER_W: Final = 3
 ENERGY_MJ: Final = 4
-TEMPERATURE_C: Final = 8
 
 
 @dataclass(frozen=True)
@@ -222,18 +221,6 @@ class Sampler:
     def latest_t_s(self) -> float | None:
         with self._lock:
             return self._times[-1] if self._times else None
-
-    def latest_temperatures_c(self, max_rows: int = 1000) -> tuple[int | None, ...]:
-        """Each GPU's newest temperature reading, in ``gpus`` order (None: none among the
-        last ``max_rows`` rows; the slow fields are read every ``slow_every``-th sample)."""
-        found: dict[str, int] = {}
-        with self._lock:
-            for row in reversed(self._rows[-max_rows:]):
-                if row[TEMPERATURE_C] is not None:
-                    found.setdefault(row[GPU_UUID], row[TEMPERATURE_C])
-                    if len(found) == len(self.gpus):
-                        break
-        return tuple(found.get(g.uuid) for g in self.gpus)
 
     def rows_between(self, t0_s: float, t1_s: float) -> list[dict]:
         return [dict(zip(COLUMNS, row, strict=True)) for row in self.raw_rows(t0_s, t1_s)]

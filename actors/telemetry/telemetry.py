@@ -23,7 +23,7 @@ from typing import Any, ClassVar, TypeVar
 import pyarrow as pa
 
 from actors.telemetry.baseline import BaselineReuse
-from actors.telemetry.meter import EnergyMeter, EnergyWindow, IdleBaseline
+from actors.telemetry.meter import IDLE_SETTLE_MAX_S, EnergyMeter, EnergyWindow, IdleBaseline
 from actors.telemetry.nvml import GpuInfo, NvmlUnavailableError, TelemetryError, resolve_gpus
 from actors.telemetry.policy import DEFAULT_POLICY, SamplingPolicy
 from actors.telemetry.rapl import RaplReader
@@ -172,10 +172,6 @@ class TelemetryBase(ABC):
         this telemetry took stands instead wherever the rule allows (``reused`` says so)."""
 
     @abstractmethod
-    def temperatures_c(self) -> tuple[int | None, ...]:
-        """Each held GPU's newest temperature reading (empty without GPUs)."""
-
-    @abstractmethod
     def measure(self, name: str) -> AbstractContextManager[Measurement]:
         """A window around a block; the yielded handle is complete when the block exits."""
 
@@ -279,15 +275,23 @@ class Telemetry(TelemetryBase):
     # -- measuring --------------------------------------------------------------------
 
     def idle_baseline(self, duration_s: float, reuse: BaselineReuse | None = None) -> IdleBaseline | None:
-        temperatures, now = self.temperatures_c(), self._clock()
+        now = self._clock()
         held = self._baseline
-        if reuse is not None and held is not None and reuse.allows(held, temperatures, now):
-            return replace(held, reused=True, age_s=now - held.taken_at_s)
-        self._baseline = replace(self.meter.idle_baseline(duration_s), temperatures_c=temperatures, taken_at_s=now)
+        if reuse is None or held is None or now - held.taken_at_s > reuse.max_age_s:
+            self._baseline = replace(self.meter.idle_baseline(duration_s), taken_at_s=now)
+            return self._baseline
+        # Settle as for a fresh baseline, then read the settled power briefly: the held
+        # baseline stands if that reading agrees with it, else the full window follows.
+        settle_s = self.meter.settle()
+        reading = self.meter.sampled_power_w(reuse.recheck_s)
+        settled = settle_s < IDLE_SETTLE_MAX_S
+        reference = held.sampled_power_w if held.sampled_power_w is not None else held.power_w
+        if reading is not None and reuse.agrees(reference, reading, len(self.gpus)):
+            return replace(held, reused=True, age_s=now - held.taken_at_s, settle_s=settle_s, settled=settled,
+                           recheck_power_w=reading)
+        fresh = self.meter.idle_baseline(duration_s, settled_after_s=settle_s)
+        self._baseline = replace(fresh, taken_at_s=now, recheck_power_w=reading)
         return self._baseline
-
-    def temperatures_c(self) -> tuple[int | None, ...]:
-        return self.sampler.latest_temperatures_c()
 
     @contextmanager
     def measure(self, name: str) -> Iterator[Measurement]:
@@ -451,9 +455,6 @@ class NullTelemetry(TelemetryBase):
 
     def idle_baseline(self, duration_s: float, reuse: BaselineReuse | None = None) -> IdleBaseline | None:
         return None
-
-    def temperatures_c(self) -> tuple[int | None, ...]:
-        return ()
 
     @contextmanager
     def measure(self, name: str) -> Iterator[Measurement]:

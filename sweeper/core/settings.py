@@ -47,12 +47,10 @@ class MeasureSettings(Settings):
     # this share of its mean, or until max_duration_s.
     target_rel_ci: float | None = Field(None, gt=0, lt=1, description="end the window once the 95 % confidence interval of throughput (and, on GPUs, J/token) over >= 1 s blocks is within this share of the mean (e.g. 0.02); null: a fixed window of min_duration_s")
     max_duration_s: float | None = Field(None, gt=0, le=MAX_SECONDS, description="with target_rel_ci, the window ends here whether or not the target is met (then flagged unstable); default 60")
-    # One idle baseline per loaded model: a loaded GPU's settled idle power moves with its
-    # temperature (leakage; an H100 drifted 0.5-0.8 W per degree C over a group), so a
-    # later trial of the group reuses the baseline while every held GPU is within this
-    # many degrees of where it stood when the baseline was taken, and the baseline is
-    # younger than idle_reuse_max_age_s; otherwise it takes a fresh one.
-    idle_reuse_delta_c: float | None = Field(1.0, ge=0, le=50, description="a later trial of the group reuses its idle baseline while every held GPU's temperature after the warm-up is within this many degrees C of the baseline's (null: a fresh baseline every trial)")
+    # One idle baseline per loaded model: a later trial of the group settles, reads the
+    # idle power for 0.5 s and keeps the group's baseline if the reading agrees with it
+    # (actors.telemetry.baseline); else it takes the full window afresh.
+    idle_reuse_tolerance_w: float | None = Field(1.0, ge=0, le=100, description="a later trial of the group keeps its idle baseline when a 0.5 s re-check of the settled power is within this many W per GPU of it (null: a fresh baseline every trial)")
     idle_reuse_max_age_s: float = Field(300.0, ge=0, le=MAX_SECONDS, description="an idle baseline older than this is taken afresh")
 
     # A limit on the driver's patience, not a measurement setting: it never
@@ -66,9 +64,9 @@ class MeasureSettings(Settings):
     # trial ids or rows, so changing them re-runs nothing.
     PATIENCE: ClassVar[frozenset[str]] = frozenset({"timeout_s", "load_timeout_s"})
     # Settings that choose how a figure is obtained within a bound its row records
-    # (idle_baseline_reused, idle_baseline_age_s), not what is measured: no part of trial
+    # (idle_baseline_reused, idle_recheck_power_w), not what is measured: no part of trial
     # ids, so a results directory from before them resumes, but columns of the rows.
-    METHOD: ClassVar[frozenset[str]] = frozenset({"idle_reuse_delta_c", "idle_reuse_max_age_s"})
+    METHOD: ClassVar[frozenset[str]] = frozenset({"idle_reuse_tolerance_w", "idle_reuse_max_age_s"})
     # Settings that joined later, with the value that means "not used": they join a
     # trial's identity only when set, so trials that do not use them keep their ids.
     OFF_VALUES: ClassVar[dict[str, object]] = {"warmup_s": 0.0, "target_rel_ci": None, "max_duration_s": None}
