@@ -73,25 +73,10 @@ def test_ray_validation_rejects_a_broken_cluster_yaml(cluster_config):
 @pytest.mark.slow
 def test_groups_spread_over_nodes_and_never_share_a_gpu(tmp_path):
     """Four groups on two 1-GPU nodes (logical GPUs) behind a GPU-less head, in its own process."""
-    from sweeper.run.storage import ResultStore
-    from tests.cluster_scenarios import run_scenario
-
-    sweep = tmp_path / "spread.yaml"
-    sweep.write_text(
-        "name: spread\nmodels: [tiny-llama, tiny-qwen2]\nprecisions: [fp32, bf16]\nbatch_sizes: [1, 2]\n"
-        "workload: {input_len: 8, output_len: 4}\n"
-        "measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 0.5, idle_s: 0}\n")
-    info = run_scenario("spread", sweep, tmp_path / "out", ROOT)
+    info, rows, by_node = _spread(tmp_path, "name: spread\nmodels: [tiny-llama, tiny-qwen2]\nprecisions: [fp32, bf16]\n"
+                                            "batch_sizes: [1, 2]\n", min_duration_s=0.5)
     assert (info["gpus"], info["nodes"], info["ok"], info["model_loads"]) == (2, 3, 8, 4)
-
-    rows = ResultStore(str(tmp_path / "out")).read_shards("trials").to_pylist()
-    by_node: dict[str, list[dict]] = {}
-    for row in rows:
-        by_node.setdefault(row["ray_node_id"], []).append(row)
     assert set(by_node) == set(info["workers"])  # both GPU nodes used, the head never
-    for node_rows in by_node.values():  # one GPU per node: its trials never overlap in time
-        spans = sorted((r["started_at"], r["finished_at"]) for r in node_rows)
-        assert all(prev_end <= start for (_, prev_end), (start, _) in zip(spans, spans[1:], strict=False))
     # a group's trials stay on one actor, hence one node
     groups: dict[tuple, set] = {}
     for row in rows:
@@ -126,22 +111,28 @@ def test_a_long_group_splits_onto_the_idle_node_and_runs_every_trial_once(tmp_pa
     """One group of 16 two-second trials on two 1-GPU nodes: after its first trial the driver
     moves about half of the rest to a second copy of the model on the idle node (a noop load
     takes about 6 s on a 2-core machine: the split must still save more than that)."""
+    info, rows, by_node = _spread(tmp_path, "name: long\nmodels: tiny-llama\nprecisions: fp32\n"
+                                            "batch_sizes: [1, 2, 3, 4, 5, 6, 7, 8]\nrepeats: 2\n", min_duration_s=2.0)
+    assert (info["ok"], info["failed"], info["group_splits"], info["model_loads"]) == (16, 0, 1, 2)
+    assert len(rows) == len({r["trial_id"] for r in rows}) == 16
+    assert set(by_node) == set(info["workers"]) and min(len(v) for v in by_node.values()) >= 4
+
+
+def _spread(tmp_path, sweep_head: str, min_duration_s: float) -> tuple[dict, list[dict], dict[str, list[dict]]]:
+    """Run a noop sweep on two 1-GPU nodes behind a GPU-less head (its own process); its
+    summary, rows and rows per node, having checked that no node's GPU ran two trials at once."""
     from sweeper.run.storage import ResultStore
     from tests.cluster_scenarios import run_scenario
 
-    sweep = tmp_path / "long.yaml"
-    sweep.write_text(
-        "name: long\nmodels: tiny-llama\nprecisions: fp32\nbatch_sizes: [1, 2, 3, 4, 5, 6, 7, 8]\nrepeats: 2\n"
-        "workload: {input_len: 8, output_len: 4}\n"
-        "measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 2.0, idle_s: 0}\n")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(sweep_head + "workload: {input_len: 8, output_len: 4}\n"
+                     f"measure: {{warmup_iters: 0, min_iters: 1, min_duration_s: {min_duration_s}, idle_s: 0}}\n")
     info = run_scenario("spread", sweep, tmp_path / "out", ROOT)
-    assert (info["ok"], info["failed"], info["group_splits"], info["model_loads"]) == (16, 0, 1, 2)
     rows = ResultStore(str(tmp_path / "out")).read_shards("trials").to_pylist()
-    assert len(rows) == len({r["trial_id"] for r in rows}) == 16
     by_node: dict[str, list[dict]] = {}
     for row in rows:
         by_node.setdefault(row["ray_node_id"], []).append(row)
-    assert set(by_node) == set(info["workers"]) and min(len(v) for v in by_node.values()) >= 4
-    for node_rows in by_node.values():  # each node's GPU ran one trial at a time
+    for node_rows in by_node.values():  # one GPU per node: its trials never overlap in time
         spans = sorted((r["started_at"], r["finished_at"]) for r in node_rows)
         assert all(prev_end <= start for (_, prev_end), (start, _) in zip(spans, spans[1:], strict=False))
+    return info, rows, by_node

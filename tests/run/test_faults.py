@@ -281,7 +281,7 @@ def test_run_takes_the_fault_flags():
 
     result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    for flag in ("--max-retries", "--no-oom-pruning", "--quiet"):
+    for flag in ("--max-retries", "--no-oom-pruning", "--no-split", "--quiet"):
         assert flag in result.output
 
 

@@ -138,7 +138,9 @@ def test_schema_names_carry_units():
                    "prompt_pad_share", "decode_idle_slot_share", "fidelity_method",
                    # precision of the window: relative half-widths (ratios), a block count, a verdict
                    "target_rel_ci", "throughput_rel_ci95", "energy_per_token_rel_ci95", "ci_blocks",
-                   "target_met"}
+                   "target_met",
+                   # how the idle baseline was obtained: a flag
+                   "idle_baseline_reused"}
     for col in TRIALS:
         # rates and per-token quantities carry their unit before the "per"
         if (col.name in unitless_ok or col.name.endswith("_version")
