@@ -142,6 +142,21 @@ def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def paired_ratio(values: list[float], reference: list[float]) -> dict[str, Any]:
+    """Geometric mean of per-round ratios ``values / reference`` with a 95 % Student-t
+    interval over the rounds (rounds run side by side, so drift between them cancels)."""
+    import math
+
+    from sweeper.core.intervals import t975
+
+    logs = [math.log(v / r) for v, r in zip(values, reference, strict=True) if v and r]
+    if len(logs) < 2:
+        return {"geomean": math.exp(logs[0]) if logs else None, "ci95": None, "rounds": len(logs)}
+    mean = statistics.fmean(logs)
+    half = t975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return {"geomean": math.exp(mean), "ci95": [math.exp(mean - half), math.exp(mean + half)], "rounds": len(logs)}
+
+
 def row_subset(row: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
     return {c: row.get(c) for c in columns}
 

@@ -39,6 +39,7 @@ from bench.benchkit import (
     environment,
     make_trial,
     median,
+    paired_ratio,
     sync_every_step,
     write_record,
 )
@@ -66,17 +67,6 @@ def bare_block(call, ids, output_len: int, block_s: float, sync) -> float:
         sync()
         elapsed = time.monotonic() - t0
     return ids.shape[0] * output_len * calls / elapsed
-
-
-def paired_ratio(values: list[float], reference: list[float]) -> dict:
-    """Geometric mean of per-round ratios with a 95 % confidence interval (t ~ 2 for few rounds)."""
-    import math
-    import statistics
-
-    logs = [math.log(v / r) for v, r in zip(values, reference, strict=True)]
-    mean = statistics.fmean(logs)
-    half = 2.0 * statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else float("nan")
-    return {"geomean": math.exp(mean), "ci95": [math.exp(mean - half), math.exp(mean + half)], "rounds": len(logs)}
 
 
 def run_mode(model_name: str, compiled: bool, args) -> dict:

@@ -24,7 +24,6 @@ the actor does) takes: what an overlap could hide at most.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shutil
 import statistics
@@ -35,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.benchkit import environment, make_trial, write_record
+from bench.benchkit import environment, make_trial, paired_ratio, write_record
 
 # What the second process runs: the host half of weight materialisation, in a loop.
 PREP = r"""
@@ -70,22 +69,10 @@ class Prep:
         self.proc.wait(timeout=30)
 
 
-def paired(values: list[float], reference: list[float]) -> dict[str, Any]:
-    """Geometric mean of per-round ratios with a 95 % Student-t interval."""
-    from sweeper.core.intervals import t975
-
-    logs = [math.log(v / r) for v, r in zip(values, reference, strict=True) if v and r]
-    if len(logs) < 2:
-        return {"geomean": math.exp(logs[0]) if logs else None, "ci95": None, "rounds": len(logs)}
-    mean = statistics.fmean(logs)
-    half = t975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return {"geomean": math.exp(mean), "ci95": [math.exp(mean - half), math.exp(mean + half)], "rounds": len(logs)}
-
-
 def quiet_spread(values: list[float]) -> dict[str, Any]:
     """Round-to-round noise of the undisturbed trial: CV, and consecutive rounds' ratio interval."""
     cv = statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else None
-    return {"cv": cv, "consecutive": paired(values[1:], values[:-1])}
+    return {"cv": cv, "consecutive": paired_ratio(values[1:], values[:-1])}
 
 
 def materialize_s(model: str, root: Path) -> float:
@@ -149,9 +136,9 @@ def run(args: argparse.Namespace) -> None:
     if all(x["energy_per_token_j"] for x in rows["quiet"]):
         summary["quiet_j_per_tok"] = quiet_spread(column("quiet", "energy_per_token_j"))
     for v in variants[1:]:
-        summary[v] = {"tok_s_ratio": paired(column(v, "throughput_tok_s"), column("quiet", "throughput_tok_s"))}
+        summary[v] = {"tok_s_ratio": paired_ratio(column(v, "throughput_tok_s"), column("quiet", "throughput_tok_s"))}
         if all(x["energy_per_token_j"] for x in rows[v] + rows["quiet"]):
-            summary[v]["j_per_tok_ratio"] = paired(column(v, "energy_per_token_j"), column("quiet", "energy_per_token_j"))
+            summary[v]["j_per_tok_ratio"] = paired_ratio(column(v, "energy_per_token_j"), column("quiet", "energy_per_token_j"))
     report = {"args": vars(args), "environment": environment(), "cpus": os.cpu_count(), "rows": rows,
               "summary": summary, "materialize": materialized, "elapsed_s": time.monotonic() - t_begin}
     for v in variants[1:]:

@@ -284,11 +284,10 @@ class Telemetry(TelemetryBase):
         # baseline stands if that reading agrees with it, else the full window follows.
         settle_s = self.meter.settle()
         reading = self.meter.sampled_power_w(reuse.recheck_s)
-        settled = settle_s < IDLE_SETTLE_MAX_S
         reference = held.sampled_power_w if held.sampled_power_w is not None else held.power_w
         if reading is not None and reuse.agrees(reference, reading, len(self.gpus)):
-            return replace(held, reused=True, age_s=now - held.taken_at_s, settle_s=settle_s, settled=settled,
-                           recheck_power_w=reading)
+            return replace(held, reused=True, age_s=now - held.taken_at_s, settle_s=settle_s,
+                           settled=settle_s < IDLE_SETTLE_MAX_S, recheck_power_w=reading)
         fresh = self.meter.idle_baseline(duration_s, settled_after_s=settle_s)
         self._baseline = replace(fresh, taken_at_s=now, recheck_power_w=reading)
         return self._baseline

@@ -53,6 +53,10 @@ class TrialGroup:
         return max(t.num_gpus for t in self.trials)
 
     @property
+    def backend(self) -> str:
+        return self.trials[0].backend
+
+    @property
     def label(self) -> str:
         t = self.trials[0]
         return f"{t.model} {t.backend}/{t.precision}"

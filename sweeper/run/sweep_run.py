@@ -161,10 +161,9 @@ class GroupRun:
     placement: Placement | None = None
     # The load's stage spans (and the actor's start), recorded with the next trial recorded.
     load_stages: list[StageSpan] = field(default_factory=list)
-    # What a split weighs: the driver's seconds per finished trial, and from placement to loaded.
+    # What a split weighs: the driver's seconds per finished trial.
     trials_timed: int = 0
     trial_s_total: float = 0.0
-    loaded_wall_s: float | None = None
 
     @property
     def mean_trial_s(self) -> float | None:
@@ -213,6 +212,10 @@ class SweepRun:
         self.summary = RunSummary(planned=len(plan.trials), slots=cluster.slots,
                                   slot_unit="GPU(s)" if cluster.gpus else "node(s)")
         self.groups: list[GroupRun] = []
+        # The groups not done yet, in the order they started: what hand-over and splitting
+        # look through after every trial, so that finished groups cost them nothing.
+        self.open: list[GroupRun] = []
+        self.longest_load_s: dict[str, float] = {}  # per backend, placement to loaded, this run
         self.calls: dict[Any, _Call] = {}  # future -> what it answers
         self.view: ProgressView | None = None
 
@@ -226,9 +229,7 @@ class SweepRun:
         with ProgressView(len(todo), slots=self.cluster.slots, console=self.console, quiet=self.quiet) as view:
             self.view = view
             for group in self.plan.groups(todo):
-                g = GroupRun(group, self._resources(group), list(group.trials))
-                self.groups.append(g)
-                self.start_actor(g)
+                self._add(GroupRun(group, self._resources(group), list(group.trials)))
             try:
                 while self.calls:
                     self.step()
@@ -322,12 +323,21 @@ class SweepRun:
     def _submit(self, g: GroupRun, kind: CallKind, trial: Trial | None = None) -> None:
         self.calls[self.runner.call(g.actor, kind, trial)] = _Call(g, kind, g.attempt)
 
+    def _add(self, g: GroupRun) -> None:
+        self.groups.append(g)
+        self.open.append(g)
+        self.start_actor(g)
+
+    def _close(self, g: GroupRun) -> None:
+        g.state = GroupState.DONE
+        self.open.remove(g)
+
     def replace_actor(self, g: GroupRun) -> None:
         self.runner.kill(g.actor)
         if g.current is not None or g.pending:
             self.start_actor(g)
         else:
-            g.state = GroupState.DONE
+            self._close(g)
             self._view.group_done(g)
 
     def submit_next(self, g: GroupRun) -> None:
@@ -343,7 +353,7 @@ class SweepRun:
         self._submit(g, CallKind.RUN, g.current)
 
     def _done(self, g: GroupRun, *, close: bool) -> None:
-        g.state = GroupState.DONE  # its slot is free from here: a split may now use it
+        self._close(g)  # its slot is free from here: a split may now use it
         successor = self._successor(g) if close else None
         if successor is None and close and self._split_long_group():
             successor = self._successor(g)  # the new copy takes this actor if it can
@@ -361,11 +371,14 @@ class SweepRun:
         if not self.options.split_groups or not self._idle_slot():
             return False
         best: tuple[float, GroupRun, int] | None = None
-        for g in self.groups:
+        for g in self.open:
             # Tensor-parallel groups stay whole: the free GPUs may sit on different nodes.
             if g.state is not GroupState.RUNNING or g.mean_trial_s is None or g.resources["num_gpus"] > 1:
                 continue
-            split = best_split(len(g.pending), g.mean_trial_s, self._load_cost_s(g))
+            # What another load costs: the longest placement-to-loaded of the backend this run
+            # (a fresh process's imports included), so a cheap hand-over does not make splits look free.
+            load_s = self.longest_load_s.get(g.group.backend, 0.0)
+            split = best_split(len(g.pending), g.mean_trial_s, load_s)
             if split is not None and (best is None or split.saving_s > best[0]):
                 best = (split.saving_s, g, split.moved)
         if best is None:
@@ -373,34 +386,24 @@ class SweepRun:
         _, g, moved = best
         h = GroupRun(g.group, g.resources, g.pending[-moved:])
         del g.pending[-moved:]
-        self.groups.append(h)
         self.summary.group_splits += 1
-        self.start_actor(h)
+        self._add(h)
         return True
 
     def _idle_slot(self) -> bool:
         """A slot holds no actor and no group waits for one (a waiting group gets it first)."""
-        if any(g.state is GroupState.WAITING for g in self.groups):
+        if any(g.state is GroupState.WAITING for g in self.open):
             return False
-        held = [g for g in self.groups if g.state in (GroupState.LOADING, GroupState.RUNNING)]
         if self.cluster.device == "cuda":
-            return sum(g.resources["num_gpus"] for g in held) < self.cluster.gpus
-        return len(held) < self.cluster.slots
-
-    def _load_cost_s(self, g: GroupRun) -> float:
-        """What another load of ``g``'s model is expected to hold a slot for: the longest
-        placed-to-loaded time of any group of its backend this run (a fresh process's imports
-        included), so that a cheap load on a handed-over actor does not make splits look free."""
-        seen = [h.loaded_wall_s for h in self.groups
-                if h.loaded_wall_s is not None and h.group.trials[0].backend == g.group.trials[0].backend]
-        return max(seen, default=g.loaded_wall_s or 0.0)
+            return sum(g.resources["num_gpus"] for g in self.open) < self.cluster.gpus
+        return len(self.open) < self.cluster.slots
 
     def _successor(self, g: GroupRun) -> GroupRun | None:
         """The first group still waiting for an actor that ``g``'s could serve: the same
         resources, and backends that let an actor go on after closing them."""
         if not g.group.reuses_actor:
             return None
-        return next((h for h in self.groups if h.state is GroupState.WAITING and h.resources == g.resources
+        return next((h for h in self.open if h.state is GroupState.WAITING and h.resources == g.resources
                      and h.group.reuses_actor), None)
 
     def hand_over(self, g: GroupRun, h: GroupRun) -> None:
@@ -442,7 +445,7 @@ class SweepRun:
         self._view.trial_finished(trial, row["status"], _summary_text(row))
         if self.options.oom_pruning and row.get("reason") == "oom":
             # The group's trials may have been split among copies: prune them all.
-            for t, copy in [(t, h) for h in self.groups if h.group is g.group for t in predicted_oom(trial, h.pending)]:
+            for t, copy in [(t, h) for h in self.open if h.group is g.group for t in predicted_oom(trial, h.pending)]:
                 copy.pending.remove(t)
                 text = (f"predicted out of memory: batch {trial.batch_size} of the same shape ran out "
                         f"({trial.trial_id})")
@@ -515,7 +518,8 @@ class SweepRun:
         """The model load ended: run the group's trials, or fail them all with the load's error."""
         g.load = load
         g.load_stages += load.stages
-        g.loaded_wall_s = self.clock() - g.placed_s
+        backend = g.group.backend
+        self.longest_load_s[backend] = max(self.longest_load_s.get(backend, 0.0), self.clock() - g.placed_s)
         self._view.group_loaded(g)
         if load.ok:
             self.submit_next(g)
