@@ -11,7 +11,6 @@ it, on the same GPUs, so that active energy is the window's excess over idle.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from actors.backends.base import Backend, Generation, LoadInfo
-from actors.convergence import ENERGY_SETTLE_S, MIN_CI_BLOCKS, window_precision
+from actors.convergence import ENERGY_SETTLE_S, MIN_CI_BLOCKS, WindowPrecision, window_precision
+from actors.stability import Verdict
 from actors.stages import stage
 from actors.telemetry.baseline import trial_baseline
 from actors.telemetry.telemetry import MIN_STABILITY_BLOCK_S
@@ -94,25 +94,29 @@ def iteration_throughput_cv(generations: list[Generation]) -> float | None:
     return float(np.std(rates, ddof=1) / mean) if mean > 0 else None
 
 
-def stability_columns(row: dict[str, Any], throughput_cv: float | None, max_cv: float, n: int,
-                      baseline: IdleBaseline | None = None, target_rel_ci: float | None = None) -> dict[str, Any]:
-    """The telemetry's verdict (window length, energy CV) joined by the throughput CV's, by
-    an idle baseline taken while the power was still falling, and by a precision target
-    the window ended without meeting."""
-    reasons = [row["unstable_reason"]] if row.get("unstable_reason") else []
-    if target_rel_ci is not None and row.get("target_met") is False:
-        achieved = {name: row.get(f"{name}_rel_ci95") for name in ("throughput", "energy_per_token")}
-        shown = ", ".join(f"{name} ±{rel:.1%}" for name, rel in achieved.items() if rel is not None)
-        reasons.append(f"95 % intervals ({shown or f'fewer than {MIN_CI_BLOCKS} blocks of 1 s'}) not within "
-                       f"target_rel_ci {target_rel_ci:g} over the whole window")
-    if baseline is not None and not baseline.settled:
-        reasons.append(f"idle power still falling after {baseline.settle_s:g} s: idle_power_w "
-                       "(and active_energy_j) include the warm-up's tail")
-    if throughput_cv is not None and throughput_cv > max_cv:
-        reasons.append(f"per-iteration throughput CV {throughput_cv:.3f} (over {n} iterations) "
-                       f"> max_iteration_cv {max_cv:g}")
-    return {"iteration_throughput_cv": throughput_cv, "unstable": bool(reasons),
-            "unstable_reason": "; ".join(reasons) or None}
+def trial_verdict(row: dict[str, Any], *, trial: Trial, handle: Any, telemetry: TelemetryBase,
+                  precision: WindowPrecision, baseline: IdleBaseline | None, throughput_cv: float | None,
+                  iterations: int, judge_noise: bool) -> Verdict:
+    """An offline trial's verdict (``actors.stability``): the window's precision against
+    ``max_rel_ci`` (or the target it measured towards), its length, its energy window and
+    baseline; per-iteration noise only as ``noisy_host``."""
+    m = trial.measure
+    verdict = Verdict()
+    duration_s = row["duration_s"]
+    if m.target_rel_ci is None:
+        # With a precision target the achieved interval judges the window, not its length.
+        verdict.window_length(duration_s, m.window_floor_s)
+    if telemetry.active and handle.window is None:
+        verdict.no_energy_window(handle.error)
+    bound, bound_name = ((m.target_rel_ci, "target_rel_ci") if m.target_rel_ci is not None
+                         else (m.max_rel_ci, "max_rel_ci"))
+    verdict.precision(precision, bound, bound_name=bound_name, duration_s=duration_s,
+                      energy_expected=telemetry.active and handle.window is not None)
+    verdict.baseline(baseline)
+    if judge_noise:
+        verdict.process_noise(m.max_iteration_cv, throughput_cv=throughput_cv, iterations=iterations,
+                              energy_cv=row.get("iteration_energy_cv"))
+    return verdict
 
 
 def reply_length_columns(input_lens: Sequence[int], output_lens: Sequence[int]) -> dict[str, float | None]:
@@ -178,8 +182,9 @@ def _measured_window(backend: Backend, source: PromptSource, batch_size: int, tr
                      telemetry: TelemetryBase, clock: Callable[[], float]
                      ) -> tuple[list[Generation], Any, float, float]:
     """Generate calls inside one telemetry window, device-synchronized at both ends, until
-    ``min_iters`` and ``min_duration_s`` are reached and, with ``target_rel_ci``, until the
-    headline intervals are within it or ``max_duration_s`` has passed."""
+    ``min_iters`` and ``min_duration_s`` are reached and the window holds enough blocks of
+    >= 1 s for an interval of its mean (``MIN_CI_BLOCKS``) and, with ``target_rel_ci``,
+    until the headline intervals are within it or ``max_duration_s`` has passed."""
     m = trial.measure
     cap_s = m.window_cap_s
     generations: list[Generation] = []
@@ -187,10 +192,20 @@ def _measured_window(backend: Backend, source: PromptSource, batch_size: int, tr
         backend.sync()
         t0 = clock()
         checked_s = t0
+        # Complete blocks so far, formed as actors.telemetry.iteration_blocks forms them.
+        blocks, block_start_s = 0, None
         while True:
             generations.append(backend.generate_batch(source.batch(len(generations), batch_size)))
             now = clock()
+            last = generations[-1]
+            block_start_s = last.t_start_s if block_start_s is None else block_start_s
+            if last.t_end_s - block_start_s >= MIN_STABILITY_BLOCK_S:
+                blocks, block_start_s = blocks + 1, None
             if len(generations) < m.min_iters or now - t0 < m.min_duration_s:
+                continue
+            # A window too short to judge its own precision is no measurement: every call adds
+            # time, so this ends within MIN_CI_BLOCKS seconds and calls.
+            if blocks < MIN_CI_BLOCKS and (cap_s is None or now - t0 < cap_s):
                 continue
             if m.target_rel_ci is None or cap_s is None or now - t0 >= cap_s:
                 break
@@ -247,21 +262,20 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Tel
     }
     marks = [mark for g in generations for mark in g.marks]
     decode_tokens = sum(max(r.output_tokens - 1, 0) for g in generations for r in g.requests)
-    # Iterations of varied prompts or replies differ in work by design: their CVs are recorded
-    # but judge nothing (repeats of the trial are how to judge noise there).
-    max_cv = math.inf if source.varies() else m.max_iteration_cv
     row.update(telemetry.trial_columns(
         handle, idle_power_w=idle_power_w, marks=marks, output_tokens=output_tokens,
         requests=n_requests, decode_tokens=decode_tokens,
         iteration_bounds=[(g.t_start_s, g.t_end_s) for g in generations],
-        # With a precision target the achieved interval judges the window, not its length.
-        min_window_s=m.min_window_s if m.target_rel_ci is None else 0.0, max_iteration_cv=max_cv,
-        duration_s=duration_s,
     ))
     precision = window_precision(generations, telemetry)
     row.update(precision.columns(m.target_rel_ci, energy_expected=telemetry.active))
-    row.update(stability_columns(row, iteration_throughput_cv(generations), max_cv, len(generations), baseline,
-                                 m.target_rel_ci))
+    throughput_cv = iteration_throughput_cv(generations)
+    row["iteration_throughput_cv"] = throughput_cv
+    # Iterations of varied prompts or replies differ in work by design: their CVs are recorded
+    # but say nothing of the host (repeats of the trial are how to judge noise there).
+    row.update(trial_verdict(row, trial=trial, handle=handle, telemetry=telemetry, precision=precision,
+                             baseline=baseline, throughput_cv=throughput_cv, iterations=len(generations),
+                             judge_noise=not source.varies()).columns())
     if source.varies():
         row.update(length_columns(generations, requests))
         if row.get("energy_j") is not None:

@@ -30,6 +30,7 @@ SUBCOMMANDS = (
     "plan-scale",
     "driver-scale",
     "overlap",
+    "stability",
     "vllm-compare",
     "serving",
     "trials-table",

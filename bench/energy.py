@@ -41,8 +41,7 @@ def make_trials(model: str, batch: int, repeats: int, window_s: float, warmup_s:
         "name": "energy-bench", "models": model, "precisions": "bf16", "batch_sizes": batch,
         "backends": "transformers", "backend_options": {"transformers": {"compile": compile}},
         "workload": {"input_len": in_len, "output_len": out_len}, "repeats": repeats,
-        "measure": {"warmup_iters": 1, "warmup_s": warmup_s, "min_iters": 3, "min_duration_s": window_s, "idle_s": idle_s,
-                    "min_window_s": 10.0},
+        "measure": {"warmup_iters": 1, "warmup_s": warmup_s, "min_iters": 3, "min_duration_s": window_s, "idle_s": idle_s},
     })
     return expand(sweep)[0]
 

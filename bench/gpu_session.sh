@@ -51,6 +51,13 @@
 #   efficiency8b_target10  until precise at 10 % (about what fixed 10 s windows reach), min 3 s, max 30 s
 #   overlap     bench overlap: a host-bound 1B batch-1 trial alone and beside a process
 #               preparing weights on the host (1 and 4 threads), and materialising 8B's weights
+#   stability_bench  bench stability: bare LLM.generate loops (plain, with an NVML thread, after idle)
+#               against sweeper's vLLM path on one engine: where per-iteration noise comes from
+#   stability_sweep  bench/stability_gpu.yaml: 10 fixed-shape 1B trials (transformers bf16/int8/nf4,
+#               vLLM bf16/fp8, batch 1 and 32, 6 s windows): the verdict's flag count
+#   stability_target  the same trials measured until precise (target_rel_ci 0.05, min 3 s, max 20 s);
+#               a call cut at its limit is resumed by the same step on the warm machine
+#   quickstart  sweeps/quickstart.yaml on the GPU: its flag count
 #   truth       bench/measurement_truth.yaml: settled idle baseline and pre-load idle, peak vs p99
 #               power, vLLM phase sums and weight memory, per-iteration CVs (§10)
 set -uo pipefail
@@ -162,6 +169,16 @@ for kind in ('trials', 'requests', 'timeline'):
                  python3 -m sweeper report "$RESULTS/$1" --format md >> "$OUT/${1}_run.log" 2>&1
                  for t in trials stages timeline; do cp "$RESULTS/$1/$t.parquet" "$OUT/${1}_$t.parquet"; done
                  cp "$RESULTS/$1/report/stages.png" "$OUT/${1}_stages.png" 2>/dev/null ;;
+        stability_bench) python3 -m bench stability --model llama-3.2-1b --batches 1,32 --window-s 6 \
+                     --out "$OUT/stability.json" ;;
+        stability_sweep|stability_target|quickstart)
+                 f=bench/stability_gpu.yaml; [ "$1" = quickstart ] && f=sweeps/quickstart.yaml
+                 if [ "$1" = stability_target ]; then
+                     python3 -c "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); d['measure'].update(min_duration_s=3.0, target_rel_ci=0.05, max_duration_s=20.0); yaml.safe_dump(d, open(sys.argv[2], 'w'))" "$f" /tmp/stability_target.yaml
+                     f=/tmp/stability_target.yaml
+                 fi
+                 /usr/bin/time -v python3 -m sweeper run "$f" -o "$RESULTS/$1" -q 2>&1 | tee "$OUT/${1}_run.log" | tail -40
+                 for t in trials stages timeline requests; do cp "$RESULTS/$1/$t.parquet" "$OUT/${1}_$t.parquet"; done ;;
         overlap) python3 -m bench overlap --model llama-3.2-1b --threads 1,4 --rounds 6 --materialize llama-3.1-8b \
                      --out "$OUT/overlap.json" ;;
         *) echo "unknown step: $1 (see the header of $0)" >&2; return 2 ;;

@@ -215,7 +215,7 @@ def plan(
             "sweep": sweep.name, "device": p.device, "trials": len(p.trials),
             "runnable": len(p.runnable), "skipped": len(p.skipped), "excluded": p.excluded,
             "groups": p.load_count(),
-            "notes": p.notes,
+            "notes": p.notes, "warnings": p.warnings,
         }
         # One trial per line: as readable as an indented document, and written by json's C
         # encoder (an indented dump of 100,000 trials takes the pure-Python one seconds).
@@ -244,6 +244,8 @@ def plan(
               + f", {len(p.skipped)} skipped, {p.excluded} excluded by the sweep's exclude rules")
     for note in p.notes:
         out.print(f"note: {note}", highlight=False)
+    for warning in p.warnings:
+        _warn(warning)
 
 
 @app.command(cls=_Command)
@@ -358,6 +360,8 @@ def _run_sweep(sweep: Any, sweep_file: Path, store: Any, address: str | None, **
     p = make_plan(sweep, cluster.device, sweep_path=str(sweep_file), check_hub=False,
                   capabilities=capabilities)
     store.write_plan(sweep.name, [pt.trial.trial_id for pt in p.trials], sweep.report)
+    for warning in p.warnings:
+        _warn(warning)
     err.print(f"sweeper: {sweep.name}: {len(p.runnable)} trials to run in {p.load_count()} group(s), "
               f"{len(p.skipped)} skipped, on {cluster.nodes} node(s) with {cluster.gpus} GPU(s), "
               f"{cluster.cpus} CPU(s); results in {store.uri}", highlight=False)
@@ -439,12 +443,9 @@ def _print_summary(name: str, summary: Any, counts: dict[str, int], store: Any, 
               f"SELECT * FROM '{store.uri}/trials.parquet')", highlight=False)
 
 
-# Columns of the best-configuration table that are text (left-aligned); the rest are numbers.
-TEXT_HEADERS = frozenset({"model", "backend", "precision", "in/out", "criterion", "trial"})
-
-
 def _print_best(store: Any) -> None:
     """The best ok trial per model, from the aggregated trials table (local results only)."""
+    from sweeper.analysis.render import console_table
     from sweeper.analysis.report import best_table
     from sweeper.analysis.results import check_results_dir
 
@@ -453,17 +454,11 @@ def _print_best(store: Any) -> None:
     except UserInputError:
         return  # remote results, or nothing aggregated: the counts above say what happened
     best = best_table(store.uri)
-    # Columns nothing was measured for (J/token on a CPU) are left out of a terminal's width.
-    shown = [i for i, _ in enumerate(best.headers) if any(row[i] for row in best.rows)]
-    if not best.rows or not shown:
+    if not best.rows:
         return
-    table = Table(title=f"{best.title} (sweeper report {store.uri} draws the plots)", title_justify="left")
-    for i in shown:
-        header = best.headers[i]
-        table.add_column(header, justify="left" if header in TEXT_HEADERS else "right", overflow="fold")
-    for row in best.rows:
-        table.add_row(*(escape(row[i]) for i in shown))
-    err.print(table)
+    # Laid out for the terminal's width: empty columns (J/token on a CPU) left out, and on a
+    # narrow one the least needed too; the trial ids are never wrapped or cut.
+    err.print(console_table(best, err.width, f"{best.title} (sweeper report {store.uri} draws the plots)"))
 
 
 @app.command(cls=_Command)
@@ -543,7 +538,7 @@ def report(
 @app.command(cls=_Command)
 def query(
     output: Annotated[str, typer.Argument(help="results directory", show_default=False)],
-    sql: Annotated[str, typer.Argument(help="DuckDB SQL over the views trials, requests, timeline, layers", show_default=False)],
+    sql: Annotated[str, typer.Argument(help="DuckDB SQL over the views trials, requests, timeline, layers, stages (one per aggregated table present)", show_default=False)],
     as_csv: Annotated[bool, typer.Option("--csv", metavar=FLAG, help="print CSV")] = False,
     as_json: Annotated[bool, typer.Option("--json", metavar=FLAG, help="print JSON records")] = False,
 ) -> None:

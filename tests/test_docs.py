@@ -23,5 +23,9 @@ def test_readme_starts_with_the_two_commands():
     # CPU-only machines: torch's CPU wheel first, inside the block a newcomer copies
     assert first_block[0].startswith("pip install torch --extra-index-url https://download.pytorch.org/whl/cpu && ")
     assert "sweeper run sweeps/quickstart.yaml" in first_block[0] and "pytest" in first_block[1]
-    # CI keeps the machine's local CPU wheel (an unpinned torch there would pull CUDA)
-    assert "pip install -q torch==2.13.0" in (ROOT / ".ci" / "run").read_text()
+    # CI keeps the machine's local CPU wheel (an unpinned torch there would pull CUDA), and then
+    # runs the fast subset and the bundled real model's tests against the newest torch as well.
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "pip install -q torch==2.13.0" in ci
+    newest = ci.split("pip install -q --upgrade torch", 1)[1]
+    assert '-m "not slow"' in newest and "tests/actors/backends/test_bundled_model.py" in newest

@@ -10,6 +10,7 @@ and energy over that window; each request's energy over the whole run
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -24,13 +25,16 @@ from actors.serving.arrivals import serving_requests
 from actors.serving.records import ServedRun
 from actors.serving.stats import (
     SteadyWindow,
+    achieved_rate,
     in_flight,
     latency_columns,
     meets,
     running,
     saturation,
     steady_window,
+    window_output_tokens,
 )
+from actors.stability import Verdict
 from actors.stages import stage
 from actors.telemetry.baseline import trial_baseline
 from actors.workload import prompt_source
@@ -38,6 +42,8 @@ from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
     from actors.telemetry import TelemetryBase
+
+log = logging.getLogger(__name__)
 
 # Warm-up bursts hold at most this many requests: enough to fill an engine's first
 # batches (and, for transformers, build its paged cache), few enough to stay short.
@@ -99,7 +105,7 @@ def measure_serving_trial(backend: Backend, trial: Trial, load: LoadInfo, teleme
     if source.varies():
         done = [r for r in run.requests if r.ok]
         row.update(reply_length_columns([r.prompt_tokens for r in done], [r.output_tokens for r in done]))
-    row.update(_stability(row, window, trial, baseline))
+    row.update(_verdict(row, window, trial, baseline, telemetry, handle).columns())
     if len(run.failed) == len(run.requests):
         raise RuntimeError(f"every request of the run failed: {run.failed[0].error}")
     cut = sum(1 for r in run.failed if r.cut_by_time_limit)
@@ -153,13 +159,9 @@ def _columns(trial: Trial, run: ServedRun, window: SteadyWindow | None, telemetr
         row.update(duration_s=0.0, output_tokens=0, throughput_tok_s=None, requests_per_s=None)
         return row, None
     w0, w1 = window.t_start_s, window.t_end_s
-    tokens = np.array([t for r in ok for t in r.token_times_s])
-    in_window = int(((tokens > w0) & (tokens <= w1)).sum())
+    in_window = window_output_tokens(run, window)
     prompt_tokens = sum(r.prompt_tokens for r in ok if r.first_token_s is not None and w0 < r.first_token_s <= w1)
-    # Requests completed per second at the window's token rate: robust to the window's edges,
-    # where a batch's requests finish within microseconds of each other, on either side.
-    mean_output = float(np.mean([r.output_tokens for r in ok]))
-    achieved = in_window / window.duration_s / mean_output
+    achieved = achieved_rate(run, window)
     sat = saturation(run, window, offered, achieved)
     row.update(
         duration_s=window.duration_s, output_tokens=in_window,
@@ -196,18 +198,16 @@ def _energy_columns(telemetry: TelemetryBase, handle: Any, window: SteadyWindow,
     cols: dict[str, Any] = dict.fromkeys(("energy_j", "energy_per_token_j", "avg_power_w", "peak_power_w",
                                           "p99_power_w", "active_energy_j", "energy_method",
                                           "energy_uncertainty_j", "energy_per_token_uncertainty_j",
-                                          "run_energy_j", "run_energy_uncertainty_j", "unstable_reason"))
+                                          "run_energy_j", "run_energy_uncertainty_j"))
     cols.update(telemetry.environment())
     cols["idle_power_w"] = idle_power_w
     cols["cpu_energy_j"], cols["dram_energy_j"] = handle.cpu_energy_j, handle.dram_energy_j
     if handle.window is None:
-        if telemetry.active:  # without GPUs energy is not measured, which is no flaw of the trial
-            cols["unstable_reason"] = f"no energy window ({handle.error or 'not measured'})"
         return cols
     try:
         steady = telemetry.interval("steady", window.t_start_s, window.t_end_s)
     except TelemetryError as exc:
-        cols["unstable_reason"] = f"no energy for the steady window ({exc})"
+        log.warning("no energy for the steady window: %s", exc)
         return cols
     cols.update(
         energy_j=steady.energy_j, energy_per_token_j=_ratio(steady.energy_j, output_tokens),
@@ -220,23 +220,29 @@ def _energy_columns(telemetry: TelemetryBase, handle: Any, window: SteadyWindow,
     return cols
 
 
-def _stability(row: dict[str, Any], window: SteadyWindow | None, trial: Trial, baseline: Any) -> dict[str, Any]:
-    reasons = [row.pop("unstable_reason")] if row.get("unstable_reason") else []
-    m = trial.measure
+def _verdict(row: dict[str, Any], window: SteadyWindow | None, trial: Trial, baseline: Any,
+             telemetry: TelemetryBase, handle: Any) -> Verdict:
+    """A serving trial's verdict (``actors.stability``): a steady window long enough to judge,
+    its energy where GPUs are metered, no saturation below ``inf``, no failed request, a
+    settled baseline."""
+    verdict = Verdict()
     if window is None:
-        reasons.append("no steady state: no request completed while others were still being admitted at the "
-                       "steady level (the run is shorter than one request's life there; raise num_prompts)")
-    elif window.duration_s < m.min_window_s:
-        reasons.append(f"steady window {window.duration_s:.2f} s < min_window_s {m.min_window_s:g} s")
+        verdict.flag("no steady state: no request completed while others were still being admitted at the "
+                     "steady level (the run is shorter than one request's life there; raise num_prompts)")
+    else:
+        verdict.window_length(window.duration_s, trial.measure.window_floor_s, what="steady window")
+    # Without GPUs energy is not measured, which is no flaw of the trial.
+    if telemetry.active and handle.window is None:
+        verdict.no_energy_window(handle.error)
+    elif telemetry.active and window is not None and window.duration_s > 0 and row.get("energy_j") is None:
+        verdict.flag("no energy for the steady window (see the actor's log)")
     rate = trial.request_rate
     if row.get("saturated") and rate is not None and not math.isinf(rate):
-        reasons.append(f"saturated: {row['saturation_reason']}")
+        verdict.flag(f"saturated: {row['saturation_reason']}")
     if row.get("n_failed_requests"):
-        reasons.append(f"{row['n_failed_requests']} of {row['n_requests']} requests failed")
-    if baseline is not None and not baseline.settled:
-        reasons.append(f"idle power still falling after {baseline.settle_s:g} s: idle_power_w "
-                       "(and active_energy_j) include the warm-up's tail")
-    return {"unstable": bool(reasons), "unstable_reason": "; ".join(reasons) or None}
+        verdict.flag(f"{row['n_failed_requests']} of {row['n_requests']} requests failed")
+    verdict.baseline(baseline)
+    return verdict
 
 
 def _request_rows(trial: Trial, run: ServedRun, window: SteadyWindow | None,

@@ -30,15 +30,54 @@ Saturation
 ----------
 ``outstanding(t)`` counts requests that have arrived and not yet finished;
 ``waiting(t)`` those of them not yet started (queued in the engine, or held by
-the client's concurrency cap). While requests arrive, an outstanding count that
-grows by more than ``max(2, 5 %)`` of the requests means the engine could not
-sustain the offered rate, and latency grows with the run's length. Outstanding,
-not waiting: an engine with room in its batch admits the excess and slows every
-step instead of queueing it (vLLM at max_num_seqs 256 on an H100 did: at 94
-requests/s offered it completed 74, with next to nothing waiting). With every
-request sent at once, requests waiting behind a full engine as the window opens
-mean it ran at capacity. A run whose steady window completes at least 50
-requests at a rate more than 15 % below the offered one is saturated too.
+the client's concurrency cap). An engine that sustains the offered rate holds a
+count that wanders about a level; one that does not holds a count that grows,
+and latency grows with the run's length. Two instants of a wandering count differ
+by a few requests (their difference's standard deviation is sqrt(2) times the
+count's, about sqrt(2 x mean outstanding) under Poisson arrivals), so the count is
+judged by its trend. While requests arrive inside the steady window, either test
+marks the run saturated:
+
+- the trend: a least-squares line through ``outstanding`` over the window's span of
+  arrivals (sampled on a grid of ``TREND_GRID`` points) rises by more than
+  ``QUEUE_TREND_Z`` standard errors, and by a material amount (a slope of at least
+  ``QUEUE_GROWTH_SHARE`` of the offered rate and ``MIN_QUEUE_GROWTH`` requests). The
+  count is strongly autocorrelated, so the standard error counts independent
+  stretches, not samples: a stationary count of requests each outstanding for S has
+  an integrated autocorrelation time E[S^2] / (2 E[S]) (exact for Poisson arrivals
+  to an engine with room), so a span D holds n = D / (E[S^2] / E[S]) independent
+  stretches, and the line's rise across D has standard error
+  ``spread x sqrt(12 / (n - 2))``, ``spread`` being the count's standard deviation
+  about the line (over n - 2 degrees of freedom, as for n independent points, the
+  line's two fitted parameters taken). S is each request's time in the engine (start to finish), not
+  its time outstanding: a queue that grows lengthens the latter, which would hide
+  the trend it measures. Below n = 2 the span is too short to tell a trend from a
+  wander and the trend test says nothing. On the noop engine (1,000 seeds each: at
+  half its capacity with 60 requests, fixed and natural lengths; at 1 % of it with
+  42 natural-length requests) the rise in standard errors had a standard deviation
+  of 1.0-1.07 and exceeded 3 on 0-0.4 % of the runs;
+- the rate: the steady window's completions (achieved rate x duration) fall below
+  the lower end of the two-sided 95 % Poisson interval (``SHORTFALL_ALPHA`` each
+  side) of the arrivals the offered rate sends over the window, *and* more than
+  ``RATE_SHORTFALL`` short of them. A stable engine's completions over a window are
+  its arrivals, delayed: a Poisson count at the offered rate. The interval keeps a
+  short window's noise from reading as a shortfall, the 10 % keeps a long window's
+  trifle from counting. 95 %, not 99 %: 64 prompts at about 1.5 times the noop
+  engine's capacity (sweeps/serving.yaml at 128 requests/s, seed 2) completed 42
+  against the 99 % interval's lower end of 42, and on the light-load runs above the
+  test flagged none at 95 % (completions track arrivals closer than a Poisson
+  count). It catches an engine with room in its batch that admits the excess and
+  slows every step instead of queueing it (vLLM at max_num_seqs 256 on an H100 at
+  94 requests/s offered completed 74: its outstanding count rose by 49 across the
+  window, 0.4 standard errors, the count bending as the batch filled).
+
+Outstanding, not waiting: such an engine queues next to nothing. Near capacity
+(the noop engine at 80 %) the trend test flags a few runs in a hundred: queueing
+there lengthens the count's memory beyond a request's time in the engine, and a
+run long enough to tell would have to be very long; a sweep over rates shows where
+that begins. With every request sent at once (no arrivals inside the window) the
+trend has nothing to judge: requests waiting behind a full engine as the window
+opens mean it ran at capacity.
 """
 
 from __future__ import annotations
@@ -53,14 +92,19 @@ import numpy as np
 from actors.measure import percentiles
 from actors.serving.records import ServedRequest, ServedRun
 
-# A queue that grows by more than this share of the run's requests (and by more than
-# MIN_QUEUE_GROWTH requests) across the window means the offered rate was not sustained.
+# Saturation (module docstring). A trend of requests outstanding counts when its rise across
+# the window's arrivals exceeds this many standard errors...
+QUEUE_TREND_Z = 3.0
+# ...and is material: at least this share of the offered rate, and this many requests.
 QUEUE_GROWTH_SHARE = 0.05
-MIN_QUEUE_GROWTH = 2
-# Or when the achieved rate falls this far short of the offered one, judged only over a
-# window holding enough completions for the shortfall to be more than Poisson noise.
-RATE_SHORTFALL = 0.15
-MIN_RATE_COMPLETIONS = 50
+MIN_QUEUE_GROWTH = 2.0
+# Points of the grid the trend is fitted on (requests outstanding sampled at each).
+TREND_GRID = 4096
+# A rate shortfall counts when the window's completions fall below the lower end of the
+# Poisson interval (two-sided, 1 - 2 x this) of the arrivals offered over it, and short by more
+# than RATE_SHORTFALL.
+SHORTFALL_ALPHA = 0.025
+RATE_SHORTFALL = 0.10
 
 
 @dataclass(frozen=True)
@@ -89,6 +133,11 @@ class Step:
     def at(self, t: float) -> float:
         k = int(np.searchsorted(self.times, t, side="right")) - 1
         return float(self.values[k]) if k >= 0 else 0.0
+
+    def sample(self, times: np.ndarray) -> np.ndarray:
+        """The value at each of ``times`` (0 before the first piece)."""
+        k = np.searchsorted(self.times, times, side="right") - 1
+        return np.where(k >= 0, self.values[np.maximum(k, 0)], 0.0) if self.times.size else np.zeros(len(times))
 
     def durations(self, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray]:
         """The value of each piece within [t0, t1] and how long it holds there."""
@@ -168,47 +217,160 @@ def steady_window(run: ServedRun) -> SteadyWindow | None:
     return SteadyWindow(start, end, level) if end > start else None
 
 
+def window_output_tokens(run: ServedRun, window: SteadyWindow) -> int:
+    """Output tokens of completed requests that came within the window (its start excluded)."""
+    tokens = np.array([t for r in run.completed for t in r.token_times_s])
+    return int(((tokens > window.t_start_s) & (tokens <= window.t_end_s)).sum())
+
+
+def achieved_rate(run: ServedRun, window: SteadyWindow) -> float:
+    """Requests completed per second at the window's token rate: its output tokens / its duration
+    / the mean output tokens of a completed request. Robust to the window's edges, where a
+    batch's requests finish within microseconds of each other, on either side."""
+    mean_output = float(np.mean([r.output_tokens for r in run.completed]))
+    return window_output_tokens(run, window) / window.duration_s / mean_output
+
+
+@dataclass(frozen=True)
+class QueueTrend:
+    """The least-squares line through ``outstanding(t)`` over a span, and the noise its rise is
+    judged against (module docstring)."""
+
+    span_s: float  # the stretch of the steady window over which requests arrived
+    slope_req_s: float  # requests outstanding gained per second, along the line
+    spread: float  # the count's standard deviation about the line, in requests
+    decorrelation_s: float  # E[S^2] / E[S] over the requests' times in the engine
+
+    @property
+    def growth(self) -> float:
+        """The line's rise across the span, in requests."""
+        return self.slope_req_s * self.span_s
+
+    @property
+    def stretches(self) -> float:
+        """How many independent stretches the span holds: span / decorrelation."""
+        if self.decorrelation_s <= 0:
+            return math.inf
+        return self.span_s / self.decorrelation_s
+
+    @property
+    def growth_se(self) -> float:
+        """The rise's standard error were the count stationary: ``spread x sqrt(12 / (n - 2))``
+        over n independent stretches (the OLS slope's, its residual variance over n - 2 degrees
+        of freedom); inf with n <= 2, too short to tell a trend from a wander."""
+        n = self.stretches
+        if n <= 2:
+            return math.inf
+        return self.spread * math.sqrt(12.0 / (n - 2.0)) if math.isfinite(n) else 0.0
+
+    @property
+    def z(self) -> float:
+        """The rise in standard errors (inf for a rise with no noise about it)."""
+        se = self.growth_se
+        if 0 < se < math.inf:
+            return self.growth / se
+        return math.inf if se == 0 and self.growth > 0 else 0.0
+
+
+def queue_trend(run: ServedRun, t0_s: float, t1_s: float) -> QueueTrend:
+    """Requests outstanding over [t0_s, t1_s], sampled on a fine grid, fitted with a line."""
+    span = max(t1_s - t0_s, 0.0)
+    times = t0_s + (np.arange(TREND_GRID) + 0.5) * (span / TREND_GRID)
+    counts = outstanding(run.requests, run.t_end_s).sample(times)
+    centred = times - times.mean()
+    denominator = float((centred ** 2).sum())
+    slope = float((centred * (counts - counts.mean())).sum() / denominator) if denominator > 0 else 0.0
+    spread = float(np.std(counts - counts.mean() - slope * centred))
+    lives = np.array([r.finish_s - r.start_s for r in run.completed
+                      if r.finish_s is not None and r.start_s is not None])
+    decorrelation = float((lives ** 2).mean() / lives.mean()) if lives.size and lives.mean() > 0 else 0.0
+    return QueueTrend(span, slope, spread, decorrelation)
+
+
+def poisson_lower(mean: float, alpha: float) -> int:
+    """The lower end of a Poisson count's two-sided ``1 - 2 alpha`` interval: the smallest k
+    with P(X <= k) > alpha, for X ~ Poisson(mean)."""
+    if mean <= 0:
+        return 0
+    # Terms below 12 standard deviations under the mean add less than 1e-30: start there.
+    k = max(0, math.floor(mean - 12.0 * math.sqrt(mean) - 12.0))
+    log_mean, cdf = math.log(mean), 0.0
+    while True:
+        cdf += math.exp(k * log_mean - mean - math.lgamma(k + 1))
+        if cdf > alpha:
+            return k
+        k += 1
+
+
+@dataclass(frozen=True)
+class RateShortfall:
+    """The steady window's completions against the arrivals the offered rate sends over it."""
+
+    offered_count: float  # offered rate x window duration
+    achieved_count: float  # achieved rate x window duration (completions' worth of output tokens)
+    lower: int  # the lower end of the offered count's Poisson interval (1 - 2 x SHORTFALL_ALPHA)
+
+    @property
+    def short(self) -> float:
+        """The share by which the achieved count falls short of the offered one."""
+        return 1.0 - self.achieved_count / self.offered_count if self.offered_count > 0 else 0.0
+
+    @property
+    def significant(self) -> bool:
+        return self.achieved_count < self.lower and self.short > RATE_SHORTFALL
+
+
 @dataclass(frozen=True)
 class Saturation:
     saturated: bool
-    queue_growth: float  # requests outstanding at the end of the arrivals (within the window) less at its start
+    queue_growth: float  # the trend's rise across the window's arrivals, in requests (0 with none there)
     reason: str | None
+    trend: QueueTrend | None = None  # None with no arrivals inside the window (every request sent at once)
+    shortfall: RateShortfall | None = None  # None likewise, or without an achieved rate
 
 
 def saturation(run: ServedRun, window: SteadyWindow, offered_rate_req_s: float,
                achieved_rate_req_s: float | None) -> Saturation:
     """Whether the engine kept up with the offered load (module docstring).
 
-    While requests still arrive inside the window, a queue that grows by more than
-    ``max(MIN_QUEUE_GROWTH, QUEUE_GROWTH_SHARE x requests)`` means it did not. With
-    every request sent at once (no arrivals inside the window) it means requests
-    waited behind a full engine as the window opened: the engine ran at capacity.
+    While requests still arrive inside the window, either of two tests says it did
+    not: requests outstanding trend upwards (the line's rise more than
+    ``QUEUE_TREND_Z`` standard errors, at least ``QUEUE_GROWTH_SHARE`` of the offered
+    rate and ``MIN_QUEUE_GROWTH`` requests), or the window's completions fall below the
+    Poisson interval of the arrivals offered over it and more than ``RATE_SHORTFALL``
+    short. With every request sent at once (no arrivals inside the window) requests
+    waiting behind a full engine as the window opened mean it ran at capacity.
     """
     arrivals = [r.arrival_s for r in run.requests]
     a0, a1 = max(window.t_start_s, min(arrivals)), min(window.t_end_s, max(arrivals))
-    limit = max(MIN_QUEUE_GROWTH, QUEUE_GROWTH_SHARE * len(run.requests))
-    if a1 > a0:
-        held = outstanding(run.requests, run.t_end_s)
-        growth = held.at(a1) - held.at(a0)
-        completions = sum(1 for r in run.completed if r.finish_s is not None
-                          and window.t_start_s < r.finish_s <= window.t_end_s)
-        short = (achieved_rate_req_s is not None and completions >= MIN_RATE_COMPLETIONS
-                 and achieved_rate_req_s < (1.0 - RATE_SHORTFALL) * offered_rate_req_s)
-        saturated = growth > limit or short
-        reason = None
-        if growth > limit:
-            reason = (f"requests outstanding grew by {growth:g} while they arrived in the steady window "
-                      f"(more than {limit:g})")
-        elif short:
-            reason = f"the achieved rate fell more than {RATE_SHORTFALL:.0%} short of the offered rate"
-    else:
-        growth = 0.0
+    if a1 <= a0:
         backlog = waiting(run.requests, run.t_end_s).at(window.t_start_s)
-        saturated = backlog > 0
-        reason = f"{backlog:g} requests waited behind a full engine as the steady window opened" if saturated else None
-    if saturated and achieved_rate_req_s is not None and not math.isinf(offered_rate_req_s):
+        reason = f"{backlog:g} requests waited behind a full engine as the steady window opened" if backlog else None
+        if reason is not None and achieved_rate_req_s is not None and math.isfinite(offered_rate_req_s):
+            reason = f"{reason}; achieved {achieved_rate_req_s:.3g} req/s against {offered_rate_req_s:.3g} offered"
+        return Saturation(backlog > 0, 0.0, reason)
+    trend = queue_trend(run, a0, a1)
+    reasons = []
+    if (trend.z > QUEUE_TREND_Z and trend.growth >= MIN_QUEUE_GROWTH
+            and trend.slope_req_s >= QUEUE_GROWTH_SHARE * offered_rate_req_s):
+        reasons.append(f"requests outstanding rose by {trend.growth:.3g} across the {trend.span_s:.3g} s of "
+                       f"arrivals in the steady window (a trend of {trend.slope_req_s:.3g} req/s), "
+                       f"{trend.z:.1f} times its standard error of {trend.growth_se:.3g} (spread about the trend "
+                       f"{trend.spread:.3g} requests, decorrelation time {trend.decorrelation_s:.3g} s)")
+    shortfall = None
+    if achieved_rate_req_s is not None and math.isfinite(offered_rate_req_s):
+        offered = offered_rate_req_s * window.duration_s
+        shortfall = RateShortfall(offered, achieved_rate_req_s * window.duration_s,
+                                  poisson_lower(offered, SHORTFALL_ALPHA))
+        if shortfall.significant:
+            reasons.append(f"the steady window completed {shortfall.achieved_count:.1f} requests' worth of "
+                           f"{shortfall.offered_count:.1f} offered over it ({shortfall.short:.0%} short), below "
+                           f"{shortfall.lower}, the lower end of the offered count's "
+                           f"{1 - 2 * SHORTFALL_ALPHA:.0%} Poisson interval")
+    reason = "; ".join(reasons) or None
+    if reason is not None and achieved_rate_req_s is not None:
         reason = f"{reason}; achieved {achieved_rate_req_s:.3g} req/s against {offered_rate_req_s:.3g} offered"
-    return Saturation(saturated, growth, reason)
+    return Saturation(reason is not None, trend.growth, reason, trend, shortfall)
 
 
 def meets(request: ServedRequest, bounds_s: dict[str, float]) -> bool:

@@ -37,7 +37,6 @@ TRIAL_COLUMNS: tuple[str, ...] = (
     "decode_energy_per_token_j", "between_phases_energy_j", "energy_method", "energy_uncertainty_j",
     "energy_per_token_uncertainty_j", "iteration_energy_cv", "cpu_energy_j",
     "dram_energy_j", "gpu_uuids", "gpu_names", "gpu_power_limit_w", "driver_version",
-    "unstable", "unstable_reason",
 )
 
 
@@ -115,12 +114,6 @@ def iteration_blocks(bounds: list[tuple[float, float]], min_s: float) -> list[tu
     return blocks
 
 
-def _window_reasons(duration_s: float | None, min_window_s: float) -> list[str]:
-    if duration_s is not None and duration_s < min_window_s:
-        return [f"window {duration_s:.2f} s < min_window_s {min_window_s:g} s"]
-    return []
-
-
 def _with_trial_id(table: pa.Table, trial_id: str, marks: Marks | None) -> pa.Table:
     table = table.add_column(0, pa.field("trial_id", pa.string()),
                              pa.array([trial_id] * table.num_rows, pa.string()))
@@ -193,13 +186,9 @@ class TelemetryBase(ABC):
     @abstractmethod
     def trial_columns(self, handle: Measurement, *, idle_power_w: float | None, marks: Marks,
                       output_tokens: int, requests: int, decode_tokens: int,
-                      iteration_bounds: list[tuple[float, float]], min_window_s: float = 10.0,
-                      max_iteration_cv: float = 0.05, duration_s: float | None = None) -> dict[str, Any]:
-        """The trial row's energy columns (``TRIAL_COLUMNS``) for the window ``measure`` yielded.
-
-        ``duration_s`` is the block's duration as the caller timed it, used to judge
-        stability only where the handle does not know it (a window that failed to close).
-        """
+                      iteration_bounds: list[tuple[float, float]]) -> dict[str, Any]:
+        """The trial row's energy columns (``TRIAL_COLUMNS``) for the window ``measure`` yielded:
+        figures only; whether they can be trusted is ``actors.stability``'s verdict."""
 
     @abstractmethod
     def environment(self) -> dict[str, Any]:
@@ -333,15 +322,11 @@ class Telemetry(TelemetryBase):
 
     def trial_columns(self, handle: Measurement, *, idle_power_w: float | None, marks: Marks,
                       output_tokens: int, requests: int, decode_tokens: int,
-                      iteration_bounds: list[tuple[float, float]], min_window_s: float = 10.0,
-                      max_iteration_cv: float = 0.05, duration_s: float | None = None) -> dict[str, Any]:
+                      iteration_bounds: list[tuple[float, float]]) -> dict[str, Any]:
         w = handle.window
         cols: dict[str, Any] = dict.fromkeys(TRIAL_COLUMNS)
         cols.update(self._gpu_columns())
-        reasons = _window_reasons(w.duration_s if w is not None else duration_s, min_window_s)
         if w is None:
-            reasons.append(f"no energy window ({handle.error or 'not measured'})")
-            cols.update(unstable=True, unstable_reason="; ".join(reasons))
             return cols
 
         cols.update(
@@ -368,12 +353,7 @@ class Telemetry(TelemetryBase):
         cols["decode_energy_j"] = phases.get("decode")
         cols["between_phases_energy_j"] = self._between_phases_energy(w, marks) if phases else None
         cols["decode_energy_per_token_j"] = _ratio(phases.get("decode"), decode_tokens)
-        cv, n_blocks = self._iteration_energy_cv(iteration_bounds)
-        cols["iteration_energy_cv"] = cv
-        if cv is not None and cv > max_iteration_cv:
-            reasons.append(f"per-iteration energy CV {cv:.3f} (over {n_blocks} blocks of >= "
-                           f"{MIN_STABILITY_BLOCK_S:g} s) > max_iteration_cv {max_iteration_cv:g}")
-        cols.update(unstable=bool(reasons), unstable_reason="; ".join(reasons) or None)
+        cols["iteration_energy_cv"] = self._iteration_energy_cv(iteration_bounds)
         return cols
 
     def _between_phases_energy(self, window: EnergyWindow, marks: Marks) -> float | None:
@@ -396,26 +376,26 @@ class Telemetry(TelemetryBase):
             log.warning("energy between phases unavailable: %s", exc)
             return None
 
-    def _iteration_energy_cv(self, bounds: list[tuple[float, float]]) -> tuple[float | None, int]:
-        """The CV of energy per iteration over blocks of >= 1 s (counters move every ~100 ms),
-        and the number of blocks; None with fewer than two blocks."""
+    def _iteration_energy_cv(self, bounds: list[tuple[float, float]]) -> float | None:
+        """The CV of energy per iteration over blocks of >= 1 s (counters move every ~100 ms);
+        None with fewer than two blocks."""
         blocks = iteration_blocks(bounds, MIN_STABILITY_BLOCK_S)
         if len(blocks) < 2:
-            return None, len(blocks)
+            return None
         try:
             block_energies = self.meter.energies_between([(t0, t1) for t0, t1, _ in blocks])
         except TelemetryError as exc:
             log.warning("per-iteration energy unavailable: %s", exc)
-            return None, len(blocks)
+            return None
         # Per iteration, not per block: blocks differ in iteration count (the remainder
         # joins the last), and on an H200 17 steady 0.74 s iterations read as CV 0.17
         # when their 2-, 2-, ..., 3-iteration blocks were compared whole.
         energies = [e / n for e, (_, _, n) in zip(block_energies, blocks, strict=True)]
         mean = statistics.fmean(energies)
         if mean <= 0:
-            return None, len(blocks)
+            return None
         cv = statistics.stdev(energies) / mean
-        return (cv if math.isfinite(cv) else None), len(blocks)
+        return cv if math.isfinite(cv) else None
 
     def _gpu_columns(self) -> dict[str, Any]:
         limits = [g.power_limit_w for g in self.gpus if g.power_limit_w is not None]
@@ -475,13 +455,8 @@ class NullTelemetry(TelemetryBase):
 
     def trial_columns(self, handle: Measurement, *, idle_power_w: float | None, marks: Marks,
                       output_tokens: int, requests: int, decode_tokens: int,
-                      iteration_bounds: list[tuple[float, float]], min_window_s: float = 10.0,
-                      max_iteration_cv: float = 0.05, duration_s: float | None = None) -> dict[str, Any]:
-        measured_s = handle.duration_s if handle.duration_s is not None else duration_s
-        reasons = _window_reasons(measured_s, min_window_s)
-        cols: dict[str, Any] = dict.fromkeys(TRIAL_COLUMNS)
-        cols.update(unstable=bool(reasons), unstable_reason="; ".join(reasons) or None)
-        return cols
+                      iteration_bounds: list[tuple[float, float]]) -> dict[str, Any]:
+        return dict.fromkeys(TRIAL_COLUMNS)
 
     def environment(self) -> dict[str, Any]:
         return {"gpu_uuids": None, "gpu_names": None, "gpu_power_limit_w": None, "driver_version": None}

@@ -81,6 +81,25 @@ def _varies(df: pd.DataFrame, column: str) -> bool:
     return column in df.columns and df[column].nunique(dropna=False) > 1
 
 
+def _given(value: Any) -> bool:
+    """Not None, NaN or pandas' NA."""
+    import pandas as pd
+
+    return value is not None and not bool(pd.isna(value))
+
+
+def load_label(row: Any) -> str:
+    """What loads a trial: ``bs=8`` offline; ``rate=24/s`` in serving mode (``rate=inf``: all
+    requests at once), with ``conc=16`` where the engine's concurrency is capped."""
+    rate = row.get("request_rate")
+    if _given(rate):
+        conc = row.get("max_concurrency")
+        text = "rate=inf" if rate == float("inf") else f"rate={float(rate):g}/s"
+        return text + (f" conc={int(conc)}" if _given(conc) else "")
+    batch = row.get("batch_size")
+    return f"bs={int(batch)}" if _given(batch) else ""
+
+
 def series_label(row: Any, df: pd.DataFrame, with_model: bool = False) -> str:
     """A short label naming only the axes that vary in ``df``."""
     parts = [str(row["model"])] if with_model else []
@@ -281,15 +300,43 @@ def pareto_frontier(trials: pd.DataFrame, latency: str = "tpot_s") -> pd.DataFra
     return df
 
 
-def plot_pareto(trials: pd.DataFrame, latencies: tuple[str, ...] = ("tpot_s", "ttft_s")) -> Figure:
-    """Latency (ms) against J/token per model; the non-dominated trials are joined and labelled.
+def pareto_latencies(trials: pd.DataFrame, latencies: tuple[str, ...] = ("tpot_s", "ttft_s"),
+                     percentile: int = 99) -> tuple[str, ...]:
+    """The latency columns the Pareto plot draws: the means (``tpot_s``, ``ttft_s``), or, where
+    any trial is a serving one, each at ``percentile`` (``tpot_p99_s``), the statistic the
+    report's SLO bounds (--slo-percentile) judge by: a serving configuration is chosen for
+    its tail, and offline trials beside it are read at the same percentile."""
+    from sweeper.analysis.tables import STATISTICS
+
+    statistic = f"p{percentile}"
+    if statistic not in STATISTICS:
+        raise ValueError(f"percentile must be one of 50, 90, 99, got {percentile}")
+    if "mode" not in trials.columns or not (trials["mode"] == "serving").any():
+        return latencies
+    return tuple(f"{lat[:-2]}_{statistic}_s" if lat in ("tpot_s", "ttft_s") else lat for lat in latencies)
+
+
+def _latency_name(column: str) -> str:
+    """An axis' name for a latency column: ``TPOT`` (tpot_s), ``p99 TTFT`` (ttft_p99_s)."""
+    metric, _, statistic = column.removesuffix("_s").partition("_")
+    if metric not in ("tpot", "ttft"):
+        return column
+    return f"{statistic} {metric.upper()}" if statistic else metric.upper()
+
+
+def plot_pareto(trials: pd.DataFrame, latencies: tuple[str, ...] = ("tpot_s", "ttft_s"),
+                percentile: int = 99) -> Figure:
+    """Latency (ms) against J/token per model; the non-dominated trials are joined and labelled
+    with what loads them (``bs=8``, or ``rate=24/s`` in serving mode).
 
     The frontier is per model: a smaller model is usually cheaper and faster, so
-    a frontier across models would only ever show the smallest one.
+    a frontier across models would only ever show the smallest one. With serving
+    trials, latency is read at ``percentile`` (``pareto_latencies``), as the report's
+    SLO bounds read it.
     """
     df = plottable(trials)
     require(df, ("energy_per_token_j",), "no energy measured: CPU-only run?")
-    latencies = tuple(lat for lat in latencies if _usable(df, lat))
+    latencies = tuple(lat for lat in pareto_latencies(df, latencies, percentile) if _usable(df, lat))
     if not latencies:
         raise PlotUnavailable("no TPOT or TTFT measured")
     markers = "osD^v<>pPX*"
@@ -309,19 +356,21 @@ def plot_pareto(trials: pd.DataFrame, latencies: tuple[str, ...] = ("tpot_s", "t
             ax.step(on["energy_per_token_j"], on[latency] * 1e3, where="post", color=colour,
                     lw=1.2, alpha=0.7)
             for k, (_, row) in enumerate(on.iterrows()):
-                ax.annotate(f"{series_label(row, df)} bs={row['batch_size']}",
+                ax.annotate(f"{series_label(row, df)} {load_label(row)}".strip(),
                             (row["energy_per_token_j"], row[latency] * 1e3), fontsize=7,
                             xytext=(5, 4 if k % 2 == 0 else -10), textcoords="offset points")
         log_if_wide(ax, front["energy_per_token_j"], "x")
         log_if_wide(ax, front[latency], "y")
         ax.margins(x=0.1)  # room for the labels of the points at the edges
-        name = "TPOT" if latency.startswith("tpot") else "TTFT" if latency.startswith("ttft") else latency
+        name = _latency_name(latency)
         ax.set_xlabel("J / output token (lower is better)")
         ax.set_ylabel(f"{name} ms (lower is better)")
         ax.set_title(f"{name} vs energy per token", fontsize=10)
         ax.grid(True, alpha=0.3, which="both")
         ax.legend(fontsize=7, loc="best")
     note = "lines join each model's non-dominated trials (labelled)"
+    if any(lat.endswith(f"_p{percentile}_s") for lat in latencies):
+        note += f"; serving trials: latency at p{percentile}, as the SLO bounds read it"
     if df["unstable"].any():
         note += f"; {UNSTABLE_NOTE}"
     fig.suptitle(f"Pareto frontier: latency against energy\n{note}", fontsize=11)
@@ -471,7 +520,7 @@ def plot_power_timeline(timeline: pd.DataFrame, trial: dict[str, Any] | None = N
         if duration is not None and duration == duration:  # not NaN
             ax.axvline(float(duration), color="gray", ls="--", lw=0.8)
         title += (f": {trial.get('model')} {trial.get('backend')}/{trial.get('precision')} "
-                  f"bs={trial.get('batch_size')} ({trial.get('trial_id')})")
+                  f"{load_label(trial)} ({trial.get('trial_id')})")
     ax.set_xlabel("s from the start of the measured window (dashed: window)")
     ax.set_ylabel("power (W)")
     ax.set_ylim(bottom=0)

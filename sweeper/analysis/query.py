@@ -1,7 +1,8 @@
 """``sweeper query``: read-only DuckDB SQL over a results directory's aggregated tables.
 
-Each aggregated table that exists becomes a view of its name (``trials``,
-``requests``, ``timeline``, ``layers``), so a query never needs a file path.
+Each aggregated table the schema lists (``sweeper.core.schema.TABLES``: ``trials``,
+``requests``, ``timeline``, ``layers``, ``stages``) that exists in the directory becomes
+a view of its name, so a query never needs a file path.
 DuckDB is imported only when a query runs.
 
 Read-only, twice over: only ``SELECT`` (and ``EXPLAIN``) statements run, so a
@@ -19,8 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweeper.core.errors import ResultsError, UserInputError
+from sweeper.core.schema import TABLES
 
-VIEWS = ("trials", "requests", "timeline", "layers")
+# Every table aggregation writes, from the schema: a table added there is queryable at once.
+VIEWS = tuple(TABLES)
 
 
 class QueryError(UserInputError):

@@ -282,7 +282,10 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
          lambda: plots.plot_energy_per_token(results.trials)),
         ("Pareto frontier: latency vs J/token", "pareto.png",
          "per model, the trials no other trial beats on both latency and J/token are joined and labelled"
-         + (f"; {marked}" if marked else ""), lambda: plots.plot_pareto(results.trials)),
+         + (f"; latency at p{slo_percentile}, the --slo-percentile, as the sweep has serving trials"
+            if plots.pareto_latencies(results.trials, percentile=slo_percentile) != ("tpot_s", "ttft_s") else "")
+         + (f"; {marked}" if marked else ""),
+         lambda: plots.plot_pareto(results.trials, percentile=slo_percentile)),
         ("Latency vs achieved throughput (serving)", "serving_latency.png",
          "p50 solid, p99 dashed; x: saturated trials", lambda: serving_plots.plot_serving_latency(results.trials)),
         ("Energy vs achieved request rate (serving)", "serving_energy.png",

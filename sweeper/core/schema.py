@@ -63,8 +63,11 @@ _RESULT: tuple[Column, ...] = (
     _c("max_duration_s", F, "with target_rel_ci, where the window ended regardless (null: 60 s, or no target)"),
     _c("idle_reuse_tolerance_w", F, "a later trial of a group kept the group's idle baseline when a 0.5 s re-check of the settled power read within this many W per GPU of it (null: a fresh baseline every trial)"),
     _c("idle_reuse_max_age_s", F, "idle baselines older than this were taken afresh"),
-    _c("min_window_s", F, "windows shorter than this are flagged unstable"),
-    _c("max_iteration_cv", F, "per-iteration throughput or energy CV above this is flagged unstable"),
+    _c("min_window_s", F, "windows (serving: steady windows) shorter than this are flagged unstable "
+                          "(min_duration_s unless the sweep set it)"),
+    _c("max_rel_ci", F, "a headline figure whose 95 % interval was wider than this share of its mean flagged "
+                        "the trial unstable (target_rel_ci, when set, was the bound instead)"),
+    _c("max_iteration_cv", F, "per-iteration throughput or energy CV above this raised noisy_host"),
     _c("layer_profile", S, "layer-profiling granularity (block | submodule | leaf); null: no profiling pass"),
     _c("fidelity", S, "fidelity-pass settings (reference precision, prompts), canonical JSON; null: no fidelity pass"),
     _c("mode", S, "offline (static batches of generate calls) | serving (requests arriving at request_rate, "
@@ -133,12 +136,16 @@ _RESULT: tuple[Column, ...] = (
     _c("steady_batch", F, "serving: the steady level of requests running in the engine, which defines the window"),
     _c("mean_running_batch", F, "serving: time-weighted mean of requests running in the engine over the window"),
     _c("max_concurrency_reached", I, "serving: most requests in flight (submitted, not finished) at once"),
-    _c("saturated", B, "serving: the engine did not keep up with the offered rate (requests outstanding grew while "
-                       "they arrived in the steady window; with every request sent at once: requests waited "
-                       "behind a full engine as the window opened)"),
-    _c("saturation_reason", S, "serving: the figures behind saturated"),
-    _c("queue_growth", F, "serving: requests outstanding (arrived, not finished) at the last arrival in the steady "
-                          "window less at its start"),
+    _c("saturated", B, "serving: the engine did not keep up with the offered rate: while requests arrived in the "
+                       "steady window, requests outstanding trended up by more than 3 standard errors (the count's "
+                       "spread about its least-squares line over its independent stretches) and at least 5 % of "
+                       "the offered rate, or the window's completions fell below the 95 % Poisson interval of the "
+                       "arrivals offered over it and more than 10 % short; with every request sent at once: "
+                       "requests waited behind a full engine as the window opened"),
+    _c("saturation_reason", S, "serving: the figures behind saturated (the trend in req/s with its standard error, "
+                               "or the completions against the Poisson interval)"),
+    _c("queue_growth", F, "serving: the rise of the least-squares line through requests outstanding (arrived, not "
+                          "finished) across the arrivals in the steady window, in requests; 0 with none there"),
     _c("goodput_req_s", F, "serving: requests meeting every SLO bound / run_duration_s (vLLM's definition); null without an slo"),
     _c("slo_attainment", F, "serving: share of the run's requests meeting every SLO bound"),
     _c("load_s", F, "model load time of the trial's group (shared by its trials, not in duration_s)"),
@@ -190,8 +197,15 @@ _RESULT: tuple[Column, ...] = (
     _c("target_met", B, "with target_rel_ci: every headline interval over the whole window is within it "
                         "(false: max_duration_s came first, or the last blocks widened an interval the stop "
                         "judged on settled blocks; the trial is then flagged unstable); null: no target"),
-    _c("unstable", B, "the measurement is flagged as unreliable (see unstable_reason)"),
-    _c("unstable_reason", S, "why the trial is flagged unstable"),
+    _c("unstable", B, "the reported figures are imprecise or biased (see unstable_reason): a headline 95 % "
+                      "interval wider than max_rel_ci (or a missed target_rel_ci), a window too short to judge, "
+                      "no energy window on GPUs, an idle baseline taken before the power settled; serving: no "
+                      "or a short steady window, saturation, failed requests"),
+    _c("unstable_reason", S, "why the trial is flagged unstable, every reason with its numbers"),
+    _c("noisy_host", B, "the host's per-iteration noise was above max_iteration_cv although the estimate may "
+                        "be tight: information about the machine, not a verdict on the figures (repeats judge "
+                        "run-to-run noise); null: not judged (serving, varied prompts or replies)"),
+    _c("noisy_host_reason", S, "which per-iteration CV exceeded max_iteration_cv, with its value"),
     # layer profiling (a separate pass after the measured window; rows in layers.parquet)
     _c("layer_profile_status", S, "ok, or why the profiling pass wrote no layer rows (not applicable: ..., failed: ...)"),
     _c("layer_profile_overhead", F, "profiling pass time per iteration / measured time per iteration - 1 (the hooks' slowdown)"),

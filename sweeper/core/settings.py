@@ -40,8 +40,11 @@ class MeasureSettings(Settings):
     min_duration_s: float = Field(10.0, ge=0, le=MAX_SECONDS)
     idle_s: float = Field(2.0, ge=0, le=MAX_SECONDS, description="idle-baseline window before the measured phase")
     sample_interval_s: float = Field(0.1, gt=0, le=10)
-    min_window_s: float = Field(10.0, ge=0, le=MAX_SECONDS, description="shorter measured windows are flagged unstable (not with target_rel_ci: the interval judges the window then)")
-    max_iteration_cv: float = Field(0.05, gt=0, description="per-iteration throughput or energy CV above this is flagged unstable")
+    # The window is judged by the precision of what it reports (actors.stability): a window
+    # shorter than min_window_s is flagged; by default that floor is the window the sweep asked for.
+    min_window_s: float | None = Field(None, ge=0, le=MAX_SECONDS, description="shorter measured windows (serving: steady windows) are flagged unstable; null: min_duration_s (not with target_rel_ci: the interval judges the window then)")
+    max_rel_ci: float = Field(0.05, gt=0, lt=1, description="a headline figure (throughput; on GPUs, J/token) whose 95 % confidence interval over >= 1 s blocks is wider than this share of its mean flags the trial unstable (with target_rel_ci, the target is the bound)")
+    max_iteration_cv: float = Field(0.05, gt=0, description="per-iteration throughput or energy CV above this raises the noisy_host flag (process noise; the trial is judged by its interval)")
     # Measure until precise: the window goes on past min_duration_s until the 95 % interval
     # of each headline figure (throughput; on GPUs, J/token) over >= 1 s blocks is within
     # this share of its mean, or until max_duration_s.
@@ -67,6 +70,10 @@ class MeasureSettings(Settings):
     # (idle_baseline_reused, idle_recheck_power_w), not what is measured: no part of trial
     # ids, so a results directory from before them resumes, but columns of the rows.
     METHOD: ClassVar[frozenset[str]] = frozenset({"idle_reuse_tolerance_w", "idle_reuse_max_age_s"})
+    # Settings that only judge a measurement (the unstable flag), never shape its numbers:
+    # no part of trial ids (a stricter bound must not re-measure a finished sweep), but
+    # columns of the rows, so a verdict can be re-judged from them.
+    VERDICT: ClassVar[frozenset[str]] = frozenset({"max_rel_ci"})
     # Settings that joined later, with the value that means "not used": they join a
     # trial's identity only when set, so trials that do not use them keep their ids.
     OFF_VALUES: ClassVar[dict[str, object]] = {"warmup_s": 0.0, "target_rel_ci": None, "max_duration_s": None}
@@ -87,6 +94,12 @@ class MeasureSettings(Settings):
         return self
 
     @property
+    def window_floor_s(self) -> float:
+        """Windows shorter than this are flagged unstable: ``min_window_s``, else the
+        window the sweep asked for (``min_duration_s``)."""
+        return self.min_window_s if self.min_window_s is not None else self.min_duration_s
+
+    @property
     def window_cap_s(self) -> float | None:
         """Where a window that measures until precise ends regardless; None: a fixed window."""
         if self.target_rel_ci is None:
@@ -102,7 +115,9 @@ class MeasureSettings(Settings):
 @functools.lru_cache(maxsize=256)
 def _measure_identity(m: MeasureSettings) -> dict[str, object]:
     # Every trial's id asks; a sweep has one measure block.
-    d = m.model_dump(exclude=set(m.PATIENCE | m.METHOD))
+    d = m.model_dump(exclude=set(m.PATIENCE | m.METHOD | m.VERDICT))
+    # The floor in force, as ids have always carried it (a number, 10 by default).
+    d["min_window_s"] = m.window_floor_s
     return {k: v for k, v in d.items() if k not in m.OFF_VALUES or v != m.OFF_VALUES[k]}
 
 

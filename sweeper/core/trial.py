@@ -241,7 +241,8 @@ class Trial:
                      slo_tpot_s=slo.get("tpot"), slo_e2e_s=slo.get("e2e"))
         # The time limits bound the driver's patience and never shape an ok row's
         # numbers, so they are no trials-table columns.
-        d.update(self.measure.model_dump(exclude=set(MeasureSettings.PATIENCE)))
+        d.update(self.measure.model_dump(exclude=set(MeasureSettings.PATIENCE)),
+                 min_window_s=self.measure.window_floor_s)
         return d
 
     def variant(self) -> str:

@@ -29,6 +29,7 @@ from sweeper.core.trial import Trial
 from sweeper.plan.capabilities import Capabilities
 from sweeper.plan.models import resolve_model
 from sweeper.plan.spec import MAX_TOKENS, Sweep
+from sweeper.plan.steady import steady_window_warnings
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ class Plan:
     trials: list[PlannedTrial]
     excluded: int = 0
     notes: list[str] = field(default_factory=list)
+    # What the user should know before running (printed as warnings; the plan runs as it is).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def runnable(self) -> list[Trial]:
@@ -281,7 +284,8 @@ def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", chec
         if key not in verdicts:
             verdicts[key] = compatibility(t, device, capabilities)
         planned.append(PlannedTrial(t, verdicts[key]))
-    plan = Plan(sweep=sweep, device=device, trials=planned, excluded=excluded)
+    plan = Plan(sweep=sweep, device=device, trials=planned, excluded=excluded,
+                warnings=steady_window_warnings(p.trial for p in planned if p.runnable))
     if capabilities is not None:
         plan.notes.append(f"installed libraries checked in: {capabilities.source}")
     return plan

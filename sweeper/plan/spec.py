@@ -75,6 +75,10 @@ MAX_SEED = 2**32 - 1
 MAX_REPEATS = 1_000
 MAX_TENSOR_PARALLEL = 64
 MAX_YAML_DEPTH = 32
+# Nodes a sweep file may hold once its aliases are expanded: the bundled sweeps hold under a
+# hundred. An alias repeats its anchor's whole subtree, so a few lines of nested aliases (a
+# "billion laughs" file) would expand past any memory; such a file is refused before it is built.
+MAX_YAML_NODES = 100_000
 
 BatchSize = Annotated[int, Field(gt=0, le=MAX_BATCH_SIZE, strict=True)]
 Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS, strict=True)]
@@ -297,6 +301,13 @@ class Sweep(_Strict):
         if self.workload.mode == "serving" and self.measure.target_rel_ci is not None:
             raise ValueError("measure.target_rel_ci: a serving run plays its whole request schedule and judges "
                              "its steady window afterwards; it cannot stop early (use it in offline mode)")
+        m = self.measure
+        if (self.workload.mode == "offline" and m.target_rel_ci is None and m.min_window_s is not None
+                and m.min_window_s > m.min_duration_s):
+            raise ValueError(f"measure.min_window_s ({m.min_window_s:g} s) is above measure.min_duration_s "
+                             f"({m.min_duration_s:g} s): every window the sweep asks for would be flagged "
+                             "unstable; raise min_duration_s, lower min_window_s, or leave it out (it then "
+                             "follows min_duration_s)")
         if self.workload.mode == "serving" and self.batch_sizes is not None:
             raise ValueError("batch_sizes: not an axis in serving mode, where the engine forms its own batches; "
                              "remove it (cap them with workload.max_concurrency or the backend's own limit: "
@@ -385,17 +396,46 @@ class _StrictLoader(yaml.SafeLoader):
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
 
 
-def _depth(node: yaml.Node) -> int:
-    """How deep a YAML document nests (iteratively: a hostile file cannot exhaust the stack here)."""
-    deepest, stack = 0, [(node, 1)]
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [child for pair in node.value for child in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_shape(node: yaml.Node, path: str) -> None:
+    """Refuse a document nested too deep, expanding past ``MAX_YAML_NODES`` nodes once its
+    aliases are expanded, or holding itself through an alias.
+
+    Walks the composed node graph, where an aliased subtree is one shared node: each node
+    once (iteratively, memoized), so a hostile file costs its own size, not its expansion's.
+    """
+    measured: dict[int, tuple[int, int]] = {}  # id(node): (nodes expanded, depth)
+    open_nodes: set[int] = set()  # on the current path: met again below itself is a cycle
+    stack: list[tuple[yaml.Node, bool]] = [(node, False)]
     while stack:
-        n, d = stack.pop()
-        deepest = max(deepest, d)
-        if isinstance(n, yaml.MappingNode):
-            stack.extend((child, d + 1) for pair in n.value for child in pair)
-        elif isinstance(n, yaml.SequenceNode):
-            stack.extend((child, d + 1) for child in n.value)
-    return deepest
+        n, children_done = stack.pop()
+        if id(n) in measured:
+            continue
+        kids = _children(n)
+        if not children_done:
+            if id(n) in open_nodes:
+                raise SweepFileError(path, None, "malformed YAML: an alias refers to the node that holds it "
+                                                 "(a document that contains itself)")
+            open_nodes.add(id(n))
+            stack.append((n, True))
+            stack.extend((k, False) for k in kids if id(k) not in measured)
+            continue
+        size = 1 + sum(measured[id(k)][0] for k in kids)
+        depth = 1 + max((measured[id(k)][1] for k in kids), default=0)
+        if depth > MAX_YAML_DEPTH:
+            raise SweepFileError(path, None, f"YAML nested more than {MAX_YAML_DEPTH} levels deep")
+        if size > MAX_YAML_NODES:
+            raise SweepFileError(path, None, f"YAML expands to more than {MAX_YAML_NODES:,} values once its "
+                                             "aliases (*name) are expanded: not a sweep file")
+        measured[id(n)] = (size, depth)
+        open_nodes.discard(id(n))
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -405,8 +445,8 @@ def load_sweep(path: str | Path) -> Sweep:
     try:
         text = p.read_text()
         node = yaml.compose(text, Loader=_StrictLoader)
-        if node is not None and _depth(node) > MAX_YAML_DEPTH:
-            raise SweepFileError(str(path), None, f"YAML nested more than {MAX_YAML_DEPTH} levels deep")
+        if node is not None:
+            _check_shape(node, str(path))
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except RecursionError:
         raise SweepFileError(str(path), None, f"YAML nested more than {MAX_YAML_DEPTH} levels deep") from None

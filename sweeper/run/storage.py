@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import posixpath
+import stat
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -89,6 +90,14 @@ class StoredTrial:
     reason: str | None = None
 
 
+@dataclass(frozen=True)
+class _Indexed:
+    """A line of ``trials.index``: a committed trial's status and each of its shards' size in
+    bytes, by table, when it was committed (a line of an older sweeper has none: its shard is read)."""
+    stored: StoredTrial
+    sizes: dict[str, int]
+
+
 def _stem(path: str) -> str:
     return posixpath.basename(path).removesuffix(".parquet")
 
@@ -135,19 +144,26 @@ class ResultStore:
             self._index(trial_id, table)
 
     def _index(self, trial_id: str, table: pa.Table) -> None:
-        """Note a committed trial's status in ``shards/trials.index`` (one JSON line, appended).
+        """Note a committed trial's status in ``shards/trials.index`` (one JSON line, appended),
+        with the size of each of its shards as written.
 
-        A resume then learns every stored status from one small file instead of
-        parsing thousands of Parquet footers. The index only ever speeds reading
-        up: the shard listing stays the authority (a line whose shard is gone is
-        ignored; a shard a killed run never indexed is read itself).
+        A resume then learns every stored status from one small file and the directory
+        listing instead of parsing thousands of Parquet footers. The index is a cache the
+        listing is checked against, never believed over it: a line whose shard is gone is
+        ignored, and a shard the index does not know at its listed size (a killed run never
+        indexed it, or it was truncated since) is read itself (``stored_trials``).
         """
         status, reason = (table.column(c)[0].as_py() for c in ("status", "reason"))
-        self._append_index([StoredTrial(trial_id, status, reason)])
+        sizes = {}
+        for kind in TABLES:
+            with contextlib.suppress(OSError):  # a trial writes only the tables it has
+                sizes[kind] = os.stat(posixpath.join(self._shard_dir(kind), f"{trial_id}.parquet")).st_size
+        self._append_index([_Indexed(StoredTrial(trial_id, status, reason), sizes)])
 
-    def _append_index(self, stored: Iterable[StoredTrial]) -> None:
-        lines = "".join(json.dumps({"trial_id": t.trial_id, "status": t.status, "reason": t.reason}) + "\n"
-                        for t in stored)
+    def _append_index(self, entries: Iterable[_Indexed]) -> None:
+        lines = "".join(json.dumps({"trial_id": e.stored.trial_id, "status": e.stored.status,
+                                    "reason": e.stored.reason, "sizes": e.sizes}) + "\n"
+                        for e in entries)
         if not self.local or not lines:
             return
         os.makedirs(posixpath.join(self.root, "shards"), exist_ok=True)
@@ -188,7 +204,7 @@ class ResultStore:
             raise
 
     # -- reading ---------------------------------------------------------------
-    def shard_paths(self, kind: str) -> list[str]:
+    def _shard_infos(self, kind: str) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(self._shard_dir(kind), allow_not_found=True)
         for attempt in range(5):
             try:
@@ -199,11 +215,25 @@ class ResultStore:
                 # stat of that entry: list again (the directory itself exists).
                 if attempt == 4:
                     raise
-        return sorted(
-            info.path for info in infos
-            if info.is_file and info.base_name.endswith(".parquet")
-            and not info.base_name.startswith(".")
-        )
+        return [info for info in infos
+                if info.is_file and info.base_name.endswith(".parquet") and not info.base_name.startswith(".")]
+
+    def shard_paths(self, kind: str) -> list[str]:
+        return sorted(info.path for info in self._shard_infos(kind))
+
+    def shard_sizes(self, kind: str) -> dict[str, int]:
+        """Each shard of ``kind`` by trial id: its size in bytes, as listed (no file is opened)."""
+        if not self.local:
+            return {_stem(info.path): int(info.size or 0) for info in self._shard_infos(kind)}
+        sizes = {}
+        with contextlib.suppress(FileNotFoundError), os.scandir(self._shard_dir(kind)) as entries:
+            for entry in entries:
+                if entry.name.endswith(".parquet") and not entry.name.startswith("."):
+                    with contextlib.suppress(FileNotFoundError):  # renamed away since the listing
+                        st = entry.stat()
+                        if stat.S_ISREG(st.st_mode):
+                            sizes[entry.name.removesuffix(".parquet")] = st.st_size
+        return sizes
 
     def read_shards(self, kind: str, *, trial_ids: Iterable[str] | None = None,
                     columns: list[str] | None = None) -> pa.Table:
@@ -253,42 +283,103 @@ class ResultStore:
             return False
 
     def quarantine(self, kind: str, path: str, why: str) -> None:
-        """Move an unreadable shard aside (never delete it) and say so in one line."""
+        """Move an unreadable shard aside (never delete it) and say so in one line.
+
+        A shard of another table than ``trials`` takes its trial's ``trials`` shard (the
+        commit marker) aside with it: that trial's result is incomplete, so it has none
+        and runs again, its readable row kept beside the damaged shard.
+        """
+        target = self._move_aside(kind, path)
+        marker = posixpath.join(self._shard_dir(TRIALS), posixpath.basename(path))
+        if kind != TRIALS and self.fs.get_file_info(marker).type == pafs.FileType.File:
+            self._move_aside(TRIALS, marker)
+        self.on_quarantine(f"moved aside unreadable {kind} shard {posixpath.basename(path)} ({why}) "
+                           f"to {target}; its trial will run again")
+
+    def _move_aside(self, kind: str, path: str) -> str:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
         directory = posixpath.join(self.root, "quarantine", kind)
         self.fs.create_dir(directory, recursive=True)
         target = posixpath.join(directory, f"{posixpath.basename(path)}.{stamp}")
         self.fs.move(path, target)
-        self.on_quarantine(f"moved aside unreadable {kind} shard {posixpath.basename(path)} ({why}) "
-                           f"to {target}; its trial will run again")
+        return target
+
+    def _footer_ok(self, kind: str, path: str) -> bool:
+        """Whether a shard's Parquet footer reads (a truncated or emptied file's does not);
+        if not, the shard is moved aside."""
+        try:
+            with self.fs.open_input_file(path) as f:
+                pq.read_metadata(f)
+            return True
+        except (pa.ArrowInvalid, OSError) as exc:
+            self.quarantine(kind, path, _first_line(exc))
+            return False
 
     def stored_trials(self) -> dict[str, StoredTrial]:
-        """Each stored trial's status and reason: all a resume needs.
+        """Each stored trial's status and reason: all a resume needs. Damaged shards are
+        moved aside first, so their trials count as not stored and run again.
 
-        From the index where it has the trial, else from the shard's own two columns.
+        The shard listing is the authority, and the index a cache checked against it:
+        a trial is taken from the index only where its ``trials`` shard is listed at the
+        size the index recorded; otherwise its shard is read (an unreadable one is moved
+        aside) and indexed. A shard of another table the index recorded that is gone or
+        has another size is checked (a footer read); an unreadable one is moved aside
+        with its trial's ``trials`` shard. Listing costs one stat per file, not a read.
         """
-        listed = {_stem(p) for p in self.shard_paths(TRIALS)}
-        indexed = {k: v for k, v in self._read_index().items() if k in listed}
-        missing = listed - set(indexed)
-        if missing:
-            table = self.read_shards(TRIALS, trial_ids=missing, columns=["trial_id", "status", "reason"])
+        sizes = {kind: self.shard_sizes(kind) for kind in TABLES} if self.local else \
+            {TRIALS: self.shard_sizes(TRIALS)}
+        listed = sizes[TRIALS]
+        index = self._read_index()
+        entries = {k: e for k, e in index.items() if k in listed and e.sizes.get(TRIALS) == listed[k]}
+        unverified = set(listed) - set(entries)
+        fresh: set[str] = set()
+        if unverified:
+            table = self.read_shards(TRIALS, trial_ids=unverified, columns=["trial_id", "status", "reason"])
             ids, statuses, reasons = (table.column(c).to_pylist() for c in ("trial_id", "status", "reason"))
-            found = {i: StoredTrial(i, s, r) for i, s, r in zip(ids, statuses, reasons, strict=True)}
-            indexed.update(found)
-            self._append_index(found.values())  # read once: the next resume finds them indexed
-        return indexed
+            for i, s, r in zip(ids, statuses, reasons, strict=True):
+                # Sizes as listed, before any check: a shard found damaged below stays
+                # recorded, so the next resume still knows its trial lacks it.
+                entries[i] = _Indexed(StoredTrial(i, s, r), {k: v[i] for k, v in sizes.items() if i in v})
+                fresh.add(i)
+            self._append_index(entries[i] for i in sorted(fresh))  # read once: the next resume finds them indexed
+        if not self.local:
+            return {k: e.stored for k, e in entries.items()}
+        out = {}
+        for trial_id, entry in entries.items():
+            # Every table checked (no short cut): each damaged shard of the trial is moved aside.
+            damaged = [kind for kind, recorded in sorted(entry.sizes.items())
+                       if kind != TRIALS and kind in sizes
+                       and (sizes[kind].get(trial_id) != recorded or trial_id in fresh)
+                       and not self._aux_intact(kind, trial_id, sizes[kind].get(trial_id))]
+            if not damaged:
+                out[trial_id] = entry.stored
+        return out
 
-    def _read_index(self) -> dict[str, StoredTrial]:
+    def _aux_intact(self, kind: str, trial_id: str, listed: int | None) -> bool:
+        """Whether a trial's shard of ``kind`` that has changed since it was indexed (or was never
+        checked) still reads; one that does not, or is gone, takes its trial's result aside."""
+        marker = posixpath.join(self._shard_dir(TRIALS), f"{trial_id}.parquet")
+        if listed is None:  # recorded when the trial was committed, gone since (moved aside, deleted)
+            if self.fs.get_file_info(marker).type == pafs.FileType.File:
+                self._move_aside(TRIALS, marker)
+                self.on_quarantine(f"trial {trial_id} lost its {kind} shard: moved its trials shard aside; "
+                                   "its trial will run again")
+            return False
+        return self._footer_ok(kind, posixpath.join(self._shard_dir(kind), f"{trial_id}.parquet"))
+
+    def _read_index(self) -> dict[str, _Indexed]:
         if not self.local:
             return {}
-        out: dict[str, StoredTrial] = {}
+        out: dict[str, _Indexed] = {}
         try:
             with open(posixpath.join(self.root, "shards", INDEX_FILE), encoding="utf-8") as f:
                 for line in f:
                     try:
                         d = json.loads(line)
-                        out[d["trial_id"]] = StoredTrial(d["trial_id"], d["status"], d.get("reason"))
-                    except (ValueError, KeyError, TypeError):
+                        sizes = {str(k): int(v) for k, v in (d.get("sizes") or {}).items()}
+                        out[d["trial_id"]] = _Indexed(StoredTrial(d["trial_id"], d["status"], d.get("reason")),
+                                                      sizes)
+                    except (ValueError, KeyError, TypeError, AttributeError):
                         continue  # a line cut short by a crash: that shard is read instead
         except FileNotFoundError:
             pass
@@ -332,7 +423,10 @@ class ResultStore:
         current schema, each table keeps its previous rows but those of trials written
         since (re-run or new) and adds theirs, reading only the new shards and one file
         per table. Otherwise, and with ``full``, everything is rebuilt from the shards.
+        Damaged shards the index can tell (another size than written) are moved aside first.
         """
+        if self.local:
+            self.stored_trials()  # stats only, once indexed: no trial is aggregated short of a shard
         if not self.shard_paths(TRIALS):
             raise ResultsError(f"{self.uri}: no trial shards found (is this a sweeper output directory?)")
         stored = {_stem(p) for p in self.shard_paths(TRIALS)}

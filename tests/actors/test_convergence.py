@@ -78,7 +78,7 @@ def test_a_target_out_of_reach_ends_at_max_duration_and_is_flagged():
     assert 20.0 <= row["duration_s"] < 21.0  # the cap, plus the call that crossed it
     assert row["throughput_rel_ci95"] > 0.001
     assert row["unstable"] is True
-    assert "not within target_rel_ci 0.001 over the whole window" in row["unstable_reason"]
+    assert "> target_rel_ci 0.1%" in row["unstable_reason"]
 
 
 def test_a_fixed_window_records_its_interval_without_a_verdict():
@@ -93,6 +93,8 @@ def test_a_fixed_window_records_its_interval_without_a_verdict():
     ({"target_rel_ci": 0.02, "min_duration_s": 20, "max_duration_s": 10}, "max_duration_s (10) is below"),
     ({"target_rel_ci": 0.02, "min_duration_s": 90}, "above the default max_duration_s (60)"),
     ({"target_rel_ci": 1.5}, "target_rel_ci"),
+    # A floor above the window the sweep asks for would flag every trial: refused, naming both.
+    ({"min_duration_s": 6, "min_window_s": 10}, "measure.min_window_s (10 s) is above measure.min_duration_s (6 s)"),
 ])
 def test_impossible_windows_are_refused_at_plan_time(measure, message):
     with pytest.raises(UserInputError, match="measure") as err:
@@ -111,3 +113,18 @@ def test_a_target_joins_the_trial_id_only_when_set():
     capped = expand(parse_sweep(sweep({"target_rel_ci": 0.02, "max_duration_s": 30})))[0][0]
     assert len({plain.trial_id, targeted.trial_id, capped.trial_id}) == 3
     assert "target_rel_ci" not in plain.identity()["measure"]
+
+
+def test_the_window_floor_follows_min_duration_s_unless_set():
+    # The sweep that asked for 6 s windows is not flagged for them (it once met a silent 10 s floor).
+    assert measured({"min_duration_s": 6})["unstable"] is False
+    assert expand(parse_sweep(sweep({"min_duration_s": 6})))[0][0].columns()["min_window_s"] == 6.0
+    # Ids are unchanged where the floor was the old default (10 s windows, 10 s floor).
+    plain = expand(parse_sweep(sweep({"min_duration_s": 10})))[0][0]
+    spelled = expand(parse_sweep(sweep({"min_duration_s": 10, "min_window_s": 10})))[0][0]
+    assert plain.trial_id == spelled.trial_id
+    # A stricter bound judges, never re-measures: max_rel_ci is no part of the trial's id.
+    strict = expand(parse_sweep(sweep({"min_duration_s": 10, "max_rel_ci": 0.01})))[0][0]
+    assert strict.trial_id == plain.trial_id and strict.columns()["max_rel_ci"] == 0.01
+    # With a precision target the floor does not apply, whatever it is.
+    assert parse_sweep(sweep({"min_duration_s": 1, "min_window_s": 10, "target_rel_ci": 0.05}))

@@ -706,3 +706,126 @@ def test_precision_ratios_take_each_shape_once_however_many_repeats(tmp_path):
     int8 = many.loc[("llama-3.1-8b", "int8")]
     assert int8.shapes_compared == once.loc[("llama-3.1-8b", "int8")].shapes_compared == 4
     assert int8.throughput_vs_ref == pytest.approx(once.loc[("llama-3.1-8b", "int8")].throughput_vs_ref)
+
+
+# -- serving trials on the Pareto plot, the best table on a narrow terminal ------------------
+
+SERVING_TRIALS = ROOT / "docs" / "data" / "sweep_serving-gpu_h100_2026-11-24_trials.parquet"
+QUALITY_TRIALS = ROOT / "docs" / "data" / "quality_smollm2-135m_h100_2026-11-24_trials.parquet"
+
+
+def _results_dir(trials_file: Path, directory: Path) -> Path:
+    from sweeper.core.schema import to_table
+
+    directory.mkdir(parents=True)
+    pq.write_table(to_table("trials", pq.read_table(trials_file)), directory / "trials.parquet")
+    return directory
+
+
+def test_pareto_labels_serving_trials_by_rate_at_the_slo_percentile(tmp_path):
+    """A real H100 serving sweep (with one offline trial beside it): frontier points are
+    labelled by request rate (and concurrency where capped), never ``bs=nan``, and latency is
+    read at the percentile the report's SLO bounds use."""
+    import numpy as np
+    import pandas as pd
+
+    from sweeper.analysis.plots import pareto_frontier, plot_pareto
+    from sweeper.analysis.report import build_report
+
+    trials = pq.read_table(SERVING_TRIALS).to_pandas()
+    assert set(trials["mode"]) == {"serving", "offline"}
+    for percentile in (90, 99):
+        fig = plot_pareto(trials, percentile=percentile)
+        for ax, metric in zip(fig.axes, ("tpot", "ttft"), strict=True):
+            labels = [t.get_text() for t in ax.texts]
+            assert labels and not any("nan" in label for label in labels), labels
+            assert ax.get_ylabel().startswith(f"p{percentile} {metric.upper()} ms")
+            # Every label names the load of the trial at its point, on the percentile's frontier.
+            front = pareto_frontier(trials, f"{metric}_p{percentile}_s")
+            on = front[front["on_frontier"]]
+            assert len(labels) == len(on)
+            for text in ax.texts:
+                x, y = text.xy
+                (row,) = [r for _, r in on.iterrows() if np.isclose(r["energy_per_token_j"], x)
+                          and np.isclose(r[f"{metric}_p{percentile}_s"] * 1e3, y)]
+                rate = row["request_rate"]
+                load = (f"bs={int(row['batch_size'])}" if row["mode"] == "offline"
+                        else "rate=inf" if rate == np.inf else f"rate={rate:g}/s")
+                assert text.get_text().endswith(f" {load}"), (text.get_text(), load)
+        assert any(t.get_text().endswith(" rate=inf") for t in fig.axes[0].texts)
+        assert f"latency at p{percentile}" in fig.get_suptitle()
+    # The offline trial, on p99's frontier, keeps its batch size.
+    assert any(t.get_text().endswith(" bs=128") for t in fig.axes[0].texts)
+
+    capped = trials.copy()
+    capped["max_concurrency"] = pd.array([64 if r == 96 else None for r in capped["request_rate"]], dtype="Int64")
+    texts = [t.get_text() for t in plot_pareto(capped).axes[0].texts]
+    assert any(t.endswith(" rate=96/s conc=64") for t in texts), texts
+    assert not any("conc=" in t and "rate=96/s" not in t for t in texts), texts
+
+    report = build_report(_results_dir(SERVING_TRIALS, tmp_path / "serving"), "md", slo_percentile=90)
+    (pareto,) = [p for p in report.plots if p.filename == "pareto.png"]
+    assert "latency at p90" in pareto.caption
+
+
+def _rendered(table, width: int) -> list[str]:
+    import io
+
+    from rich.console import Console
+
+    from sweeper.analysis.render import console_table
+
+    console = Console(file=io.StringIO(), width=width, force_terminal=False, color_system=None)
+    console.print(console_table(table, width, f"{table.title} (sweeper report draws the plots)"))
+    return console.file.getvalue().splitlines()
+
+
+def _with_repeats(trials_file: Path, directory: Path) -> Path:
+    """Three repeats of every trial, 10 % apart in tok/s and J/token: cells with [intervals]."""
+    import pandas as pd
+
+    from sweeper.core.schema import to_table
+
+    trials = pq.read_table(trials_file).to_pandas()
+    copies = []
+    for k, factor in enumerate((1.1, 1.0, 0.9)):
+        c = trials.copy()
+        c["repeat"] = k
+        c["trial_id"] = c["trial_id"].str[:-1] + str(k)
+        c["throughput_tok_s"] *= factor
+        c["energy_per_token_j"] /= factor
+        copies.append(c)
+    directory.mkdir(parents=True)
+    table = pa.Table.from_pandas(pd.concat(copies, ignore_index=True), preserve_index=False)
+    pq.write_table(to_table("trials", table), directory / "trials.parquet")
+    return directory
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_the_best_table_keeps_every_trial_id_whole_on_a_terminal(gpu_results, tmp_path, width):
+    """What ``sweeper run`` prints at its end, at a fixed console width (never the real
+    terminal's): every trial id whole on one line, to copy into ``sweeper query``; nothing
+    wider than the console; what a narrow one leaves out is named."""
+    from sweeper.analysis.report import best_table
+
+    for root in (gpu_results, _results_dir(SERVING_TRIALS, tmp_path / "serving"),
+                 _results_dir(QUALITY_TRIALS, tmp_path / "quality"),
+                 _with_repeats(H200_TRIALS, tmp_path / "repeats")):
+        table = best_table(root)
+        ids = [row[table.headers.index("trial")] for row in table.rows]
+        assert ids and all(len(i) == 16 for i in ids)
+        lines = _rendered(table, width)
+        text = "\n".join(lines)
+        assert all(len(line) <= width for line in lines), text
+        for trial_id in ids:
+            assert any(trial_id in line for line in lines), text
+        for row in table.rows:  # the load and the median J/token stay
+            assert row[table.headers.index("batch / rate")] in text
+            assert row[table.headers.index("J/token")].split()[0] in text
+        if "unstable" in " ".join(row[table.headers.index("criterion")] for row in table.rows):
+            assert "unstable" in text
+        if width >= 200:  # room for everything: the ruled table as before
+            assert "┃ trial" in text and "left out" not in text
+            assert all(f"│ {trial_id} │" in text for trial_id in ids)
+        if width == 80:
+            assert "left out at 80 columns: " in text and "TTFT ms" not in text.split("left out")[0]

@@ -147,6 +147,32 @@ def test_yaml_nested_too_deep_is_one_line_not_a_recursion_error(write_sweep):
     assert "nested more than 32 levels deep" in r.stderr
 
 
+def _billion_laughs(levels: int = 9) -> str:
+    lines = ["name: lol", "a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("text, problem", [
+    (_billion_laughs(), "YAML expands to more than 100,000 values once its aliases (*name) are expanded"),
+    ("name: x\nmodels: &m [a, *m]\n", "an alias refers to the node that holds it"),
+])
+def test_yaml_aliases_that_expand_without_bound_are_one_line_at_once(write_sweep, text, problem):
+    path = write_sweep(text)
+    # The timeout guards a hang only (an expansion of 9**9 values): the answer takes about a second.
+    r = run_cli("plan", str(path), timeout=20)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: ") and problem in lines[0], r.stderr
+
+
+def test_aliases_within_the_bound_still_load(write_sweep):
+    sweep = load_sweep(write_sweep("name: s\nmodels: &m [tiny-llama]\nprecisions: fp32\nbatch_sizes: [1, 2]\n"
+                                   "workload: &w {input_len: 8, output_len: 4}\n"
+                                   "exclude: [{model: *m, batch_size: 2}]\n"))
+    assert sweep.models == ["tiny-llama"] and sweep.batch_sizes == [1, 2]
+
+
 def test_every_problem_of_a_sweep_file_at_once_one_per_line(write_sweep):
     path = write_sweep("name: b\nmodels: tiny-llama\nprecisions: fp32\nbatch_sizes: [0, 2]\n"
                        "workload: {input_len: -1, output_len: 4}\nmeasure: {min_iters: 0}\ncolour: red\n")

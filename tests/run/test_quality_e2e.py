@@ -57,7 +57,9 @@ fidelity: {reference: bf16, prompts: 4, prompt_len: 16, continuation_len: 16, pe
 
     lengths = [r[0] for r in duckdb.sql(
         f"SELECT r.output_tokens FROM '{out}/requests.parquet' r JOIN '{out}/trials.parquet' t USING (trial_id) "
-        f"WHERE t.precision = 'bf16'").fetchall()]
+        f"WHERE t.precision = 'fp32'").fetchall()]
     # Natural lengths: the one-word answers end at EOS well before the cap, the stories run to it.
+    # Read in fp32: where a greedy reply ends is a property of the model, and bf16's rounding moves
+    # it from one torch build to the next (tests/actors/backends/test_bundled_model.py).
     assert len(lengths) == 8 and min(lengths) < 12 and max(lengths) == 24 and len(set(lengths)) >= 3, lengths
-    assert rows["bf16"][6] == pytest.approx(sum(lengths) / 8)
+    assert rows["fp32"][6] == pytest.approx(sum(lengths) / 8)

@@ -85,15 +85,53 @@ def test_a_corrupt_shard_is_moved_aside_and_its_trial_runs_again(write_sweep, tm
     agg = run_cli("aggregate", str(out))
     assert agg.returncode == 0, agg.stderr
     assert f"moved aside unreadable trials shard {victim.name}" in agg.stderr + agg.stdout
-    assert (out / "quarantine" / "trials").exists() and not victim.exists()
-    assert len(_rows(out)) == 2
+    # an unreadable requests shard takes its trial's trials shard (the commit marker) aside too
+    assert f"moved aside unreadable requests shard {shards[1].name}" in agg.stderr + agg.stdout
+    assert (out / "quarantine" / "trials").exists() and not victim.exists() and not shards[1].exists()
+    assert len(_rows(out)) == 1
     assert "0000000000000000" not in {r["trial_id"] for r in _rows(out, "requests.parquet")}
 
     rerun = run_cli("run", str(sweep), "-o", str(out), "-q")
     assert rerun.returncode == 0, rerun.stderr
-    assert "1 to run" in rerun.stderr
+    assert "2 to run" in rerun.stderr
     assert sorted(r["status"] for r in _rows(out)) == ["ok"] * 3
-    assert len(list((out / "quarantine" / "trials").iterdir())) == 1  # kept, never deleted
+    assert len(list((out / "quarantine" / "trials").iterdir())) == 2  # kept, never deleted
+    assert len(list((out / "quarantine" / "requests").iterdir())) == 1
+
+
+@pytest.mark.parametrize("kind, new_trials", [
+    ("trials", False),    # the only damage, every other trial done: the no-Ray shortcut's case
+    ("trials", True),     # beside new trials to run
+    ("requests", False),  # a trial's other shard damaged: the trial is incomplete, so it runs again
+], ids=["trials-shard-nothing-else-to-run", "trials-shard-with-new-trials", "requests-shard"])
+def test_the_first_resume_after_a_truncated_shard_measures_its_trial_again(write_sweep, tmp_path, kind,
+                                                                           new_trials):
+    out = tmp_path / "out"
+    assert run_cli("run", str(_sweep(write_sweep)), "-o", str(out), "-q").returncode == 0
+    before = {row["trial_id"]: row for row in _rows(out)}
+    tid = sorted(before)[1]
+    victim = out / "shards" / kind / f"{tid}.parquet"
+    whole = victim.read_bytes()
+    victim.write_bytes(whole[:len(whole) // 2])  # cut to half its bytes, as a power loss could leave it
+
+    r = run_cli("run", str(_sweep(write_sweep, batches=(1, 2, 4, 8) if new_trials else (1, 2, 4))),
+                "-o", str(out), "-q")
+    assert r.returncode == 0, r.stderr
+    assert f"moved aside unreadable {kind} shard {victim.name}" in r.stderr
+    assert f"2 trial(s) already ok; {2 if new_trials else 1} to run" in r.stderr
+    rows = {row["trial_id"]: row for row in _rows(out)}
+    assert len(rows) == (4 if new_trials else 3) and {row["status"] for row in rows.values()} == {"ok"}
+    assert rows[tid]["started_at"] > before[tid]["started_at"]  # measured again, in this one run
+    assert tid in {row["trial_id"] for row in _rows(out, "requests.parquet")}
+    kept = list((out / "quarantine" / kind).iterdir())  # the damaged file is kept aside, never deleted
+    assert len(kept) == 1 and kept[0].name.startswith(victim.name) and kept[0].read_bytes() == whole[:len(whole) // 2]
+    if kind != "trials":  # its readable trials row is kept aside beside it
+        assert [f.name.split(".parquet")[0] for f in (out / "quarantine" / "trials").iterdir()] == [tid]
+
+    again = run_cli("run", str(_sweep(write_sweep, batches=(1, 2, 4, 8) if new_trials else (1, 2, 4))),
+                    "-o", str(out), "-q")
+    assert again.returncode == 0 and "0 to run (Ray not started)" in again.stderr, again.stderr
+    assert "moved aside" not in again.stderr
 
 
 def test_a_second_run_into_the_same_directory_is_refused_and_a_stale_lock_taken_over(write_sweep, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -82,6 +83,56 @@ def test_rewrite_replaces_the_trials_shard(tmp_path):
     store.write_shard("trials", "a", [trial_row("a", status="ok")])
     assert store.stored_trials()["a"].status == "ok"
     assert store.aggregate()["trials"] == 1
+
+
+def _committed(store: ResultStore, *ids: str) -> None:
+    for tid in ids:
+        store.write_shard("requests", tid, [{"trial_id": tid, "iteration": 0, "request_index": 0}])
+        store.write_shard("trials", tid, [trial_row(tid)])
+
+
+def _cut(path, keep: float = 0.5) -> bytes:
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * keep)])
+    return data
+
+
+def test_the_index_is_never_believed_over_the_shard_it_describes(tmp_path):
+    told = []
+    store = ResultStore(str(tmp_path), on_quarantine=told.append)
+    _committed(store, "a", "b", "c")
+    assert set(store.stored_trials()) == {"a", "b", "c"}
+    _cut(tmp_path / "shards" / "trials" / "b.parquet")  # indexed, then truncated
+    assert set(store.stored_trials()) == {"a", "c"}  # the damage is found before anything is decided
+    assert len(told) == 1 and "unreadable trials shard b.parquet" in told[0]
+    assert [f.name.split(".parquet")[0] for f in (tmp_path / "quarantine" / "trials").iterdir()] == ["b"]
+    assert set(store.stored_trials()) == {"a", "c"} and len(told) == 1  # said once: the shard is aside
+
+
+@pytest.mark.parametrize("damage", ["truncate", "remove"])
+def test_a_damaged_or_lost_shard_of_another_table_takes_its_trial_aside(tmp_path, damage):
+    told = []
+    store = ResultStore(str(tmp_path), on_quarantine=told.append)
+    _committed(store, "a", "b")
+    requests = tmp_path / "shards" / "requests" / "b.parquet"
+    _cut(requests) if damage == "truncate" else requests.unlink()
+    assert set(store.stored_trials()) == {"a"}  # b is incomplete: it runs again
+    assert not (tmp_path / "shards" / "trials" / "b.parquet").exists()
+    assert len(list((tmp_path / "quarantine" / "trials").iterdir())) == 1  # its row kept aside, not deleted
+    assert len(told) == 1 and ("unreadable requests shard" if damage == "truncate" else "lost its requests") in told[0]
+    assert store.aggregate(full=True)["trials"] == 1
+
+
+def test_shards_the_index_lacks_or_knows_without_sizes_are_read_once_then_indexed(tmp_path):
+    store = ResultStore(str(tmp_path))
+    _committed(store, "a", "b")
+    index = tmp_path / "shards" / "trials.index"
+    index.write_text('{"trial_id": "a", "status": "failed", "reason": null}\n')  # an older sweeper's line
+    _cut(tmp_path / "shards" / "requests" / "b.parquet")  # b is not indexed at all: checked whole
+    assert {k: v.status for k, v in store.stored_trials().items()} == {"a": "ok"}
+    lines = {d["trial_id"]: d for d in map(json.loads, index.read_text().splitlines()[1:])}
+    assert lines["a"]["status"] == "ok" and set(lines["a"]["sizes"]) == {"trials", "requests"}
+    assert set(ResultStore(str(tmp_path)).stored_trials()) == {"a"}  # b's trial stays aside: it runs again
 
 
 def test_aggregate_writes_every_kind_readable_by_duckdb(tmp_path):
