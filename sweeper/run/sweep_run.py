@@ -127,6 +127,8 @@ def _summary_text(row: dict[str, Any]) -> str:
     shown = (("throughput_tok_s", 1.0, "{:,.1f} tok/s"), ("ttft_s", 1e3, "ttft {:,.1f} ms"),
              ("energy_per_token_j", 1.0, "{:.4f} J/tok"))
     parts = [fmt.format(row[key] * scale) for key, scale, fmt in shown if row.get(key) is not None]
+    if row.get("throughput_tok_s") is not None and row.get("throughput_rel_ci95") is not None:
+        parts[0] += f" ±{row['throughput_rel_ci95']:.0%}"  # how precise the figure is, beside it
     if row.get("unstable"):
         parts.append("unstable")
     return "  ".join(parts)
