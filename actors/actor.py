@@ -21,6 +21,7 @@ from actors.layers.profile_pass import failed_columns, profile_layers
 from actors.measure import Measurement, measure_trial
 from actors.serving.measure import measure_serving_trial
 from actors.stages import StageClock, stage
+from actors.workload import PromptSources
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.trial import Trial
 
@@ -56,6 +57,7 @@ class TrialRunner:
         self.env = environment.capture()
         self._fidelity: dict[str, Any] | None = None  # the group's fidelity columns, once per load
         self._reference: Any = None  # the reference step's outputs, or why there are none
+        self._sources: PromptSources | None = None  # the loaded model's prompt sources, built once each
         self.loads = 0  # models this process has loaded (more than one: handed on between groups)
         self.stages.add("actor_start", started_at, time.monotonic() - t0)
 
@@ -76,6 +78,7 @@ class TrialRunner:
             self.backend, self.load_info, self.telemetry = None, None, None
             gc.collect()  # cycles holding tensors go now, not at some later allocation
         self._fidelity = self._reference = None
+        self._sources = None
         self.loads += 1
         try:
             if self.loads == 1:  # untouched only before this process's first load
@@ -178,8 +181,10 @@ class TrialRunner:
             backend, load_info = self._loaded()
             if self.telemetry is None:
                 raise RuntimeError("run() before a successful load()")
+            if self._sources is None:
+                self._sources = PromptSources(load_info.vocab_size, trial.model_ref.max_positions)
             measure = measure_trial if trial.serving is None else measure_serving_trial
-            measured = measure(backend, trial, load_info, self.telemetry)
+            measured = measure(backend, trial, load_info, self.telemetry, source=self._sources.for_trial(trial))
         except Exception as exc:
             oom = self._is_oom(exc)
             if self.backend is not None:

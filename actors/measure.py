@@ -1,43 +1,33 @@
-"""The measurement method of one trial, backend-agnostic.
+"""Offline trials: static batches of generate calls, and the figures they give.
 
-warmup (unrecorded) -> idle baseline -> measured window: repeat generate until
-both ``min_iters`` and ``min_duration_s`` are reached, device-synchronized at
-both ends -> per-request timing, throughput, memory, energy.
-
-Warm-up and the compilation of the trial's shape stay outside the window, so
-the window holds steady-state work only; the idle baseline is taken just before
-it, on the same GPUs, so that active energy is the window's excess over idle.
+The method's steps around the window (compile, warm-up, baseline, timeline,
+verdict) are ``actors.method``'s; here is the window itself (``OfflineWindow``:
+generate calls until ``min_iters``, ``min_duration_s`` and enough >= 1 s blocks
+for an interval, or until precise) and the per-request, latency and length
+figures that serving trials share.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from actors.backends.base import Backend, Generation, LoadInfo
 from actors.convergence import ENERGY_SETTLE_S, MIN_CI_BLOCKS, WindowPrecision, window_precision
+from actors.method import Figures, Measurement, Window, measure
 from actors.stability import Verdict
-from actors.stages import stage
-from actors.telemetry.baseline import trial_baseline
 from actors.telemetry.telemetry import MIN_STABILITY_BLOCK_S
 from actors.workload import PromptSource, prompt_source
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    from actors.telemetry import Measurement as Handle
+    from actors.telemetry import TelemetryBase
 
-    from actors.telemetry import IdleBaseline, TelemetryBase
-
-
-@dataclass
-class Measurement:
-    row: dict[str, Any]
-    requests: list[dict[str, Any]]
-    timeline: pa.Table | None  # the telemetry's samples over the trial, or None without GPUs
+__all__ = ["Measurement", "OfflineWindow", "measure_trial"]
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -94,12 +84,12 @@ def iteration_throughput_cv(generations: list[Generation]) -> float | None:
     return float(np.std(rates, ddof=1) / mean) if mean > 0 else None
 
 
-def trial_verdict(row: dict[str, Any], *, trial: Trial, handle: Any, telemetry: TelemetryBase,
-                  precision: WindowPrecision, baseline: IdleBaseline | None, throughput_cv: float | None,
-                  iterations: int, judge_noise: bool) -> Verdict:
-    """An offline trial's verdict (``actors.stability``): the window's precision against
-    ``max_rel_ci`` (or the target it measured towards), its length, its energy window and
-    baseline; per-iteration noise only as ``noisy_host``."""
+def offline_verdict(row: dict[str, Any], *, trial: Trial, handle: Handle, telemetry: TelemetryBase,
+                    precision: WindowPrecision, throughput_cv: float | None, iterations: int,
+                    judge_noise: bool) -> Verdict:
+    """An offline window's verdict (``actors.stability``): its precision against
+    ``max_rel_ci`` (or the target it measured towards), its length and its energy window;
+    per-iteration noise only as ``noisy_host``. The skeleton adds the baseline's."""
     m = trial.measure
     verdict = Verdict()
     duration_s = row["duration_s"]
@@ -112,7 +102,6 @@ def trial_verdict(row: dict[str, Any], *, trial: Trial, handle: Any, telemetry: 
                          else (m.max_rel_ci, "max_rel_ci"))
     verdict.precision(precision, bound, bound_name=bound_name, duration_s=duration_s,
                       energy_expected=telemetry.active and handle.window is not None)
-    verdict.baseline(baseline)
     if judge_noise:
         verdict.process_noise(m.max_iteration_cv, throughput_cv=throughput_cv, iterations=iterations,
                               energy_cv=row.get("iteration_energy_cv"))
@@ -178,24 +167,43 @@ def offline_batch_size(trial: Trial) -> int:
     return trial.batch_size
 
 
-def _measured_window(backend: Backend, source: PromptSource, batch_size: int, trial: Trial,
-                     telemetry: TelemetryBase, clock: Callable[[], float]
-                     ) -> tuple[list[Generation], Any, float, float]:
-    """Generate calls inside one telemetry window, device-synchronized at both ends, until
-    ``min_iters`` and ``min_duration_s`` are reached and the window holds enough blocks of
-    >= 1 s for an interval of its mean (``MIN_CI_BLOCKS``) and, with ``target_rel_ci``,
-    until the headline intervals are within it or ``max_duration_s`` has passed."""
-    m = trial.measure
-    cap_s = m.window_cap_s
-    generations: list[Generation] = []
-    with telemetry.measure(trial.trial_id) as handle:
+class OfflineWindow(Window):
+    """Static batches of generate calls: the trial's shape compiled, warmed up, then called
+    inside the window until ``min_iters``, ``min_duration_s`` and ``MIN_CI_BLOCKS`` blocks of
+    >= 1 s are reached and, with ``target_rel_ci``, until the headline intervals are within
+    it or ``max_duration_s`` has passed."""
+
+    def __init__(self, backend: Backend, trial: Trial, load: LoadInfo, source: PromptSource,
+                 clock: Callable[[], float]) -> None:
+        self.backend, self.trial, self.load, self.source, self.clock = backend, trial, load, source, clock
+        self.batch_size = offline_batch_size(trial)
+        self.generations: list[Generation] = []
+        self.t0_s = self.t1_s = 0.0
+        self.prepared: Any = None
+
+    def prepare(self) -> None:
+        # Compilation and graph capture for the shape, timed apart: never in the window.
+        self.prepared = self.backend.prepare(self.batch_size, self.trial.input_len or 0, self.trial.output_len)
+        self.backend.reset_peak_memory()
+
+    def warm_up(self) -> None:
+        m, clock = self.trial.measure, self.clock
+        t_warm, warmed = clock(), 0
+        while warmed < m.warmup_iters or clock() - t_warm < m.warmup_s:
+            self.backend.generate_batch(self.source.batch(-1 - warmed, self.batch_size))
+            warmed += 1
+        self.backend.sync()
+
+    def run(self, telemetry: TelemetryBase) -> None:
+        m, clock, backend, generations = self.trial.measure, self.clock, self.backend, self.generations
+        cap_s = m.window_cap_s
         backend.sync()
-        t0 = clock()
+        t0 = self.t0_s = clock()
         checked_s = t0
         # Complete blocks so far, formed as actors.telemetry.iteration_blocks forms them.
         blocks, block_start_s = 0, None
         while True:
-            generations.append(backend.generate_batch(source.batch(len(generations), batch_size)))
+            generations.append(backend.generate_batch(self.source.batch(len(generations), self.batch_size)))
             now = clock()
             last = generations[-1]
             block_start_s = last.t_start_s if block_start_s is None else block_start_s
@@ -216,95 +224,76 @@ def _measured_window(backend: Backend, source: PromptSource, batch_size: int, tr
                 if precision.meets(m.target_rel_ci, energy_expected=telemetry.active):
                     break
         backend.sync()
-        t1 = clock()
-    return generations, handle, t0, t1
+        self.t1_s = clock()
 
+    def figures(self, handle: Handle, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
+        trial, generations, source = self.trial, self.generations, self.source
+        t0, duration_s = self.t0_s, self.t1_s - self.t0_s
+        requests = request_rows(generations, t0, trial.input_len)
+        output_tokens = sum(g.output_tokens for g in generations)
+        n_requests = len(requests)
+        row: dict[str, Any] = {
+            "n_iterations": len(generations), "n_requests": n_requests,
+            "duration_s": duration_s, "output_tokens": output_tokens,
+            "throughput_tok_s": output_tokens / duration_s,
+            "requests_per_s": n_requests / duration_s,
+            **latency_columns(requests),
+            "peak_memory_bytes": self.backend.peak_memory_bytes(),
+            "compile_s": self.prepared.compile_s, "compile_status": self.prepared.compile_status,
+        }
+        marks = [mark for g in generations for mark in g.marks]
+        decode_tokens = sum(max(r.output_tokens - 1, 0) for g in generations for r in g.requests)
+        row.update(telemetry.trial_columns(
+            handle, idle_power_w=idle_power_w, marks=marks, output_tokens=output_tokens,
+            requests=n_requests, decode_tokens=decode_tokens,
+            iteration_bounds=[(g.t_start_s, g.t_end_s) for g in generations],
+        ))
+        precision = window_precision(generations, telemetry)
+        row.update(precision.columns(trial.measure.target_rel_ci, energy_expected=telemetry.active))
+        throughput_cv = iteration_throughput_cv(generations)
+        row["iteration_throughput_cv"] = throughput_cv
+        # Iterations of varied prompts or replies differ in work by design: their CVs are recorded
+        # but say nothing of the host (repeats of the trial are how to judge noise there).
+        verdict = offline_verdict(row, trial=trial, handle=handle, telemetry=telemetry, precision=precision,
+                                  throughput_cv=throughput_cv, iterations=len(generations),
+                                  judge_noise=not source.varies())
+        if source.varies():
+            row.update(length_columns(generations, requests))
+            if row.get("energy_j") is not None:
+                calls = telemetry.energies_between([(g.t_start_s, g.t_end_s) for g in generations])
+                shares = request_energies(generations, requests, row["energy_j"], calls)
+                for r, e in zip(requests, shares, strict=True):
+                    r["energy_j"] = e
+                energies = [r["energy_j"] for r in requests]
+                row.update(energy_per_request_p50_j=_pct(energies, 50), energy_per_request_p90_j=_pct(energies, 90),
+                           request_energy_method="token_share")
+        row.update(self._roofline(row, telemetry))
+        return Figures(row=row, requests=[{"trial_id": trial.trial_id, **r} for r in requests],
+                       verdict=verdict, t_zero_s=t0, t_end_s=self.t1_s, marks=marks)
 
-def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: TelemetryBase,
-                  clock: Callable[[], float] = time.monotonic) -> Measurement:
-    m = trial.measure
-    batch_size = offline_batch_size(trial)
-    source = prompt_source(trial, load.vocab_size, trial.model_ref.max_positions)
-
-    # Compilation and graph capture for the shape, timed apart: never in the window.
-    with stage("compile"):
-        prepared = backend.prepare(batch_size, trial.input_len or 0, trial.output_len)
-    backend.reset_peak_memory()
-    t_warm, warmed = clock(), 0
-    with stage("warmup"):
-        while warmed < m.warmup_iters or clock() - t_warm < m.warmup_s:
-            backend.generate_batch(source.batch(-1 - warmed, batch_size))
-            warmed += 1
-        backend.sync()
-
-    t_idle = clock()
-    # After the warm-up, the GPUs first settle (its power tail is not idle), then the baseline.
-    with stage("idle_baseline"):
-        baseline, baseline_cols = trial_baseline(telemetry, m)
-    idle_power_w = baseline.power_w if baseline is not None else None
-
-    with stage("measure"):
-        generations, handle, t0, t1 = _measured_window(backend, source, batch_size, trial, telemetry, clock)
-    duration_s = t1 - t0
-
-    requests = request_rows(generations, t0, trial.input_len)
-    output_tokens = sum(g.output_tokens for g in generations)
-    n_requests = len(requests)
-    row: dict[str, Any] = {
-        "n_iterations": len(generations), "n_requests": n_requests,
-        "duration_s": duration_s, "output_tokens": output_tokens,
-        "throughput_tok_s": output_tokens / duration_s,
-        "requests_per_s": n_requests / duration_s,
-        **latency_columns(requests),
-        "peak_memory_bytes": backend.peak_memory_bytes(),
-        "compile_s": prepared.compile_s, "compile_status": prepared.compile_status,
-        **baseline_cols,
-    }
-    marks = [mark for g in generations for mark in g.marks]
-    decode_tokens = sum(max(r.output_tokens - 1, 0) for g in generations for r in g.requests)
-    row.update(telemetry.trial_columns(
-        handle, idle_power_w=idle_power_w, marks=marks, output_tokens=output_tokens,
-        requests=n_requests, decode_tokens=decode_tokens,
-        iteration_bounds=[(g.t_start_s, g.t_end_s) for g in generations],
-    ))
-    precision = window_precision(generations, telemetry)
-    row.update(precision.columns(m.target_rel_ci, energy_expected=telemetry.active))
-    throughput_cv = iteration_throughput_cv(generations)
-    row["iteration_throughput_cv"] = throughput_cv
-    # Iterations of varied prompts or replies differ in work by design: their CVs are recorded
-    # but say nothing of the host (repeats of the trial are how to judge noise there).
-    row.update(trial_verdict(row, trial=trial, handle=handle, telemetry=telemetry, precision=precision,
-                             baseline=baseline, throughput_cv=throughput_cv, iterations=len(generations),
-                             judge_noise=not source.varies()).columns())
-    if source.varies():
-        row.update(length_columns(generations, requests))
-        if row.get("energy_j") is not None:
-            calls = telemetry.energies_between([(g.t_start_s, g.t_end_s) for g in generations])
-            for r, e in zip(requests, request_energies(generations, requests, row["energy_j"], calls), strict=True):
-                r["energy_j"] = e
-            energies = [r["energy_j"] for r in requests]
-            row.update(energy_per_request_p50_j=_pct(energies, 50), energy_per_request_p90_j=_pct(energies, 90),
-                       request_energy_method="token_share")
-    # The roofline's formulas take one prompt and one reply length: a dataset's or natural
-    # lengths vary per sequence (and pad), so they would misstate the work done.
-    if load.architecture is not None and not source.varies() and trial.input_len is not None:
+    def _roofline(self, row: dict[str, Any], telemetry: TelemetryBase) -> dict[str, Any]:
+        # The roofline's formulas take one prompt and one reply length: a dataset's or natural
+        # lengths vary per sequence (and pad), so they would misstate the work done.
+        trial, load = self.trial, self.load
+        if load.architecture is None or self.source.varies() or trial.input_len is None:
+            return {}
         from sweeper.core.gpus import held_gpu_names
         from sweeper.core.precisions import PRECISIONS
         from sweeper.core.roofline import roofline_columns
 
-        row.update(roofline_columns(
-            load.architecture, PRECISIONS[trial.precision], batch_size=batch_size,
+        return roofline_columns(
+            load.architecture, PRECISIONS[trial.precision], batch_size=self.batch_size,
             input_len=trial.input_len, output_len=trial.output_len,
             gpu_names=held_gpu_names(telemetry.environment()["gpu_names"], load.device_name,
                                      trial.tensor_parallel),
             throughput_tok_s=row["throughput_tok_s"], tpot_s=row["tpot_s"],
-        ))
-    timeline = None
-    if telemetry.active:
-        table = telemetry.timeline_table(trial.trial_id, t_idle, t1, marks=marks)
-        import pyarrow.compute as pc
+        )
 
-        timeline = table.set_column(table.schema.get_field_index("t_s"), "t_s",
-                                    pc.subtract(table.column("t_s"), t0))
-    return Measurement(row=row, requests=[{"trial_id": trial.trial_id, **r} for r in requests],
-                       timeline=timeline)
+
+def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: TelemetryBase,
+                  clock: Callable[[], float] = time.monotonic, source: PromptSource | None = None) -> Measurement:
+    """One offline trial through the method's skeleton (``actors.method``); ``source``: the
+    group's prompt source, built once per loaded model (else built here)."""
+    if source is None:
+        source = prompt_source(trial, load.vocab_size, trial.model_ref.max_positions)
+    return measure(trial, OfflineWindow(backend, trial, load, source, clock), telemetry, clock)

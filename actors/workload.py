@@ -33,8 +33,8 @@ from sweeper.core.datasets import (
 from sweeper.core.settings import DatasetSettings
 from sweeper.core.trial import Trial
 
-__all__ = ["BYTES_PER_TOKEN_FALLBACK", "DatasetSource", "NoPromptsLeft", "Prompt", "PromptSource", "RandomPrompts",
-           "RandomSource", "dataset_prompts", "prompt_source"]
+__all__ = ["BYTES_PER_TOKEN_FALLBACK", "DatasetSource", "NoPromptsLeft", "Prompt", "PromptSource", "PromptSources",
+           "RandomPrompts", "RandomSource", "dataset_prompts", "prompt_source"]
 
 
 class RandomPrompts:
@@ -121,16 +121,51 @@ class NoPromptsLeft(ValueError):
     """A dataset with no prompt within the trial's length bounds for this model."""
 
 
-def prompt_source(trial: Trial, vocab_size: int, max_positions: int | None = None) -> PromptSource:
-    """The trial's prompts on this actor (``max_positions``: the loaded model's context)."""
+_LOAD = object()  # prompt_source's tokenizer argument: load the model's own
+
+
+def prompt_source(trial: Trial, vocab_size: int, max_positions: int | None = None,
+                  tokenizer: Any = _LOAD) -> PromptSource:
+    """The trial's prompts on this actor (``max_positions``: the loaded model's context;
+    ``tokenizer``: the model's, where the caller holds it already)."""
     if trial.prompts is None:
         assert trial.input_len is not None  # random prompts always have a length (the sweep file's check)
         return RandomSource(vocab_size, trial.input_len, trial.output_len, trial.seed)
-    tokenizer = _tokenizer(trial)
+    if tokenizer is _LOAD:
+        tokenizer = _tokenizer(trial)
     prompts = dataset_prompts(trial.prompts, tokenizer, vocab_size, trial.seed,
                               output_lengths=trial.output_lengths, cap=trial.output_len,
                               max_positions=max_positions)
     return DatasetSource(prompts, trial.stops_at_eos)
+
+
+class PromptSources:
+    """The prompt sources of one loaded model's trials, each built once.
+
+    A dataset's prompts are read, tokenized and sampled once per loaded model and
+    workload, not once per trial (a group's trials differ in batch size or rate, not
+    in prompts); sources are stateless, so trials can share one. The tokenizer is
+    loaded once too.
+    """
+
+    def __init__(self, vocab_size: int, max_positions: int | None = None) -> None:
+        self.vocab_size, self.max_positions = vocab_size, max_positions
+        self._sources: dict[tuple[Any, ...], PromptSource] = {}
+        self._tokenizers: dict[tuple[str, str], Any] = {}
+
+    def for_trial(self, trial: Trial) -> PromptSource:
+        key = (trial.prompts, trial.input_len, trial.output_len, trial.output_lengths, trial.seed,
+               trial.stops_at_eos)
+        if key not in self._sources:
+            self._sources[key] = prompt_source(trial, self.vocab_size, self.max_positions,
+                                               tokenizer=self._tokenizer(trial) if trial.prompts else None)
+        return self._sources[key]
+
+    def _tokenizer(self, trial: Trial) -> Any:
+        model = (trial.model_source, trial.model_location)
+        if model not in self._tokenizers:
+            self._tokenizers[model] = _tokenizer(trial)
+        return self._tokenizers[model]
 
 
 def _tokenizer(trial: Trial) -> Any:

@@ -1,10 +1,10 @@
 """One serving-mode trial: requests arriving at a rate, measured over the steady state.
 
-warm-up (a burst of requests, unrecorded) -> idle baseline -> the run, inside one
-energy window: every request sent at its arrival time, every token stamped ->
-the steady-state window (actors.serving.stats) -> throughput, latency, goodput
-and energy over that window; each request's energy over the whole run
-(actors.serving.attribution).
+The method's steps around the window are ``actors.method``'s; the window
+(``ServingWindow``) is warm-up bursts, then the run inside one energy window:
+every request sent at its arrival time, every token stamped -> the steady-state
+window (actors.serving.stats) -> throughput, latency, goodput and energy over
+that window; each request's energy over the whole run (actors.serving.attribution).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from actors.backends.base import Backend, LoadInfo
-from actors.measure import Measurement, reply_length_columns
+from actors.measure import reply_length_columns
+from actors.method import Figures, Measurement, Window, measure
 from actors.serving import attribution
 from actors.serving.arrivals import serving_requests
 from actors.serving.records import ServedRun
@@ -35,12 +36,11 @@ from actors.serving.stats import (
     window_output_tokens,
 )
 from actors.stability import Verdict
-from actors.stages import stage
-from actors.telemetry.baseline import trial_baseline
-from actors.workload import prompt_source
+from actors.workload import PromptSource, prompt_source
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
+    from actors.telemetry import Measurement as Handle
     from actors.telemetry import TelemetryBase
 
 log = logging.getLogger(__name__)
@@ -61,68 +61,78 @@ def _run_deadline(trial: Trial, last_arrival_s: float, started_s: float, now_s: 
     return now_s + last_arrival_s + DEFAULT_RUN_LIMIT_S
 
 
-def measure_serving_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: TelemetryBase,
-                          clock: Callable[[], float] = time.monotonic) -> Measurement:
-    settings, m = trial.serving, trial.measure
-    rate = trial.request_rate
-    if settings is None or rate is None:
-        raise ValueError(f"trial {trial.trial_id} is not a serving-mode trial")
-    started = clock()
+class ServingWindow(Window):
+    """Requests arriving at the trial's rate: warmed up by bursts, then the whole schedule
+    played inside the window, every token stamped; the figures are the steady window's."""
 
-    source = prompt_source(trial, load.vocab_size, trial.model_ref.max_positions)
+    def __init__(self, backend: Backend, trial: Trial, source: PromptSource, clock: Callable[[], float]) -> None:
+        if trial.serving is None or trial.request_rate is None:
+            raise ValueError(f"trial {trial.trial_id} is not a serving-mode trial")
+        self.backend, self.trial, self.source, self.clock = backend, trial, source, clock
+        self.settings, self.rate = trial.serving, trial.request_rate
+        self.started_s = clock()
+        self.measured = self._requests(stream=0)
+        self.last_arrival_s = max(r.arrival_offset_s for r in self.measured)
+        self.served: ServedRun | None = None
+        self.t_end_s = self.started_s
 
-    def requests(stream: int, count: int | None = None) -> list:
-        made = serving_requests(settings, request_rate=rate, source=source, seed=trial.seed, stream=stream)
+    def _requests(self, stream: int, count: int | None = None) -> list:
+        made = serving_requests(self.settings, request_rate=self.rate, source=self.source,
+                                seed=self.trial.seed, stream=stream)
         return made[:count] if count is not None else made
 
-    # Warm-up: bursts of requests at once, until both warmup_iters bursts and warmup_s are done.
-    t_warm, warmed = clock(), 0
-    with stage("warmup"):
+    def prepare(self) -> None:
+        """Nothing to compile per trial: the engine serves whatever shapes arrive."""
+
+    def warm_up(self) -> None:
+        # Bursts of requests at once, until both warmup_iters bursts and warmup_s are done.
+        m, clock, trial = self.trial.measure, self.clock, self.trial
+        t_warm, warmed = clock(), 0
         while warmed < max(m.warmup_iters, 1) or clock() - t_warm < m.warmup_s:
             burst = [dataclasses.replace(r, arrival_offset_s=0.0)
-                     for r in requests(stream=1 + warmed, count=WARMUP_REQUESTS)]
-            backend.serve(burst, max_concurrency=trial.max_concurrency,
-                          deadline_s=_run_deadline(trial, 0.0, started, clock()))
+                     for r in self._requests(stream=1 + warmed, count=WARMUP_REQUESTS)]
+            self.backend.serve(burst, max_concurrency=trial.max_concurrency,
+                               deadline_s=_run_deadline(trial, 0.0, self.started_s, clock()))
             warmed += 1
-        backend.sync()
+        self.backend.sync()
 
-    t_idle = clock()
-    with stage("idle_baseline"):
-        baseline, baseline_cols = trial_baseline(telemetry, m)
-    idle_power_w = baseline.power_w if baseline is not None else None
+    def run(self, telemetry: TelemetryBase) -> None:
+        trial = self.trial
+        self.served = self.backend.serve(
+            self.measured, max_concurrency=trial.max_concurrency,
+            deadline_s=_run_deadline(trial, self.last_arrival_s, self.started_s, self.clock()))
+        self.backend.sync()
+        self.t_end_s = self.clock()
 
-    measured = requests(stream=0)
-    last_arrival_s = max(r.arrival_offset_s for r in measured)
-    with stage("measure"), telemetry.measure(trial.trial_id) as handle:
-        run = backend.serve(measured, max_concurrency=trial.max_concurrency,
-                            deadline_s=_run_deadline(trial, last_arrival_s, started, clock()))
-        backend.sync()
-    t_end = clock()
+    def figures(self, handle: Handle, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
+        run, trial = self.served, self.trial
+        assert run is not None, "figures() before run()"
+        window = steady_window(run)
+        row, request_energy = _columns(trial, run, window, telemetry, handle, idle_power_w, self.last_arrival_s)
+        if self.source.varies():
+            done = [r for r in run.requests if r.ok]
+            row.update(reply_length_columns([r.prompt_tokens for r in done], [r.output_tokens for r in done]))
+        verdict = _verdict(row, window, trial, telemetry, handle)
+        if len(run.failed) == len(run.requests):
+            raise RuntimeError(f"every request of the run failed: {run.failed[0].error}")
+        cut = sum(1 for r in run.failed if r.cut_by_time_limit)
+        if cut:
+            # The trial's time limit cut the run: failed (and re-run by --retry-failed), with what it measured.
+            row.update(status="failed", reason="timeout",
+                       error=f"{cut} of {len(run.requests)} requests had not finished when the run's time limit "
+                             f"({RUN_SHARE_OF_TIMEOUT:.0%} of measure.timeout_s) passed")
+        return Figures(row=row, requests=_request_rows(trial, run, window, request_energy), verdict=verdict,
+                       t_zero_s=run.t_start_s, t_end_s=self.t_end_s, marks=_marks(run, window))
 
-    window = steady_window(run)
-    row, request_energy = _columns(trial, run, window, telemetry, handle, idle_power_w, last_arrival_s)
-    row.update(baseline_cols)
-    if source.varies():
-        done = [r for r in run.requests if r.ok]
-        row.update(reply_length_columns([r.prompt_tokens for r in done], [r.output_tokens for r in done]))
-    row.update(_verdict(row, window, trial, baseline, telemetry, handle).columns())
-    if len(run.failed) == len(run.requests):
-        raise RuntimeError(f"every request of the run failed: {run.failed[0].error}")
-    cut = sum(1 for r in run.failed if r.cut_by_time_limit)
-    if cut:
-        # The trial's time limit cut the run: failed (and re-run by --retry-failed), with what it measured.
-        row.update(status="failed", reason="timeout",
-                   error=f"{cut} of {len(run.requests)} requests had not finished when the run's time limit "
-                         f"({RUN_SHARE_OF_TIMEOUT:.0%} of measure.timeout_s) passed")
-    marks = _marks(run, window)
-    timeline = None
-    if telemetry.active:
-        import pyarrow.compute as pc
 
-        table = telemetry.timeline_table(trial.trial_id, t_idle, t_end, marks=marks)
-        timeline = table.set_column(table.schema.get_field_index("t_s"), "t_s",
-                                    pc.subtract(table.column("t_s"), run.t_start_s))
-    return Measurement(row=row, requests=_request_rows(trial, run, window, request_energy), timeline=timeline)
+def measure_serving_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: TelemetryBase,
+                          clock: Callable[[], float] = time.monotonic,
+                          source: PromptSource | None = None) -> Measurement:
+    """One serving-mode trial through the method's skeleton (``actors.method``); ``source``:
+    the group's prompt source, built once per loaded model (else built here)."""
+    if source is None:
+        source = prompt_source(trial, load.vocab_size, trial.model_ref.max_positions)
+    return measure(trial, ServingWindow(backend, trial, source, clock), telemetry, clock)
 
 
 def _marks(run: ServedRun, window: SteadyWindow | None) -> list[tuple[str, float, float]]:
@@ -220,11 +230,11 @@ def _energy_columns(telemetry: TelemetryBase, handle: Any, window: SteadyWindow,
     return cols
 
 
-def _verdict(row: dict[str, Any], window: SteadyWindow | None, trial: Trial, baseline: Any,
-             telemetry: TelemetryBase, handle: Any) -> Verdict:
+def _verdict(row: dict[str, Any], window: SteadyWindow | None, trial: Trial, telemetry: TelemetryBase,
+             handle: Handle) -> Verdict:
     """A serving trial's verdict (``actors.stability``): a steady window long enough to judge,
-    its energy where GPUs are metered, no saturation below ``inf``, no failed request, a
-    settled baseline."""
+    its energy where GPUs are metered, no saturation below ``inf``, no failed request (the
+    skeleton adds the baseline's)."""
     verdict = Verdict()
     if window is None:
         verdict.flag("no steady state: no request completed while others were still being admitted at the "
@@ -241,7 +251,6 @@ def _verdict(row: dict[str, Any], window: SteadyWindow | None, trial: Trial, bas
         verdict.flag(f"saturated: {row['saturation_reason']}")
     if row.get("n_failed_requests"):
         verdict.flag(f"{row['n_failed_requests']} of {row['n_requests']} requests failed")
-    verdict.baseline(baseline)
     return verdict
 
 

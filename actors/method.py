@@ -1,0 +1,109 @@
+"""The measurement method's skeleton, the same for every kind of trial.
+
+    prepare (compile the trial's shape, never in the window)
+    -> warm-up (unrecorded)
+    -> the GPUs settle, the idle baseline is taken (or the group's is re-checked)
+    -> the measured window, inside one telemetry window
+    -> the window's figures and its verdict (``actors.stability``)
+    -> the telemetry timeline over baseline and window, on the window's clock.
+
+What a trial measures is its ``Window``: offline, generate calls until the window
+is long and precise enough (``actors.measure``); serving, a schedule of requests
+(``actors.serving.measure``). A new kind of trial (an HTTP endpoint, say) is a new
+``Window``, not a third copy of the steps around it.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from actors.stability import Verdict
+from actors.stages import stage
+from actors.telemetry.baseline import trial_baseline
+from sweeper.core.trial import Trial
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from actors.telemetry import Measurement as Handle
+    from actors.telemetry import TelemetryBase
+    from actors.telemetry.telemetry import Marks
+
+
+@dataclass
+class Measurement:
+    """One trial's results, as the actor writes them."""
+
+    row: dict[str, Any]
+    requests: list[dict[str, Any]]
+    timeline: pa.Table | None  # the telemetry's samples over the trial, or None without GPUs
+
+
+@dataclass
+class Figures:
+    """What a window measured: its row, its requests, its verdict so far, and where its
+    timeline begins (t = 0 of the trial's timeline and requests) and ends."""
+
+    row: dict[str, Any]
+    requests: list[dict[str, Any]]
+    verdict: Verdict
+    t_zero_s: float
+    t_end_s: float
+    marks: Marks = field(default_factory=list)
+
+
+class Window(ABC):
+    """One kind of measured window; the skeleton (``measure``) runs everything around it."""
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Work the window's shape needs once, timed as ``compile`` and kept out of the window."""
+
+    @abstractmethod
+    def warm_up(self) -> None:
+        """Unrecorded work until the engine is in its steady state for this shape."""
+
+    @abstractmethod
+    def run(self, telemetry: TelemetryBase) -> None:
+        """The measured work; the skeleton holds the telemetry window open around it."""
+
+    @abstractmethod
+    def figures(self, handle: Handle, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
+        """The window's columns and requests, and the reasons its figures may not be trusted."""
+
+
+def measure(trial: Trial, window: Window, telemetry: TelemetryBase,
+            clock: Callable[[], float] = time.monotonic) -> Measurement:
+    """Run ``window`` through the method's steps (module docstring)."""
+    with stage("compile"):
+        window.prepare()
+    with stage("warmup"):
+        window.warm_up()
+    t_idle = clock()
+    # After the warm-up, the GPUs first settle (its power tail is not idle), then the baseline.
+    with stage("idle_baseline"):
+        baseline, baseline_cols = trial_baseline(telemetry, trial.measure)
+    with stage("measure"), telemetry.measure(trial.trial_id) as handle:
+        window.run(telemetry)
+    figures = window.figures(handle, telemetry, baseline.power_w if baseline is not None else None)
+    figures.verdict.baseline(baseline)
+    row = {**figures.row, **baseline_cols, **figures.verdict.columns()}
+    return Measurement(row=row, requests=figures.requests,
+                       timeline=_timeline(telemetry, trial.trial_id, t_idle, figures))
+
+
+def _timeline(telemetry: TelemetryBase, trial_id: str, t_idle_s: float, figures: Figures) -> pa.Table | None:
+    """The samples from the baseline to the window's end, on the window's clock (t = 0 where
+    its requests' times start), each tagged with the phase it fell in."""
+    if not telemetry.active:
+        return None
+    import pyarrow.compute as pc
+
+    table = telemetry.timeline_table(trial_id, t_idle_s, figures.t_end_s, marks=figures.marks)
+    return table.set_column(table.schema.get_field_index("t_s"), "t_s",
+                            pc.subtract(table.column("t_s"), figures.t_zero_s))
+
