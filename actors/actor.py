@@ -23,6 +23,7 @@ from actors.serving.measure import measure_serving_trial
 from actors.stages import StageClock, stage
 from actors.workload import PromptSources
 from sweeper.core.outcome import LoadResult, TrialOutcome
+from sweeper.core.schema import RowError, check_rows
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
@@ -206,6 +207,15 @@ class TrialRunner:
             with stage("fidelity"):
                 row.update(self._fidelity_columns(trial))
         row["finished_at"] = _now()
+        try:
+            # Checked here, in the process that built them: a row the schema cannot hold
+            # fails its own trial, with the reason, and the sweep goes on.
+            check_rows("trials", [row])
+            check_rows("requests", tables["requests"])
+        except RowError as exc:
+            log.error("trial %s: %s", trial.trial_id, exc)
+            return TrialOutcome(trial.trial_id, {**base, "status": "failed", "reason": "invalid_row",
+                                                 "error": str(exc)[:4000], "finished_at": _now()})
         return TrialOutcome(trial.trial_id, row, tables)
 
     def _fidelity_columns(self, trial: Trial) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from actors.backends.base import Backend, Generation, LoadInfo
-from actors.convergence import ENERGY_SETTLE_S, MIN_CI_BLOCKS, WindowPrecision, window_precision
+from actors.convergence import ENERGY_SETTLE_S, WindowPrecision, window_precision
 from actors.method import Figures, Measurement, Window, measure
 from actors.stability import Verdict
 from actors.telemetry.telemetry import MIN_STABILITY_BLOCK_S
@@ -169,9 +169,10 @@ def offline_batch_size(trial: Trial) -> int:
 
 class OfflineWindow(Window):
     """Static batches of generate calls: the trial's shape compiled, warmed up, then called
-    inside the window until ``min_iters``, ``min_duration_s`` and ``MIN_CI_BLOCKS`` blocks of
-    >= 1 s are reached and, with ``target_rel_ci``, until the headline intervals are within
-    it or ``max_duration_s`` has passed."""
+    inside the window until ``min_iters`` and ``min_duration_s`` are reached and, with
+    ``target_rel_ci``, until the headline intervals (at least ``MIN_CI_BLOCKS`` blocks of
+    >= 1 s) are within it or ``max_duration_s`` has passed. A fixed window is as long as
+    the sweep asked; one too short for an interval is flagged, not lengthened."""
 
     def __init__(self, backend: Backend, trial: Trial, load: LoadInfo, source: PromptSource,
                  clock: Callable[[], float]) -> None:
@@ -200,20 +201,10 @@ class OfflineWindow(Window):
         backend.sync()
         t0 = self.t0_s = clock()
         checked_s = t0
-        # Complete blocks so far, formed as actors.telemetry.iteration_blocks forms them.
-        blocks, block_start_s = 0, None
         while True:
             generations.append(backend.generate_batch(self.source.batch(len(generations), self.batch_size)))
             now = clock()
-            last = generations[-1]
-            block_start_s = last.t_start_s if block_start_s is None else block_start_s
-            if last.t_end_s - block_start_s >= MIN_STABILITY_BLOCK_S:
-                blocks, block_start_s = blocks + 1, None
             if len(generations) < m.min_iters or now - t0 < m.min_duration_s:
-                continue
-            # A window too short to judge its own precision is no measurement: every call adds
-            # time, so this ends within MIN_CI_BLOCKS seconds and calls.
-            if blocks < MIN_CI_BLOCKS and (cap_s is None or now - t0 < cap_s):
                 continue
             if m.target_rel_ci is None or cap_s is None or now - t0 >= cap_s:
                 break

@@ -68,7 +68,8 @@ class Verdict:
         """The estimate's own precision: an interval for every headline figure, within ``bound``."""
         if precision.throughput is None:
             self.flag(f"window {duration_s:.2f} s holds {precision.blocks} block(s) of >= {MIN_STABILITY_BLOCK_S:g} s, "
-                      f"too few (< {MIN_CI_BLOCKS}) for a 95 % interval of its mean")
+                      f"too few (< {MIN_CI_BLOCKS}) for a 95 % interval of its mean: lengthen the window "
+                      "(min_duration_s, or max_duration_s with a target)")
             return
         figures = {"throughput": precision.throughput}
         if energy_expected:

@@ -386,6 +386,28 @@ def to_table(kind: str, rows: list[dict[str, Any]] | pa.Table) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
+class RowError(ValueError):
+    """A row its table's schema cannot hold: the column, and why."""
+
+
+def check_rows(kind: str, rows: list[dict[str, Any]]) -> None:
+    """Raise ``RowError`` naming the first column of ``rows`` that ``kind``'s schema does not
+    know, or whose values its type cannot hold. Actors check their rows with this before
+    they leave the process, so a misspelled column (or a driver and worker of different
+    versions) fails one trial, with the reason, instead of the driver's writer."""
+    schema = arrow_schema(kind)
+    names = {k for row in rows for k in row}
+    unknown = sorted(names - set(schema.names))
+    if unknown:
+        raise RowError(f"{kind}: column(s) the schema does not know: {', '.join(unknown)}")
+    for name in sorted(names):
+        field = schema.field(name)
+        try:
+            pa.array([row.get(name) for row in rows], type=field.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            raise RowError(f"{kind}.{name}: not a {field.type} ({exc})") from None
+
+
 def schema_markdown() -> str:
     lines = []
     for kind, cols in TABLES.items():
