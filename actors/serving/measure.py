@@ -38,6 +38,7 @@ from actors.stability import Verdict
 from actors.stages import stage
 from actors.telemetry.baseline import trial_baseline
 from actors.workload import prompt_source
+from sweeper.core.status import Reason, Status
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ def measure_serving_trial(backend: Backend, trial: Trial, load: LoadInfo, teleme
     cut = sum(1 for r in run.failed if r.cut_by_time_limit)
     if cut:
         # The trial's time limit cut the run: failed (and re-run by --retry-failed), with what it measured.
-        row.update(status="failed", reason="timeout",
+        row.update(status=Status.FAILED, reason=Reason.TIMEOUT,
                    error=f"{cut} of {len(run.requests)} requests had not finished when the run's time limit "
                          f"({RUN_SHARE_OF_TIMEOUT:.0%} of measure.timeout_s) passed")
     marks = _marks(run, window)
