@@ -24,6 +24,7 @@ from actors.stages import StageClock, stage
 from actors.workload import PromptSources
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.schema import RowError, check_rows
+from sweeper.core.status import Reason, Status, failed_row
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ class TrialRunner:
         except Exception as exc:  # reported as the group's failure, never raised
             log.exception("load failed")
             return LoadResult(ok=False, error=_error_text(exc),
-                              reason="oom" if self._is_oom(exc) else "load_failed")
+                              reason=Reason.OOM if self._is_oom(exc) else Reason.LOAD_FAILED)
         return LoadResult(ok=True, load_s=self.load_s, info={
             "device": self.load_info.device, "device_name": self.load_info.device_name,
             "weight_memory_bytes": self.load_info.weight_memory_bytes,
@@ -191,14 +192,13 @@ class TrialRunner:
             if self.backend is not None:
                 self.backend.recover()
             return TrialOutcome(trial.trial_id, {
-                **base, "status": "failed", "reason": "oom" if oom else "exception",
-                "error": _error_text(exc), "finished_at": _now(),
+                **base, **failed_row(Reason.OOM if oom else Reason.EXCEPTION, _error_text(exc), started_at=started),
             })
         tables: dict[str, Any] = {"requests": measured.requests}
         if measured.timeline is not None:
             tables["timeline"] = measured.timeline
         # A serving run cut by its time limit says so itself (status failed, with what it measured).
-        row = {**base, "status": "ok", **measured.row}
+        row = {**base, "status": Status.OK, **measured.row}
         if trial.layer_profile is not None:
             # After the headline window has closed: hooks never touch the headline numbers.
             with stage("layer_pass"):
@@ -214,8 +214,8 @@ class TrialRunner:
             check_rows("requests", tables["requests"])
         except RowError as exc:
             log.error("trial %s: %s", trial.trial_id, exc)
-            return TrialOutcome(trial.trial_id, {**base, "status": "failed", "reason": "invalid_row",
-                                                 "error": str(exc)[:4000], "finished_at": _now()})
+            return TrialOutcome(trial.trial_id, {
+                **base, **failed_row(Reason.INVALID_ROW, str(exc)[:4000], started_at=started)})
         return TrialOutcome(trial.trial_id, row, tables)
 
     def _fidelity_columns(self, trial: Trial) -> dict[str, Any]:
@@ -260,8 +260,8 @@ class TrialRunner:
             oom = self._is_oom(exc)
             backend.recover()
             text = _error_text(exc)
-            return {**failed_columns(granularity, text), "status": "failed",
-                    "reason": "oom" if oom else "layer_profile_failed",
+            return {**failed_columns(granularity, text), "status": Status.FAILED,
+                    "reason": Reason.OOM if oom else Reason.LAYER_PROFILE_FAILED,
                     "error": f"layer profiling pass: {text}"}
         if profile.rows:
             tables["layers"] = profile.rows

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from bench.benchkit import environment, write_record
+from sweeper.core.status import Status
 
 COLUMNS = ("model", "backend", "backend_options", "batch_size", "repeat", "status", "reason", "error",
            "throughput_tok_s", "energy_per_token_j", "mbu", "tpot_s", "ttft_s", "compile_s",
@@ -75,7 +76,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         groups.setdefault((r["model"], r["batch_size"], r["variant"]), []).append(r)
     out = []
     for (model, batch, var), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
-        ok = [r for r in rs if r["status"] == "ok"]
+        ok = [r for r in rs if r["status"] == Status.OK]
 
         def mean(col: str, ok=ok) -> float | None:
             vals = [r[col] for r in ok if r.get(col) is not None]
@@ -83,7 +84,7 @@ def summarize(rows: list[dict]) -> list[dict]:
 
         out.append({
             "model": model, "batch_size": batch, "variant": var, "ok": len(ok), "trials": len(rs),
-            "status": "ok" if ok else rs[0]["status"],
+            "status": Status.OK if ok else rs[0]["status"],
             "reason": None if ok else (rs[0].get("reason") or "") + ": " + (rs[0].get("error") or "")[:200],
             "throughput_tok_s": mean("throughput_tok_s"), "energy_per_token_j": mean("energy_per_token_j"),
             "mbu": mean("mbu"), "tpot_s": mean("tpot_s"), "ttft_s": mean("ttft_s"),
@@ -109,7 +110,7 @@ def print_table(summary: list[dict]) -> None:
     print(f"\n{'model':14s} {'bs':>3s} {'variant':24s} {'tok/s':>9s} {'x eager':>7s} {'J/token':>8s} "
           f"{'MBU':>6s} {'tpot ms':>8s} {'compile_s':>9s}  status")
     for s in summary:
-        status = s["status"] if s["status"] != "ok" else "; ".join(s["compile_status"]) or "ok"
+        status = s["status"] if s["status"] != Status.OK else "; ".join(s["compile_status"]) or "ok"
         if s["reason"]:
             status += f" ({s['reason']})"
         tpot_ms = s["tpot_s"] * 1e3 if s["tpot_s"] is not None else None

@@ -30,6 +30,7 @@ from bench.benchkit import (
     row_subset,
     write_record,
 )
+from sweeper.core.status import Status
 
 
 def token_comparison(a, b, input_len: int) -> dict:
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> None:
     def run_trial(name: str) -> dict:
         outcome = runners[name].run(trials[name])
         row = outcome.row
-        if row["status"] != "ok":
+        if row["status"] != Status.OK:
             raise SystemExit(f"{name} trial failed: {row.get('error')}")
         return row
 

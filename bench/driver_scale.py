@@ -32,6 +32,7 @@ from typing import Any
 
 from bench.benchkit import write_record
 from bench.scheduling import MODELS
+from sweeper.core.status import Status
 
 
 def sweep_dict(trials: int, groups: int, step_s: float) -> dict[str, Any]:
@@ -109,7 +110,7 @@ def sweeper_run(trials: int, gpus: int, step_s: float) -> dict[str, Any]:
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         summary = run_plan(plan, store, cluster, quiet=True)
         rows = store.read_shards("trials", columns=["started_at", "finished_at", "status"]).to_pylist()
-    actor_s = sum((r["finished_at"] - r["started_at"]).total_seconds() for r in rows if r["status"] == "ok")
+    actor_s = sum((r["finished_at"] - r["started_at"]).total_seconds() for r in rows if r["status"] == Status.OK)
     return {"wall_s": summary.wall_s, "trials": len(rows), "ok": summary.ok,
             "overhead_s_per_trial": (gpus * summary.wall_s - actor_s) / len(rows),
             "write_s": getattr(summary, "write_s", None), "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

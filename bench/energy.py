@@ -30,6 +30,7 @@ import numpy as np
 
 from actors.telemetry import SamplingPolicy, Telemetry
 from bench.benchkit import write_record
+from sweeper.core.status import Status
 
 
 def make_trials(model: str, batch: int, repeats: int, window_s: float, warmup_s: float, in_len: int,
@@ -298,7 +299,7 @@ def run(args: argparse.Namespace) -> None:
                 tel.policy = SamplingPolicy(energy_every=every)
                 outcome = runner.run(trial)
                 row = outcome.row
-                assert row["status"] == "ok", row.get("error")
+                assert row["status"] == Status.OK, row.get("error")
                 integral = power_integral_j(outcome.tables["timeline"], row["duration_s"])
                 z = zeus_by_trial.pop(trial.trial_id, None)
                 phase_sum = row["prefill_energy_j"] + row["decode_energy_j"]

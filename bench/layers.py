@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.benchkit import driver_version, version, write_record
+from sweeper.core.status import Status
 
 PHASES = ("prefill", "decode")
 
@@ -323,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
                 try:
                     outcome = runner.run(trial)
                     row = outcome.row
-                    if row.get("status") != "ok":
+                    if row.get("status") != Status.OK:
                         raise RuntimeError(f"trial {row.get('status')}: {row.get('error')}")
                     rows = outcome.tables.get("layers") or []
                     if not rows:

@@ -43,6 +43,7 @@ from bench.benchkit import (
     sync_every_step,
     write_record,
 )
+from sweeper.core.status import Status
 
 VARIANTS = ("bare", "bare+nvml", "sweeper", "every")
 
@@ -96,7 +97,7 @@ def run_mode(model_name: str, compiled: bool, args) -> dict:
     for batch in batches:
         trial = trials[batch]
         first = runner.run(trial).row  # compiles the shape (prepare) and checks the row
-        if first["status"] != "ok":
+        if first["status"] != Status.OK:
             raise SystemExit(f"trial failed: {first.get('error')}")
         prompts = RandomPrompts(runner.load_info.vocab_size, args.input_len, batch, seed=99)
         ids = torch.from_numpy(prompts.batch(0)).to(backend.device)
@@ -133,7 +134,7 @@ def run_mode(model_name: str, compiled: bool, args) -> dict:
                 else:
                     with sync_every_step(backend) if variant == "every" else contextlib.nullcontext():
                         row = runner.run(trial).row
-                    if row["status"] != "ok":
+                    if row["status"] != Status.OK:
                         raise SystemExit(f"trial failed: {row.get('error')}")
                     statuses.add(row["compile_status"])
                     rates[variant].append(row["throughput_tok_s"])

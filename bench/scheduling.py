@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.benchkit import write_record
+from sweeper.core.status import Status
 
 MODELS = ["tiny-llama", "tiny-qwen2", "tiny-mistral", "llama-3.2-1b", "qwen2.5-0.5b", "llama-3.2-3b",
           "llama-3.1-8b", "qwen2.5-7b", "mistral-7b"]
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> None:
             cluster.shutdown()
         rows = store.read_shards("trials").to_pylist()
 
-    ok = [r for r in rows if r["status"] == "ok"]
+    ok = [r for r in rows if r["status"] == Status.OK]
     n, wall_s = len(rows), summary.wall_s
     actor_s = [(r["finished_at"] - r["started_at"]).total_seconds() for r in ok]
     measured_s = [r["duration_s"] for r in ok]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from sweeper.core.status import Status
+
 COLUMNS = """model, precision, batch_size AS batch, status,
   round(throughput_tok_s, 1) AS "tok/s", round(ttft_s * 1e3, 1) AS "TTFT ms",
   round(tpot_s * 1e3, 2) AS "TPOT ms", round(energy_per_token_j, 4) AS "J/tok",
@@ -32,5 +34,5 @@ def run(args: argparse.Namespace) -> None:
         print("| " + " | ".join("" if v is None else str(v) for v in row) + " |")
     env = duckdb.connect().execute(
         f"SELECT DISTINCT device_name, driver_version, cuda_version, torch_version, transformers_version, "
-        f"ray_version FROM '{root}/trials.parquet' WHERE status = 'ok'").fetchall()
+        f"ray_version FROM '{root}/trials.parquet' WHERE status = '{Status.OK}'").fetchall()
     print("\nenvironment:", env)

@@ -41,6 +41,7 @@ import traceback
 from typing import Any
 
 from bench.benchkit import write_record
+from sweeper.core.status import Status
 
 # The reference bare vLLM 0.26 numbers on an H200 that the vLLM backend was asked to match
 # (output tok/s, 128 in / 128 out).
@@ -234,7 +235,7 @@ def summary(result: dict, threshold: float) -> list[str]:
             continue
         for b, step in entry.get("batches", {}).items():
             s = step.get("sweeper") or {}
-            if "error" in step or s.get("status") != "ok":
+            if "error" in step or s.get("status") != Status.OK:
                 lines.append(f"{key:28} {b:>5} error: {(step.get('error') or s.get('error') or '')[-160:]}")
                 verdicts.append(False)
                 continue

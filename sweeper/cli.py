@@ -202,12 +202,13 @@ def plan(
     if not address:
         p.notes[-1] += " (no --address: this machine stands in for the cluster)"
 
+    from sweeper.core.status import Status
     from sweeper.run.sweep_run import is_settled
 
     def status(pt: Any) -> str:
         found = stored.get(pt.trial.trial_id) if stored else None
         if found is not None and pt.runnable and is_settled(found, retry_failed):
-            return f"done ({found.status})" if found.status == "ok" else f"done ({found.status}: {found.reason})"
+            return f"done ({found.status})" if found.status == Status.OK else f"done ({found.status}: {found.reason})"
         return "run" if pt.runnable else "skipped"
 
     if as_json:
@@ -379,18 +380,21 @@ def _nothing_to_run(sweep: Any, sweep_file: Path, store: Any, *, retry_failed: b
     """When every trial of the sweep already has its result here, the summary without starting Ray.
 
     Only for the embedded cluster: this machine is the whole cluster, so a trial
-    skipped here as unsupported would be skipped again.
+    skipped here as unsupported would be skipped again (``still_unsupported``: no plan
+    is made to ask).
     """
+    from sweeper.core.status import Status
     from sweeper.plan.expand import expand
     from sweeper.run.sweep_run import RunSummary, is_settled
 
     trials, _ = expand(sweep, sweep_path=str(sweep_file), check_hub=False)
     stored = store.stored_trials()
-    if not trials or not all(is_settled(stored.get(t.trial_id), retry_failed) for t in trials):
+    if not trials or not all(is_settled(stored.get(t.trial_id), retry_failed, still_unsupported=True)
+                             for t in trials):
         return None
     store.write_plan(sweep.name, [t.trial_id for t in trials], sweep.report)
     statuses = [stored[t.trial_id].status for t in trials]
-    ok, skipped = statuses.count("ok"), statuses.count("skipped")
+    ok, skipped = statuses.count(Status.OK), statuses.count(Status.SKIPPED)
     kept = len(trials) - ok - skipped
     err.print(f"resuming: {ok} trial(s) already ok" + (f", {kept} failed kept" if kept else "")
               + (f", {skipped} skipped" if skipped else "") + "; 0 to run (Ray not started)",

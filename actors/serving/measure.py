@@ -37,6 +37,7 @@ from actors.serving.stats import (
 )
 from actors.stability import Verdict
 from actors.workload import PromptSource, prompt_source
+from sweeper.core.status import Reason, Status
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ class ServingWindow(Window):
         cut = sum(1 for r in run.failed if r.cut_by_time_limit)
         if cut:
             # The trial's time limit cut the run: failed (and re-run by --retry-failed), with what it measured.
-            row.update(status="failed", reason="timeout",
+            row.update(status=Status.FAILED, reason=Reason.TIMEOUT,
                        error=f"{cut} of {len(run.requests)} requests had not finished when the run's time limit "
                              f"({RUN_SHARE_OF_TIMEOUT:.0%} of measure.timeout_s) passed")
         return Figures(row=row, requests=_request_rows(trial, run, window, request_energy), verdict=verdict,

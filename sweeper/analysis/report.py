@@ -41,6 +41,7 @@ from sweeper.analysis.tables import (
 )
 from sweeper.core.budget import BUDGET_COLUMNS
 from sweeper.core.settings import ReportSettings
+from sweeper.core.status import Status
 
 FORMATS = ("html", "md")
 PLOT_FILES = ("throughput.png", "latency.png", "energy_per_token.png", "pareto.png", "serving_latency.png",
@@ -194,8 +195,8 @@ def _header(results: Results) -> list[str]:
         f"sweep: {sweeps}",
         f"results: {results.root}",
         f"device: {devices}",
-        f"trials: {len(t)} ({counts.get('ok', 0)} ok, {counts.get('failed', 0)} failed, "
-        f"{counts.get('skipped', 0)} skipped; {int(ok['unstable'].sum())} ok but unstable)",
+        f"trials: {len(t)} ({counts.get(Status.OK, 0)} ok, {counts.get(Status.FAILED, 0)} failed, "
+        f"{counts.get(Status.SKIPPED, 0)} skipped; {int(ok['unstable'].sum())} ok but unstable)",
         f"generated: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         *_pricing_lines(results.report),
     ]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sweeper.analysis.results import Results, check_results_dir
 from sweeper.core.axes import AXES
 from sweeper.core.errors import UserInputError
+from sweeper.core.status import Status
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
@@ -37,7 +38,7 @@ class ReportError(UserInputError):
 
 def ok_trials(trials: pd.DataFrame) -> pd.DataFrame:
     """The ok trials, with ``unstable`` a plain bool (null, i.e. not judged, counts as stable)."""
-    df = trials[trials["status"] == "ok"].copy()
+    df = trials[trials["status"] == Status.OK].copy()
     if "unstable" not in df.columns:
         df["unstable"] = False
     # Null means "not judged" (e.g. shards from before the flag existed): draw it as stable.
@@ -216,7 +217,7 @@ def unstable_trials(trials: pd.DataFrame) -> pd.DataFrame:
 
 def not_ok_trials(trials: pd.DataFrame) -> pd.DataFrame:
     """The failed and skipped trials, with their reason and error."""
-    df = trials[trials["status"] != "ok"]
+    df = trials[trials["status"] != Status.OK]
     cols = ["trial_id", "model", "backend", "precision", "batch_size", "status", "reason", "error"]
     return df[cols].sort_values(["status", "model", "precision", "batch_size"])
 
@@ -292,7 +293,7 @@ def compare_sweeps(baseline: str | os.PathLike[str], candidate: str | os.PathLik
                b.energy_per_token_j / a.energy_per_token_j AS energy_per_token_ratio,
                a.unstable OR b.unstable AS either_unstable, {noise}
         FROM a JOIN b ON {on}
-        WHERE a.status = 'ok' AND b.status = 'ok'
+        WHERE a.status = '{Status.OK}' AND b.status = '{Status.OK}'
         ORDER BY {", ".join(f"a.{k}" for k in keys)}"""
     con = duckdb.connect()
     try:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeper.core.stages import StageSpan
+from sweeper.core.status import Reason, Status
 
 
 @dataclass
@@ -21,7 +22,7 @@ class TrialOutcome:
 
     @property
     def status(self) -> str:
-        return self.row.get("status", "failed")
+        return self.row.get("status", Status.FAILED)
 
 
 @dataclass
@@ -29,6 +30,6 @@ class LoadResult:
     ok: bool
     load_s: float | None = None
     error: str | None = None
-    reason: str | None = None
+    reason: Reason | None = None  # why a load that is not ok failed (oom, load_failed, ...)
     info: dict[str, Any] = field(default_factory=dict)  # weight_memory_bytes, device, ...
     stages: list[StageSpan] = field(default_factory=list)  # the actor's start and the load's stages

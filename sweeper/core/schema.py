@@ -11,6 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from sweeper.core.status import Reason, Status
+
 
 @dataclass(frozen=True)
 class Column:
@@ -81,8 +83,9 @@ _RESULT: tuple[Column, ...] = (
     _c("slo_tpot_s", F, "serving: SLO bound on time per output token"),
     _c("slo_e2e_s", F, "serving: SLO bound on end-to-end latency"),
     # outcome
-    _c("status", S, "ok | failed | skipped"),
-    _c("reason", S, "short machine-readable cause for failed/skipped (exception, unsupported, ...)"),
+    _c("status", S, " | ".join(Status)),
+    _c("reason", S, "machine-readable cause for failed/skipped (null when ok): "
+                    + " | ".join(Reason) + " (sweeper.core.status.Reason says when each is used)"),
     _c("error", S, "error text for failed/skipped trials"),
     _c("started_at", TS, "trial start (UTC)"),
     _c("finished_at", TS, "trial end (UTC)"),

@@ -35,6 +35,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from sweeper.core.status import Status
 from sweeper.core.trial import Trial
 
 MAX_ROWS = 40  # a live table taller than a terminal scrolls away and helps nobody
@@ -208,11 +209,11 @@ class ProgressView:
 
     def trial_finished(self, trial: Trial, status: str, summary: str = "") -> None:
         run = self.running.pop(trial.trial_id, None)
-        if run is not None and status == "ok":
+        if run is not None and status == Status.OK:
             self.trials.seconds.append(self.clock() - run.since)
-        if status == "ok":
+        if status == Status.OK:
             self.ok += 1
-        elif status == "skipped":
+        elif status == Status.SKIPPED:
             self.skipped += 1
         else:
             self.failed += 1
@@ -222,7 +223,7 @@ class ProgressView:
         if self.quiet:
             self._line(line)
         else:
-            style = {"ok": "green", "skipped": "yellow"}.get(status, "red")
+            style = "green" if status == Status.OK else "yellow" if status == Status.SKIPPED else "red"
             self._line(Text.assemble((f"[{self.finished}/{self.total}] ", "dim"), (f"{status:<6}", style),
                                      f" {trial.label()}  {summary}", (f"  @ {where}" if where else "", "dim")))
         self.refresh()

@@ -20,7 +20,6 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 from rich.console import Console
@@ -28,6 +27,7 @@ from rich.console import Console
 from sweeper.core.errors import SweeperError
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.stages import StageSpan
+from sweeper.core.status import Reason, Status, failed_row, settles, skipped_row
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import Plan, TrialGroup
 from sweeper.run.actor_runner import (
@@ -68,16 +68,6 @@ class RunOptions:
     poll_s: float = 0.25  # how often the display refreshes and time limits are checked
 
 
-def skipped_row(reason_code: str, text: str) -> dict[str, Any]:
-    now = datetime.now(timezone.utc)
-    return {"status": "skipped", "reason": reason_code, "error": text, "started_at": now, "finished_at": now}
-
-
-def failed_row(reason_code: str, text: str) -> dict[str, Any]:
-    now = datetime.now(timezone.utc)
-    return {"status": "failed", "reason": reason_code, "error": text, "started_at": now, "finished_at": now}
-
-
 def predicted_oom(oom_trial: Trial, pending: list[Trial]) -> list[Trial]:
     """The pending trials that ``oom_trial`` running out of memory predicts will too.
 
@@ -92,35 +82,32 @@ def predicted_oom(oom_trial: Trial, pending: list[Trial]) -> list[Trial]:
             and (t.shape, t.layer_profile) == (oom_trial.shape, oom_trial.layer_profile)]
 
 
-def is_settled(stored: StoredTrial | None, retry_failed: bool) -> bool:
-    """Whether a stored result stands (the trial is not run again): ok, skipped, or — unless
-    ``retry_failed`` — failed or skipped as predicted out of memory."""
-    if stored is None:
-        return False
-    if stored.status == "ok" or (stored.status == "skipped" and stored.reason != "predicted_oom"):
-        return True
-    return not retry_failed and stored.status in ("failed", "skipped")
+def is_settled(stored: StoredTrial | None, retry_failed: bool, *, still_unsupported: bool = False) -> bool:
+    """Whether a stored result stands (the trial is not run again): the resume rule,
+    ``sweeper.core.status.settles``, for a trial that may have nothing stored."""
+    return stored is not None and settles(stored.status, stored.reason, retry_failed=retry_failed,
+                                          still_unsupported=still_unsupported)
 
 
 def resume_filter(trials: list[Trial], store: ResultStore, retry_failed: bool) -> tuple[list[Trial], int, int]:
-    """The trials still to run, and how many are already ok or kept (failed, or skipped as predicted
-    out of memory: a result too, re-run only with ``retry_failed``)."""
+    """The runnable trials still to run, and how many are already ok or kept (failed, or skipped as
+    predicted out of memory: a result too, re-run only with ``retry_failed``). A stored plan-time skip
+    does not stand: the plan runs the trial now."""
     stored = store.stored_trials()
     todo, have_ok, kept = [], 0, 0
     for t in trials:
         s = stored.get(t.trial_id)
-        if s is not None and s.status == "ok":
-            have_ok += 1
-        elif s is not None and not retry_failed and (
-                s.status == "failed" or (s.status == "skipped" and s.reason == "predicted_oom")):
-            kept += 1
-        else:
+        if s is None or not is_settled(s, retry_failed):
             todo.append(t)
+        elif s.status == Status.OK:
+            have_ok += 1
+        else:
+            kept += 1
     return todo, have_ok, kept
 
 
 def _summary_text(row: dict[str, Any]) -> str:
-    if row.get("status") != "ok":
+    if row.get("status") != Status.OK:
         return str(row.get("error") or "")[:200]
     # Any of these may be null on an ok row (a serving run with no steady state has no
     # throughput): the line says what there is.
@@ -225,7 +212,7 @@ class SweepRun:
     def run(self) -> RunSummary:
         t_begin = self.clock()
         for p in self.plan.skipped:
-            self.recorder.record(p.trial, skipped_row("unsupported", p.skip_reason or ""))
+            self.recorder.record(p.trial, skipped_row(Reason.UNSUPPORTED, p.skip_reason or ""))
             self.summary.skipped += 1
         todo = self._resume()
         with ProgressView(len(todo), slots=self.cluster.slots, console=self.console, quiet=self.quiet) as view:
@@ -439,30 +426,30 @@ class SweepRun:
         row.setdefault("load_s", g.load.load_s if g.load else None)
         self._record(g, trial, row, tables, stages or [])
         self.summary.ran += 1
-        if row["status"] == "ok":
+        if row["status"] == Status.OK:
             self.summary.ok += 1
         else:
             self.summary.failed += 1
             self.summary.failures.append(f"{trial.label()}: {row.get('error')}")
         self._view.trial_finished(trial, row["status"], _summary_text(row))
-        if self.options.oom_pruning and row.get("reason") == "oom":
+        if self.options.oom_pruning and row.get("reason") == Reason.OOM:
             # The group's trials may have been split among copies: prune them all.
             for t, copy in [(t, h) for h in self.open if h.group is g.group for t in predicted_oom(trial, h.pending)]:
                 copy.pending.remove(t)
                 text = (f"predicted out of memory: batch {trial.batch_size} of the same shape ran out "
                         f"({trial.trial_id})")
-                self.recorder.record(t, skipped_row("predicted_oom", text))
+                self.recorder.record(t, skipped_row(Reason.PREDICTED_OOM, text))
                 self.summary.skipped += 1
-                self._view.trial_finished(t, "skipped", text)
+                self._view.trial_finished(t, Status.SKIPPED, text)
 
-    def fail_rest(self, g: GroupRun, reason: str, text: str) -> None:
+    def fail_rest(self, g: GroupRun, reason: Reason, text: str) -> None:
         queue = ([g.current] if g.current is not None else []) + g.pending
         g.current, g.pending = None, []
         for t in queue:
             self._record(g, t, failed_row(reason, text), {}, [])
             self.summary.failed += 1
             self.summary.failures.append(f"{t.label()}: {text}")
-            self._view.trial_finished(t, "failed", text)
+            self._view.trial_finished(t, Status.FAILED, text)
 
     def add_busy(self, g: GroupRun, busy_s: float) -> None:
         self.summary.busy_s += busy_s
@@ -488,7 +475,7 @@ class SweepRun:
         except ActorDied as exc:
             self.on_load_died(g, str(exc))
         except CallFailed as exc:
-            self.on_loaded(g, LoadResult(ok=False, reason="load_failed", error=str(exc)))
+            self.on_loaded(g, LoadResult(ok=False, reason=Reason.LOAD_FAILED, error=str(exc)))
         else:
             self.on_loaded(g, result)
 
@@ -500,7 +487,7 @@ class SweepRun:
             self.on_actor_died(g, str(exc))
         except CallFailed as exc:
             self.on_trial_done(g, TrialOutcome(g.current.trial_id if g.current else "",
-                                               failed_row("exception", str(exc))))
+                                               failed_row(Reason.EXCEPTION, str(exc))))
         else:
             self.on_trial_done(g, outcome)
 
@@ -526,22 +513,22 @@ class SweepRun:
         if load.ok:
             self.submit_next(g)
             return
-        self.fail_rest(g, load.reason or "load_failed", f"model load failed: {load.error}")
+        self.fail_rest(g, load.reason or Reason.LOAD_FAILED, f"model load failed: {load.error}")
         self._done(g, close=False)
 
     def on_load_died(self, g: GroupRun, text: str) -> None:
         """The actor died while loading (a node lost, the OOM killer): retry on a fresh actor."""
-        self._load_lost(g, "actor_died", f"actor died loading {g.label}: {text}",
+        self._load_lost(g, Reason.ACTOR_DIED, f"actor died loading {g.label}: {text}",
                         lambda n: f"actor died {n} time(s) loading it: {text}")
 
     def on_load_timeout(self, g: GroupRun) -> None:
         """The model load ran past ``measure.load_timeout_s``: a hung load is handled as a death."""
         limit_s = g.group.trials[0].measure.load_timeout_s
-        self._load_lost(g, "load_timeout", f"load of {g.label} ran past measure.load_timeout_s = {limit_s:g} s",
+        self._load_lost(g, Reason.LOAD_TIMEOUT, f"load of {g.label} ran past measure.load_timeout_s = {limit_s:g} s",
                         lambda n: f"load ran past measure.load_timeout_s = {limit_s:g} s, {n} time(s); actor "
                                   f"replaced each time")
 
-    def _load_lost(self, g: GroupRun, reason: str, retry_text: str, error: Callable[[int], str]) -> None:
+    def _load_lost(self, g: GroupRun, reason: Reason, retry_text: str, error: Callable[[int], str]) -> None:
         g.deaths += 1
         if g.deaths <= self.options.max_retries:
             self.summary.retries += 1
@@ -566,7 +553,7 @@ class SweepRun:
             self._view.console.print(f"retry {g.deaths}/{self.options.max_retries}: actor died running "
                                      f"{label}: {text}", highlight=False, markup=False)
         else:
-            self.finish(g, failed_row("actor_died", f"actor died {g.deaths} time(s) running this trial: {text}"),
+            self.finish(g, failed_row(Reason.ACTOR_DIED, f"actor died {g.deaths} time(s) running this trial: {text}"),
                         {})
         self.replace_actor(g)
 
@@ -574,7 +561,7 @@ class SweepRun:
         """The current trial ran past ``measure.timeout_s``: fail it, replace the hung actor."""
         self.add_busy(g, self.clock() - g.started_s)
         limit_s = g.current.measure.timeout_s if g.current is not None else None
-        self.finish(g, failed_row("timeout", f"trial ran past measure.timeout_s = {limit_s:g} s; actor replaced"),
+        self.finish(g, failed_row(Reason.TIMEOUT, f"trial ran past measure.timeout_s = {limit_s:g} s; actor replaced"),
                     {})
         self.replace_actor(g)
 

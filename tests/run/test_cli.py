@@ -123,9 +123,13 @@ def test_plan_marks_what_an_output_directory_already_holds(tmp_path):
     store.write_shard("trials", done, [{"trial_id": done, "status": "ok"}])
     failed = plan[1]["trial_id"]
     store.write_shard("trials", failed, [{"trial_id": failed, "status": "failed", "reason": "oom"}])
+    # Skipped as unsupported by an earlier plan, runnable in this one: it runs, as `sweeper run` would.
+    unsupported = plan[2]["trial_id"]
+    store.write_shard("trials", unsupported, [{"trial_id": unsupported, "status": "skipped",
+                                               "reason": "unsupported"}])
     marked = {t["trial_id"]: t["status"] for t in json.loads(
         run_cli("plan", str(sweep), "--json", "-o", str(tmp_path)).stdout)["plan"]}
-    assert marked[done] == "done (ok)" and marked[failed] == "done (failed: oom)"
+    assert marked[done] == "done (ok)" and marked[failed] == "done (failed: oom)" and marked[unsupported] == "run"
     assert sum(s == "run" for s in marked.values()) == len(plan) - 2
     retrying = json.loads(run_cli("plan", str(sweep), "--json", "-o", str(tmp_path), "--retry-failed").stdout)
     assert {t["trial_id"]: t["status"] for t in retrying["plan"]}[failed] == "run"

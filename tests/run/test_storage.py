@@ -191,7 +191,9 @@ def test_schema_names_carry_units():
                    "target_rel_ci", "throughput_rel_ci95", "energy_per_token_rel_ci95", "ci_blocks",
                    "target_met",
                    # how the idle baseline was obtained: a flag
-                   "idle_baseline_reused"}
+                   "idle_baseline_reused",
+                   # the verdict: a bound on relative intervals (a ratio), the host-noise flag
+                   "max_rel_ci", "noisy_host", "noisy_host_reason"}
     for col in TRIALS:
         # rates and per-token quantities carry their unit before the "per"
         if (col.name in unitless_ok or col.name.endswith("_version")

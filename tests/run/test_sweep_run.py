@@ -229,6 +229,34 @@ def test_predicted_oom_skips_stay_skipped_on_resume_until_retry_failed(tmp_path)
     assert len(retried.runs) == 1  # batch 2 again; its OOM predicts batch 4 once more
 
 
+def test_resume_filter_and_the_clis_shortcut_follow_one_rule():
+    """Every stored status and reason: the trials a resume runs are those whose result does
+    not stand (``is_settled``); a plan-time skip stands only where no plan is made to say the
+    trial now runs (the CLI's shortcut on the embedded cluster)."""
+    from types import SimpleNamespace
+
+    from sweeper.core.status import Reason, Status
+    from sweeper.run.storage import StoredTrial
+    from sweeper.run.sweep_run import is_settled, resume_filter
+
+    cases = [(Status.OK, None), *((Status.FAILED, r) for r in Reason), (Status.SKIPPED, Reason.PREDICTED_OOM),
+             (Status.SKIPPED, Reason.UNSUPPORTED)]
+    trials = make_plan(_sweep(batch_sizes=list(range(1, 8))), "cpu").runnable
+    assert len(trials) > len(cases)  # the rest have nothing stored
+    stored = {t.trial_id: StoredTrial(t.trial_id, str(status), None if reason is None else str(reason))
+              for t, (status, reason) in zip(trials, cases, strict=False)}
+    for retry_failed in (False, True):
+        todo, have_ok, kept = resume_filter(trials, SimpleNamespace(stored_trials=lambda: stored), retry_failed)
+        assert todo == [t for t in trials if not is_settled(stored.get(t.trial_id), retry_failed)]
+        settled = [stored[t.trial_id] for t in trials if t not in todo]
+        assert have_ok == sum(s.status == "ok" for s in settled) == 1 and kept == len(settled) - 1
+        assert kept == (0 if retry_failed else len(Reason) + 1)  # failed for any reason, and predicted_oom
+    unsupported = StoredTrial("t", "skipped", "unsupported")
+    assert not is_settled(unsupported, False)  # the plan runs the trial now: run it
+    assert is_settled(unsupported, False, still_unsupported=True)  # the shortcut: skipped again here
+    assert not is_settled(None, False)
+
+
 @dataclass
 class OneSlotRunner(ScriptedRunner):
     """A cluster of one slot: an actor is placed (its ping and load answer) only once every
