@@ -17,7 +17,7 @@ from tests.conftest import ROOT
 # The strings results directories written so far hold: renaming a member breaks them.
 STATUS_VALUES = {"ok", "failed", "skipped"}
 REASON_VALUES = {"unsupported", "predicted_oom", "oom", "exception", "load_failed", "load_timeout",
-                 "actor_died", "timeout", "layer_profile_failed"}
+                 "actor_died", "timeout", "layer_profile_failed", "invalid_row"}
 
 
 def test_the_values_are_the_strings_stored_results_hold():
