@@ -1,4 +1,4 @@
-"""Draw the README's plot, docs/img/pareto.png, from a real GPU run's trials table.
+"""Draw the guide's Pareto plot, docs/img/pareto.png, from a real GPU run's trials table.
 
     python3 -m bench readme-plot [TRIALS_PARQUET] [OUT_PNG]
 

@@ -66,3 +66,13 @@ def test_the_path_check_catches_a_path_that_is_gone():
     assert _named_paths("see `tests/test_axes.py` and sweeper/bare 1.02") == {"tests/test_axes.py"}
     assert not _exists("tests/test_axes.py") and _exists("tests/core/test_axes.py")
     assert _exists("docs/data/quality_smollm2-135m_h100_2026-11-24_") and not _exists("docs/data/no_such_run_")
+
+
+def test_the_readme_is_a_landing_page():
+    # What it is, the two commands, one sweep file, the commands, the results, and links: the
+    # rest lives in docs/ (the guide by topic, METHOD, SCHEMA, BENCHMARKS, FLEET).
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) <= 25_000
+    sections = [line[3:] for line in readme.splitlines() if line.startswith("## ")]
+    assert sections == ["How a trial is measured", "Sweep files", "Commands", "Results", "Guide"]
+    assert "docs/GUIDE.md" in readme and (ROOT / "docs" / "GUIDE.md").is_file()

@@ -1,4 +1,4 @@
-"""cluster.yaml passes Ray's own autoscaler validation, and says what the README promises."""
+"""cluster.yaml passes Ray's own autoscaler validation, and says what the guide promises."""
 
 from __future__ import annotations
 

@@ -580,9 +580,9 @@ profile: {layers: submodule}
         assert share == pytest.approx(1.0) and n == n_modules == 16 and n_energy == 0  # CPU: null energy
         assert (lo, hi) == ((2, 2) if phase == PREFILL else (6, 6))  # 2 passes x (1 | output_len - 1)
     assert {r[0] for r in trials} == {r[0] for r in per_phase}
-    # the README's queries run as written
-    readme = (ROOT / "README.md").read_text().split("## Layer profiling", 1)[1].split("\n## ", 1)[0]
-    sql = readme.split("```sql", 1)[1].split("```", 1)[0].replace("results/quantization", str(out))
+    # the guide's queries run as written
+    guide = (ROOT / "docs" / "GUIDE.md").read_text().split("## Layer profiling", 1)[1].split("\n## ", 1)[0]
+    sql = guide.split("```sql", 1)[1].split("```", 1)[0].replace("results/quantization", str(out))
     statements = [s for s in sql.split(";") if s.strip()]
     assert len(statements) == 2
     top, by_role = (con.execute(s).fetchall() for s in statements)
