@@ -13,6 +13,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sweeper.analysis.plot_kit import (
+    PHASE_COLOURS,
+    UNSTABLE_NOTE,
+    PlotNotApplicable,
+    PlotUnavailable,
+    arr,
+    batch_axis,
+    load_label,
+    log_if_wide,
+    new_figure,
+    plottable,
+    require,
+    scatter_marked,
+    series_label,
+    set_log,
+    try_plot,
+    usable,
+)
 from sweeper.analysis.tables import ok_trials
 from sweeper.core.axes import AXES
 
@@ -20,159 +38,27 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
     from matplotlib.figure import Figure
 
-# Columns that identify a line of a per-configuration plot (batch size is the x axis);
-# option variants (eager / compiled) and tensor parallelism are lines of their own.
-UNSTABLE_NOTE = "hollow markers: unstable trials"
-# Offline generate calls' phases, and a serving run's (its steady-state window and either side).
-_PHASE_COLOURS = {"prefill": "tab:orange", "decode": "tab:blue",
-                  "ramp": "tab:olive", "steady": "tab:cyan", "drain": "tab:purple"}
-
-
-class PlotUnavailable(Exception):
-    """The data a plot needs is absent or all null; the message says which."""
-
-
-class PlotNotApplicable(PlotUnavailable):
-    """The plot is for the other workload mode (per-batch plots of a serving sweep, serving
-    plots of an offline one): left out without a note."""
-
-
-# -- helpers ---------------------------------------------------------------------
-
-
-def try_plot(make: Any, *args: Any, **kwargs: Any) -> Figure | None:
-    """``make(*args)``, or None after printing why the plot is left out (for notebooks)."""
-    try:
-        return make(*args, **kwargs)
-    except PlotUnavailable as exc:
-        print(f"{make.__name__}: left out: {exc}")
-        return None
-
-
-def new_figure(width_in: float, height_in: float) -> Figure:
-    """A figure on its own Agg canvas (no pyplot, no global backend)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width_in, height_in), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _usable(df: pd.DataFrame, *columns: str) -> bool:
-    return all(c in df.columns and df[c].notna().any() for c in columns)
-
-
-def require(df: pd.DataFrame, columns: tuple[str, ...], why: str) -> None:
-    missing = [c for c in columns if c not in df.columns or not df[c].notna().any()]
-    if missing:
-        raise PlotUnavailable(f"{', '.join(missing)} missing or all null ({why})")
-
-
-def plottable(trials: pd.DataFrame) -> pd.DataFrame:
-    """The ok trials, or PlotUnavailable when there is none (every trial failed or was skipped)."""
-    df = ok_trials(trials)
-    if df.empty:
-        raise PlotUnavailable("no ok trials (see the failed and skipped trials)")
-    return df
-
-
-def _varies(df: pd.DataFrame, column: str) -> bool:
-    return column in df.columns and df[column].nunique(dropna=False) > 1
-
-
-def _given(value: Any) -> bool:
-    """Not None, NaN or pandas' NA."""
-    import pandas as pd
-
-    return value is not None and not bool(pd.isna(value))
-
-
-def load_label(row: Any) -> str:
-    """What loads a trial: ``bs=8`` offline; ``rate=24/s`` in serving mode (``rate=inf``: all
-    requests at once), with ``conc=16`` where the engine's concurrency is capped."""
-    rate = row.get("request_rate")
-    if _given(rate):
-        conc = row.get("max_concurrency")
-        text = "rate=inf" if rate == float("inf") else f"rate={float(rate):g}/s"
-        return text + (f" conc={int(conc)}" if _given(conc) else "")
-    batch = row.get("batch_size")
-    return f"bs={int(batch)}" if _given(batch) else ""
-
-
-def series_label(row: Any, df: pd.DataFrame, with_model: bool = False) -> str:
-    """A short label naming only the axes that vary in ``df``."""
-    parts = [str(row["model"])] if with_model else []
-    if _varies(df, "backend"):
-        parts.append(str(row["backend"]))
-    parts.append(str(row["precision"]))
-    if _varies(df, "backend_options") or _varies(df, "tensor_parallel"):
-        from sweeper.core.trial import variant_label
-
-        tp = row.get("tensor_parallel")
-        variant = variant_label(str(row["backend"]), row.get("backend_options"),
-                                int(tp) if tp is not None and tp == tp else 1)
-        if variant:
-            parts.append(variant)
-    if _varies(df, "input_len") or _varies(df, "output_len"):
-        parts.append(f"in{row['input_len']}/out{row['output_len']}")
-    return " ".join(parts)
-
-
-def scatter_marked(ax: Any, x: Any, y: Any, unstable: Any, colour: Any, marker: str = "o",
-                    size: float = 36, label: str | None = None, series: str | None = None) -> None:
-    """Filled markers for stable trials, hollow (hatched) ones for unstable trials.
-
-    ``series`` names the markers' series in ``figure_data`` when ``label`` (the
-    legend's) is left to the series' line.
-    """
-    stable = ~unstable
-    gid = series or label
-    if stable.any():
-        ax.scatter(x[stable], y[stable], s=size, color=colour, marker=marker, zorder=3, label=label, gid=gid)
-    if unstable.any():
-        ax.scatter(x[unstable], y[unstable], s=size * 1.6, facecolors="none", edgecolors=colour,
-                   hatch="////", linewidths=1.4, marker=marker, zorder=3,
-                   label=None if stable.any() else label, gid=gid)
-
-
-def log_if_wide(ax: Any, values: Any, axis: str) -> None:
-    """Log scale when the values span more than ~a decade and a half (see ``set_log``)."""
-    import numpy as np
-
-    values = np.asarray(values, dtype=float)
-    values = values[np.isfinite(values) & (values > 0)]
-    if len(values) and values.max() / values.min() > 20:
-        set_log(ax, axis)
-
-
-def set_log(ax: Any, axis: str) -> None:
-    """A log axis whose ticks read as numbers: 1-2-5 steps in every decade, labelled plainly
-    (``0.2``, ``500``, never ``10^-1``), so even a span of one decade shows several labels."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
-
-    (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
-    target = ax.yaxis if axis == "y" else ax.xaxis
-    target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    target.set_minor_locator(NullLocator())
-    target.set_minor_formatter(NullFormatter())
-
-
-def _batch_axis(ax: Any, batches: Any) -> None:
-    batches = sorted({int(b) for b in batches})
-    if len(batches) > 1 and batches[-1] / max(batches[0], 1) >= 8:
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_minor_locator(_null_locator())
-    ax.set_xticks(batches, [str(b) for b in batches])
-    ax.set_xlabel("batch size")
-
-
-def _null_locator() -> Any:
-    from matplotlib.ticker import NullLocator
-
-    return NullLocator()
-
+# The plots, and what a notebook or the report reaches through this module besides them.
+__all__ = [
+    "LAYER_CV_LIMIT",
+    "PlotNotApplicable",
+    "PlotUnavailable",
+    "layer_shares",
+    "layer_verdict",
+    "pareto_frontier",
+    "pareto_latencies",
+    "pareto_mask",
+    "phase_spans",
+    "plot_energy_per_token",
+    "plot_fidelity",
+    "plot_latency",
+    "plot_layer_shares",
+    "plot_pareto",
+    "plot_power_timeline",
+    "plot_throughput",
+    "plot_weight_memory",
+    "try_plot",
+]
 
 # -- per-configuration lines over batch size ----------------------------------------
 
@@ -193,9 +79,9 @@ def _per_batch(trials: pd.DataFrame, panels: list[tuple[str, str, float]], title
     df = df[df["batch_size"].notna()] if "batch_size" in df.columns else df
     columns = [c for c, _, _ in panels]
     require(df, ("batch_size",), why)
-    if not any(_usable(df, c) for c in columns):
+    if not any(usable(df, c) for c in columns):
         require(df, tuple(columns), why)
-    panels = [p for p in panels if _usable(df, p[0])]
+    panels = [p for p in panels if usable(df, p[0])]
     models = sorted(df["model"].unique())
     cols = min(len(models), 3)
     model_rows = -(-len(models) // cols)
@@ -226,7 +112,7 @@ def _per_batch(trials: pd.DataFrame, panels: list[tuple[str, str, float]], title
                     ax.vlines(x[repeated], low.to_numpy()[repeated], high.to_numpy()[repeated],
                               color=colour, lw=1.0, alpha=0.8)
                 scatter_marked(ax, x, median.to_numpy(), unstable.to_numpy(), colour, series=name)
-            _batch_axis(ax, mdf["batch_size"] if len(mdf) else df["batch_size"])
+            batch_axis(ax, mdf["batch_size"] if len(mdf) else df["batch_size"])
             if wide:
                 set_log(ax, "y")
             else:
@@ -336,7 +222,7 @@ def plot_pareto(trials: pd.DataFrame, latencies: tuple[str, ...] = ("tpot_s", "t
     """
     df = plottable(trials)
     require(df, ("energy_per_token_j",), "no energy measured: CPU-only run?")
-    latencies = tuple(lat for lat in pareto_latencies(df, latencies, percentile) if _usable(df, lat))
+    latencies = tuple(lat for lat in pareto_latencies(df, latencies, percentile) if usable(df, lat))
     if not latencies:
         raise PlotUnavailable("no TPOT or TTFT measured")
     markers = "osD^v<>pPX*"
@@ -438,7 +324,7 @@ def plot_fidelity(trials: pd.DataFrame) -> Figure:
             colour, marker = f"C{m % 10}", markers[k % len(markers)]
             if high > low:
                 ax.hlines(kl, low, high, color=colour, lw=1.0, alpha=0.6)
-            scatter_marked(ax, _arr([low]), _arr([kl]), _arr([bool(g["unstable"].any())]), colour,
+            scatter_marked(ax, arr([low]), arr([kl]), arr([bool(g["unstable"].any())]), colour,
                             marker=marker, label=series_label(g.iloc[0], df, with_model=True))
     log_if_wide(ax, df["energy_per_token_j"], "x")
     if (df["fidelity_kl"] > 0).all():  # a log axis would hide exact zeros (identical outputs)
@@ -449,12 +335,6 @@ def plot_fidelity(trials: pd.DataFrame) -> Figure:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
-
-
-def _arr(values: list[Any]) -> Any:
-    import numpy as np
-
-    return np.asarray(values)
 
 
 # -- timeline and layers -------------------------------------------------------------------
@@ -507,7 +387,7 @@ def plot_power_timeline(timeline: pd.DataFrame, trial: dict[str, Any] | None = N
         ax.plot(total.index, total.values, lw=1.4, color="black", label="total")
     seen = set()
     for phase, start, end in phase_spans(tl):
-        colour = _PHASE_COLOURS.get(phase, "tab:gray")
+        colour = PHASE_COLOURS.get(phase, "tab:gray")
         ax.axvspan(start, end, color=colour, alpha=0.18, lw=0, label=None if phase in seen else phase)
         seen.add(phase)
     ax.axvline(0.0, color="gray", ls="--", lw=0.8)
@@ -532,7 +412,7 @@ def plot_power_timeline(timeline: pd.DataFrame, trial: dict[str, Any] | None = N
 
 def layer_shares(layers: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """Per module type and phase: the share of energy (or of GPU time when no energy was measured)."""
-    value = "energy_j" if _usable(layers, "energy_j") else "gpu_time_s"
+    value = "energy_j" if usable(layers, "energy_j") else "gpu_time_s"
     require(layers, (value,), "nothing to share out")
     df = layers.copy()
     df["phase"] = df["phase"].fillna("all") if "phase" in df.columns else "all"
@@ -574,14 +454,14 @@ def plot_layer_shares(layers: pd.DataFrame, trial_id: str | None = None) -> Figu
     shares, value = layer_shares(layers)
     energy = value == "energy_j"
     what = "energy" if energy else "time"
-    has_index = _usable(layers, "layer_index")
+    has_index = usable(layers, "layer_index")
     fig = new_figure(11.0 if has_index else 6.5, max(3.0, 0.35 * len(shares) + 1.5))
     axes = fig.subplots(1, 2 if has_index else 1, squeeze=False).ravel()
     ax = axes[0]
     left = None
     for phase in shares.columns:
         values = shares[phase].to_numpy() * 100
-        ax.barh(shares.index, values, left=left, color=_PHASE_COLOURS.get(phase, "tab:gray"), label=phase)
+        ax.barh(shares.index, values, left=left, color=PHASE_COLOURS.get(phase, "tab:gray"), label=phase)
         left = values if left is None else left + values
     ax.set_xlabel(f"share of {what} (%)" + ("" if energy else ": gpu_time_s, no energy measured"))
     ax.set_title(f"{what.capitalize()} share per module type", fontsize=10)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sweeper.analysis.plots import (
+from sweeper.analysis.plot_kit import (
     PlotNotApplicable,
     PlotUnavailable,
     log_if_wide,

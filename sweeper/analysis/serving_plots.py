@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from sweeper.analysis.plots import (
+from sweeper.analysis.plot_kit import (
     UNSTABLE_NOTE,
     PlotNotApplicable,
     new_figure,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sweeper.analysis.plots import PlotUnavailable, new_figure
+from sweeper.analysis.plot_kit import PlotUnavailable, new_figure
 from sweeper.core.stages import IDLE, STAGES
 
 if TYPE_CHECKING:
