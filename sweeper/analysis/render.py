@@ -164,79 +164,106 @@ def _widths(text: str, wraps: bool) -> tuple[int, int]:
     return (max((cell_len(word) for word in text.split()), default=0) if wraps else widest), widest
 
 
+def _rules(n: int, narrow: bool) -> int:
+    """Cells taken by rules and padding around ``n`` columns (without vertical rules: narrow)."""
+    return 2 * (n - 1) if narrow else 3 * n + 1
+
+
+class _ConsoleLayout:
+    """The column widths of one table on a console ``width`` cells wide (``console_table``)."""
+
+    def __init__(self, table: Table, width: int) -> None:
+        self.table, self.width = table, width
+        self.columns = [i for i, _ in enumerate(table.headers) if any(row[i] for row in table.rows)]
+        self.cells = {i: [_widths(row[i], table.headers[i] in _WRAPPING) for row in table.rows]
+                      for i in self.columns}
+        self.most = {i: max(c[1] for c in self.cells[i]) for i in self.columns}  # headers may wrap, cells need not
+        self.headers = {i: table.headers[i] for i in self.columns}
+        self.least = self._narrowest()
+        self.narrow = self._total(self.least, narrow=False) > width
+        if self.narrow:
+            self.headers = {i: _NARROW_HEADERS.get(h, h) for i, h in self.headers.items()}
+            self.least = self._narrowest()
+        self.dropped = self._drop()
+        self.widths, self.folded = dict(self.least), set[int]()
+        room = self._grow(width - self._total(self.least, self.narrow))
+        self._fold(room)
+
+    def _narrowest(self) -> dict[int, int]:
+        return {i: max([_widths(self.headers[i], True)[0], *(c[0] for c in self.cells[i])]) for i in self.columns}
+
+    def _total(self, widths: dict[int, int], narrow: bool) -> int:
+        return sum(widths[i] for i in self.columns) + _rules(len(self.columns), narrow)
+
+    def _drop(self) -> list[str]:
+        """Columns leave in ``_DROP_ORDER`` (the prices after MBU) while the narrow table is too wide."""
+        headers = self.table.headers
+
+        def rank(i: int) -> int:
+            return 2 * _DROP_ORDER.index(headers[i]) if headers[i] in _DROP_ORDER else 1
+
+        dropped = []
+        for i in sorted((i for i in self.columns if headers[i] not in _KEPT), key=rank):
+            if not self.narrow or self._total(self.least, narrow=True) <= self.width:
+                break
+            self.columns.remove(i)
+            dropped.append(headers[i])
+        return dropped
+
+    def _grow(self, room: int) -> int:
+        """The room left goes first to the cells (those that need least first, so that the most
+        rows stay on one line), then to the headers; returns what is left (negative: too wide)."""
+        whole_headers = {i: max(self.most[i], _widths(self.headers[i], True)[1]) for i in self.columns}
+        for target in (self.most, whole_headers):
+            for i in sorted(self.columns, key=lambda i: target[i] - self.widths[i]):
+                grow = max(0, min(room, target[i] - self.widths[i]))
+                self.widths[i] += grow
+                room -= grow
+        return room
+
+    def _fold(self, room: int) -> None:
+        """Still too wide (several repeats' [intervals] on a narrow console): the intervals give
+        way down to their medians, then the widest columns but the trial id's; folded, not cut."""
+        headers, rows = self.table.headers, self.table.rows
+        medians = {i: max(_widths(row[i].split(" [")[0], False)[1] for row in rows) for i in self.columns}
+        while room < 0:
+            give = ([j for j in self.columns if headers[j] in ("tok/s", "J/token") and self.widths[j] > medians[j]]
+                    or [j for j in self.columns if headers[j] != "trial" and self.widths[j] > 1])
+            if not give:
+                return
+            i = max(give, key=lambda j: self.widths[j])
+            self.widths[i] -= 1
+            self.folded.add(i)
+            room += 1
+
+
 def console_table(table: Table, width: int, title: str | None = None) -> Any:
     """``table`` as a rich Table for a console ``width`` cells wide (the end of ``sweeper run``).
 
     Columns with nothing in them are left out. Where every column fits at its narrowest it is
     drawn with rules; otherwise it is drawn without vertical rules and shorter headers and, while
     still too wide, columns leave in ``_DROP_ORDER``, named in the caption. The column widths
-    are laid out here, not by rich, so that only cells of ``_WRAPPING`` wrap (at their spaces)
-    and no cell is cut: a trial id is always whole, on one line (on a console at least 16
-    cells wide); where even the kept columns are too wide, the others fold.
+    are laid out here (``_ConsoleLayout``), not by rich, so that only cells of ``_WRAPPING`` wrap
+    (at their spaces) and no cell is cut: a trial id is always whole, on one line (on a console
+    at least 16 cells wide); where even the kept columns are too wide, the others fold.
     """
     from rich import box
     from rich.table import Table as RichTable
     from rich.text import Text
 
-    def rules(n: int, narrow: bool) -> int:  # cells taken by rules and padding around n columns
-        return 2 * (n - 1) if narrow else 3 * n + 1
-
-    columns = [i for i, _ in enumerate(table.headers) if any(row[i] for row in table.rows)]
-    cells = {i: [_widths(row[i], table.headers[i] in _WRAPPING) for row in table.rows] for i in columns}
-    most = {i: max(c[1] for c in cells[i]) for i in columns}  # the header may wrap, a cell need not
-
-    def narrowest(headers: dict[int, str]) -> dict[int, int]:
-        return {i: max([_widths(headers[i], True)[0], *(c[0] for c in cells[i])]) for i in columns}
-    headers = {i: table.headers[i] for i in columns}
-    least = narrowest(headers)
-    narrow = sum(least.values()) + rules(len(columns), False) > width
-    if narrow:
-        headers = {i: _NARROW_HEADERS.get(h, h) for i, h in headers.items()}
-        least = narrowest(headers)
-
-    def rank(i: int) -> int:  # MBU 0, the prices 1, repeats 2, ...
-        name = table.headers[i]
-        return 2 * _DROP_ORDER.index(name) if name in _DROP_ORDER else 1
-    dropped = []
-    for i in sorted((i for i in columns if table.headers[i] not in _KEPT), key=rank):
-        if not narrow or sum(least[j] for j in columns) + rules(len(columns), True) <= width:
-            break
-        columns.remove(i)
-        dropped.append(table.headers[i])
-    # Each column at its narrowest; the room left goes first to the cells (those that need
-    # least first, so the most rows stay on one line), then to the headers.
-    widths = dict(least)
-    room = width - sum(least[i] for i in columns) - rules(len(columns), narrow)
-    for target in (most, {i: max(most[i], _widths(headers[i], True)[1]) for i in columns}):
-        for i in sorted(columns, key=lambda i: target[i] - widths[i]):
-            grow = max(0, min(room, target[i] - widths[i]))
-            widths[i] += grow
-            room -= grow
-    # Still too wide (several repeats' [intervals] on a narrow console): the intervals give way
-    # down to their medians, then the widest columns but the trial id's; folded, not cut.
-    medians = {i: max(_widths(row[i].split(" [")[0], False)[1] for row in table.rows) for i in columns}
-    folded = set()
-    while room < 0:
-        give = ([j for j in columns if table.headers[j] in ("tok/s", "J/token") and widths[j] > medians[j]]
-                or [j for j in columns if table.headers[j] != "trial" and widths[j] > 1])
-        if not give:
-            break
-        i = max(give, key=lambda j: widths[j])
-        widths[i] -= 1
-        folded.add(i)
-        room += 1
-
-    caption = (f"left out at {width} columns: {', '.join(dropped)} (a wider terminal or `sweeper report` "
-               "shows them)") if dropped else None
+    layout = _ConsoleLayout(table, width)
+    caption = (f"left out at {width} columns: {', '.join(layout.dropped)} (a wider terminal or `sweeper report` "
+               "shows them)") if layout.dropped else None
     out = RichTable(title=Text(title or table.title), title_justify="left", caption=caption and Text(caption),
                     caption_justify="left")
-    if narrow:
+    if layout.narrow:
         out.box, out.show_edge, out.pad_edge, out.collapse_padding = box.SIMPLE_HEAD, False, False, True
-    for i in columns:
-        out.add_column(Text(headers[i], no_wrap=False), width=widths[i],
-                       no_wrap=table.headers[i] not in _WRAPPING and i not in folded,
-                       overflow="fold" if i in folded else "ellipsis",
-                       justify="left" if table.headers[i] in TEXT_HEADERS else "right")
+    for i in layout.columns:
+        name = table.headers[i]
+        out.add_column(Text(layout.headers[i], no_wrap=False), width=layout.widths[i],
+                       no_wrap=name not in _WRAPPING and i not in layout.folded,
+                       overflow="fold" if i in layout.folded else "ellipsis",
+                       justify="left" if name in TEXT_HEADERS else "right")
     for row in table.rows:
-        out.add_row(*(Text(row[i]) for i in columns))
+        out.add_row(*(Text(row[i]) for i in layout.columns))
     return out
