@@ -328,9 +328,18 @@ class ResultStore:
         """
         sizes = {kind: self.shard_sizes(kind) for kind in TABLES} if self.local else \
             {TRIALS: self.shard_sizes(TRIALS)}
+        entries, fresh = self._verified_entries(sizes)
+        if not self.local:
+            return {k: e.stored for k, e in entries.items()}
+        return {trial_id: entry.stored for trial_id, entry in entries.items()
+                if not self._damaged_tables(trial_id, entry, sizes, trial_id in fresh)}
+
+    def _verified_entries(self, sizes: dict[str, dict[str, int]]) -> tuple[dict[str, _Indexed], set[str]]:
+        """The index's entries whose ``trials`` shard is listed at the size they recorded, and
+        every other listed shard read (an unreadable one moved aside) and indexed; with the
+        ids of those read now."""
         listed = sizes[TRIALS]
-        index = self._read_index()
-        entries = {k: e for k, e in index.items() if k in listed and e.sizes.get(TRIALS) == listed[k]}
+        entries = {k: e for k, e in self._read_index().items() if k in listed and e.sizes.get(TRIALS) == listed[k]}
         unverified = set(listed) - set(entries)
         fresh: set[str] = set()
         if unverified:
@@ -342,18 +351,17 @@ class ResultStore:
                 entries[i] = _Indexed(StoredTrial(i, s, r), {k: v[i] for k, v in sizes.items() if i in v})
                 fresh.add(i)
             self._append_index(entries[i] for i in sorted(fresh))  # read once: the next resume finds them indexed
-        if not self.local:
-            return {k: e.stored for k, e in entries.items()}
-        out = {}
-        for trial_id, entry in entries.items():
-            # Every table checked (no short cut): each damaged shard of the trial is moved aside.
-            damaged = [kind for kind, recorded in sorted(entry.sizes.items())
-                       if kind != TRIALS and kind in sizes
-                       and (sizes[kind].get(trial_id) != recorded or trial_id in fresh)
-                       and not self._aux_intact(kind, trial_id, sizes[kind].get(trial_id))]
-            if not damaged:
-                out[trial_id] = entry.stored
-        return out
+        return entries, fresh
+
+    def _damaged_tables(self, trial_id: str, entry: _Indexed, sizes: dict[str, dict[str, int]],
+                        fresh: bool) -> list[str]:
+        """The trial's shards of other tables that changed since they were indexed (or were never
+        checked) and no longer read. Every table is checked, no short cut: each damaged shard
+        of the trial is moved aside."""
+        return [kind for kind, recorded in sorted(entry.sizes.items())
+                if kind != TRIALS and kind in sizes
+                and (sizes[kind].get(trial_id) != recorded or fresh)
+                and not self._aux_intact(kind, trial_id, sizes[kind].get(trial_id))]
 
     def _aux_intact(self, kind: str, trial_id: str, listed: int | None) -> bool:
         """Whether a trial's shard of ``kind`` that has changed since it was indexed (or was never
