@@ -11,7 +11,8 @@ by ``min_duration_s`` / ``min_iters`` and above by ``max_duration_s``.
 
 Blocks are treated as independent samples. A drift slower than the window
 (a GPU warming for minutes) is not independent noise: the interval then
-understates the uncertainty, and the per-iteration CV rules still flag it.
+understates the uncertainty. The per-iteration CVs still show it (``noisy_host``,
+which is not a verdict), and ``repeats:`` measure it; nothing here flags it.
 """
 
 from __future__ import annotations
