@@ -37,6 +37,10 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)[:60]
+
+
 def _error_text(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".strip()
     # Keep where it happened: the last frame is usually the telling one.
@@ -102,6 +106,9 @@ class TrialRunner:
                     # A fidelity pass compares precisions: they must hold the same weights.
                     weights_on_disk=trial.fidelity is not None,
                     serving=trial.serving is not None,
+                    name=f"{_slug(trial.model)}-{trial.precision}-{trial.trial_id[:8]}",
+                    load_timeout_s=trial.measure.load_timeout_s,
+                    chat=bool(trial.prompts is not None and trial.prompts.chat),
                 ))
                 self.load_s = time.monotonic() - t0
                 self.telemetry = self._open_telemetry(trial)
@@ -137,8 +144,9 @@ class TrialRunner:
 
         backend, load_info = self._loaded()
         if load_info.device != "cuda":
-            return NullTelemetry(reason="CPU-only trial: no GPU energy to measure")
-        telemetry = Telemetry.open(interval_s=trial.measure.sample_interval_s, sync=backend.sync)
+            return NullTelemetry(reason=load_info.unmetered_reason or "CPU-only trial: no GPU energy to measure")
+        telemetry = Telemetry.open(interval_s=trial.measure.sample_interval_s, sync=backend.sync,
+                                   cuda_visible_devices=load_info.metered_gpus)
         telemetry.start()
         return telemetry
 
@@ -177,8 +185,11 @@ class TrialRunner:
             "weight_memory_bytes": self.load_info.weight_memory_bytes if self.load_info else None,
             "pre_load_idle_power_w": self.pre_load_idle.power_w if self.pre_load_idle else None,
         }
+        if self.load_info is not None:
+            base.update(self.load_info.columns)
         if self.telemetry is not None:
             base.update(self.telemetry.environment())
+            base["energy_unmetered_reason"] = None if self.telemetry.active else getattr(self.telemetry, "reason", None)
         try:
             backend, load_info = self._loaded()
             if self.telemetry is None:

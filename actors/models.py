@@ -88,6 +88,48 @@ def materialize_synthetic(preset_name: str, root: Path | None = None) -> Path:
     return target
 
 
+def materialize_servable(preset_name: str, root: Path | None = None) -> Path:
+    """A config-only checkpoint of ``preset_name`` that a server can serve: its config names
+    the architecture (servers pick the model class from it) and it has a tokenizer.
+
+    The tokenizer is a word-level one made for the preset: token ``i`` is the word ``t<i>``
+    and words are split at spaces, so any sequence of ids decodes to a text that encodes
+    back to exactly those ids. A server that takes only text prompts is then sent prompts of
+    exactly the trial's length, and its streamed words are its tokens.
+    """
+    from transformers import AutoConfig, PreTrainedTokenizerFast
+
+    cfg = PRESETS[preset_name].config_dict()
+    target = (root or cache_root()) / "synthetic" / f"{preset_name}-{_config_digest(cfg)}-served"
+    if (target / "tokenizer.json").is_file():
+        return target
+    with _build_dir(target) as tmp:
+        if tmp is not None:
+            from safetensors.torch import save_file
+            from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+            config = AutoConfig.for_model(**cfg)
+            config.architectures = [_causal_lm_class(config)]
+            config.save_pretrained(tmp)
+            save_file({}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            vocab = {f"t{i}": i for i in range(config.vocab_size)}
+            words = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+            words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+            # Special tokens are whole words only: "t2" as EOS must not match inside "t2000".
+            special = {f"{name}_token": AddedToken(f"t{getattr(config, f'{name}_token_id')}", single_word=True)
+                       for name in ("bos", "eos") if isinstance(getattr(config, f"{name}_token_id", None), int)}
+            tokenizer = PreTrainedTokenizerFast(tokenizer_object=words,
+                                                unk_token=AddedToken("t0", single_word=True), **special)
+            tokenizer.save_pretrained(tmp)
+    return target
+
+
+def _causal_lm_class(config: Any) -> str:
+    from transformers import AutoModelForCausalLM
+
+    return str(AutoModelForCausalLM._model_mapping[type(config)].__name__)  # type: ignore[attr-defined]
+
+
 def weights_device() -> str:
     """Where seeded weights are drawn: the GPU when there is one (seconds for 8B), else the CPU."""
     import torch

@@ -61,6 +61,8 @@ class RandomPrompts:
 class Prompt:
     ids: np.ndarray  # (tokens,) int64
     output_len: int  # tokens to generate: exact, or the cap when the reply ends at EOS
+    # A dataset prompt's own text, before any chat template: what a chat endpoint is sent.
+    text: str | None = None
 
 
 class PromptSource(ABC):
@@ -201,7 +203,7 @@ def dataset_prompts(settings: DatasetSettings, tokenizer: Any, vocab_size: int, 
             output_len = min(cap, _reference_len(record, tokenizer))
         if max_positions is not None and len(ids) + output_len > max_positions:
             continue
-        kept.append(Prompt(ids, output_len))
+        kept.append(Prompt(ids, output_len, record.prompt))
         if settings.num_prompts is not None and len(kept) == settings.num_prompts:
             break
     if not kept:

@@ -33,6 +33,7 @@ SUBCOMMANDS = (
     "stability",
     "vllm-compare",
     "serving",
+    "server-peer",
     "trials-table",
     "readme-plot",
 )

@@ -58,6 +58,10 @@
 #   stability_target  the same trials measured until precise (target_rel_ci 0.05, min 3 s, max 20 s);
 #               a call cut at its limit is resumed by the same step on the warm machine
 #   quickstart  sweeps/quickstart.yaml on the GPU: its flag count
+#   server_inproc  bench/server_gpu.yaml's in-process vLLM rows (AsyncLLM), 6 rates (§16)
+#   server_launch  its `launch: vllm` rows (vllm serve started by sweeper), same arrivals, into the
+#               same results directory; then checks that no vLLM process outlived the sweep (§16)
+#   server_peer bench server-peer: vllm bench serve and sweeper's base_url client on one server (§16)
 #   truth       bench/measurement_truth.yaml: settled idle baseline and pre-load idle, peak vs p99
 #               power, vLLM phase sums and weight memory, per-iteration CVs (§10)
 set -uo pipefail
@@ -72,7 +76,7 @@ one_model_sweep() {  # sweep file, model, destination
 }
 
 one_backend_sweep() {  # sweep file, backend, destination (same trial ids as in the full sweep)
-    python3 -c "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); d['backends'] = [sys.argv[2]]; d['exclude'] = [r for r in d.get('exclude', []) if r.get('backend') in (None, sys.argv[2])]; yaml.safe_dump(d, open(sys.argv[3], 'w'))" "$1" "$2" "$3"
+    python3 -c "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); d['backends'] = [sys.argv[2]]; d['backend_options'] = {k: v for k, v in d.get('backend_options', {}).items() if k == sys.argv[2]}; d['exclude'] = [r for r in d.get('exclude', []) if r.get('backend') in (None, sys.argv[2])]; yaml.safe_dump(d, open(sys.argv[3], 'w'))" "$1" "$2" "$3"
 }
 
 overhead() {  # model, destination; MODES, ROUNDS, ENERGY_EVERY, ENERGY_READ pass through
@@ -179,6 +183,15 @@ for kind in ('trials', 'requests', 'timeline'):
                  fi
                  /usr/bin/time -v python3 -m sweeper run "$f" -o "$RESULTS/$1" -q 2>&1 | tee "$OUT/${1}_run.log" | tail -40
                  for t in trials stages timeline requests; do cp "$RESULTS/$1/$t.parquet" "$OUT/${1}_$t.parquet"; done ;;
+        server_inproc|server_launch)
+                 b=vllm; [ "$1" = server_launch ] && b=server
+                 one_backend_sweep bench/server_gpu.yaml "$b" "/tmp/$1.yaml"
+                 /usr/bin/time -v python3 -m sweeper run "/tmp/$1.yaml" -o "$RESULTS/server" 2>&1 | tee "$OUT/${1}_run.log" | tail -30
+                 echo "processes left (expect none):" >> "$OUT/${1}_run.log"
+                 pgrep -af "vllm|EngineCore|reaper.py" >> "$OUT/${1}_run.log" 2>&1 || echo "none" >> "$OUT/${1}_run.log"
+                 for t in trials requests stages; do cp "$RESULTS/server/$t.parquet" "$OUT/${1}_$t.parquet"; done
+                 cp "$RESULTS"/server/servers/*.log "$OUT/" 2>/dev/null ;;
+        server_peer) python3 -m bench server-peer --model llama-3.1-8b --rates 4,16,32,64,inf --out "$OUT/server_peer.json" ;;
         overlap) python3 -m bench overlap --model llama-3.2-1b --threads 1,4 --rounds 6 --materialize llama-3.1-8b \
                      --out "$OUT/overlap.json" ;;
         *) echo "unknown step: $1 (see the header of $0)" >&2; return 2 ;;

@@ -262,6 +262,7 @@ def run(
 ) -> None:
     """Run every trial of a sweep (resuming: trials with an ok result are not run again)."""
     from sweeper.plan.expand import expand
+    from sweeper.plan.servers import check_servers
     from sweeper.plan.spec import load_sweep
     from sweeper.run.lock import RunLock
     from sweeper.run.storage import ResultStore, check_destination
@@ -269,6 +270,7 @@ def run(
     try:
         sweep = load_sweep(sweep_file)
         expand(sweep, sweep_path=str(sweep_file))  # every model resolves before Ray starts
+        check_servers(sweep, str(sweep_file))  # and every external server answers
         store = ResultStore(output or str(Path("results") / sweep.name),
                             on_quarantine=_warn)
         # The destination is checked, and taken, before a cluster starts or a GPU spins.
@@ -350,8 +352,10 @@ def _run_sweep(sweep: Any, sweep_file: Path, store: Any, address: str | None, **
         if done is not None:
             return done
     err.print(f"sweeper: {'connecting to ' + address if address else 'starting Ray (local)'} ...", highlight=False)
+    # Launched servers log into the results directory (where it is a local path).
+    env = {"SWEEPER_SERVER_LOGS": os.path.join(store.root, "servers")} if store.local else {}
     try:
-        cluster = connect(address)
+        cluster = connect(address, env_vars=env)
     except UserInputError as exc:
         raise _fail(exc) from None
     # Ray's driver installs a SIGTERM handler of its own (a C stack dump, exit 1): ours again.

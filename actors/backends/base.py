@@ -80,6 +80,15 @@ class LoadInfo:
     # The model's HF config as a dict (``config.to_dict()``): the roofline's
     # FLOPs and bytes follow from it (sweeper.core.roofline). None: no roofline columns.
     architecture: dict[str, Any] | None = None
+    # The backend's own trials columns (declared in sweeper.core.schema), the same for
+    # every trial of the load: e.g. a server's engine, version and command line.
+    columns: dict[str, Any] = field(default_factory=dict)
+    # Why no GPU energy is metered for this load, where the device alone does not say
+    # (a client of an external server): the rows' energy_unmetered_reason.
+    unmetered_reason: str | None = None
+    # GPUs to meter instead of the ones this process was given (CUDA_VISIBLE_DEVICES form):
+    # an external server's, named by the sweep. None: the process's own.
+    metered_gpus: str | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,12 @@ class ModelSpec:
     # Serving mode: the backend loads the engine that takes requests as they arrive
     # (vLLM's async engine) instead of its offline one.
     serving: bool = False
+    # The load's name in logs and files (e.g. a launched server's DIR/servers/<name>.log).
+    name: str = "model"
+    # How long the load may take (measure.load_timeout_s): a server's readiness wait is bounded by it.
+    load_timeout_s: float | None = None
+    # Dataset prompts go to a server's chat endpoint (workload.chat), which applies the template.
+    chat: bool = False
 
     def options_as(self, kind: type[Options]) -> Options:
         """The options as the backend's own options model (the registry pairs them)."""
@@ -199,6 +214,12 @@ class Backend(ABC):
         in flight), stream each one's tokens and return what happened to every request by
         ``deadline_s`` (the actor's monotonic clock). Greedy, exactly ``output_len`` tokens."""
         raise NotImplementedError(f"{type(self).__name__} has no serving mode")
+
+    def run_columns(self) -> dict[str, Any]:
+        """Columns the backend adds to a trial's row after its run (declared in
+        sweeper.core.schema): what it saw that the method does not, e.g. which processes
+        shared the metered GPUs."""
+        return {}
 
     @staticmethod
     def is_out_of_memory(exc: BaseException) -> bool:

@@ -61,5 +61,5 @@ def serving_requests(settings: ServingSettings, *, request_rate: float, source: 
         if offsets.size == 0:
             offsets = np.zeros(1)
     prompts = source.requests(int(offsets.size), stream)
-    return [ServingRequest(i, p.ids, p.output_len, float(offsets[i]), source.stop_at_eos)
+    return [ServingRequest(i, p.ids, p.output_len, float(offsets[i]), source.stop_at_eos, p.text)
             for i, p in enumerate(prompts)]

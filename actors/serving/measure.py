@@ -110,6 +110,7 @@ class ServingWindow(Window):
         assert run is not None, "figures() before run()"
         window = steady_window(run)
         row, request_energy = _columns(trial, run, window, telemetry, handle, idle_power_w, self.last_arrival_s)
+        row.update(self.backend.run_columns())
         if self.source.varies():
             done = [r for r in run.requests if r.ok]
             row.update(reply_length_columns([r.prompt_tokens for r in done], [r.output_tokens for r in done]))

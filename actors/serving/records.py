@@ -22,6 +22,7 @@ class ServingRequest:
     output_len: int  # exact; with stop_at_eos, the cap
     arrival_offset_s: float
     stop_at_eos: bool = False  # natural lengths: the reply ends where the model ends it
+    text: str | None = None  # a dataset prompt's text before any chat template (chat endpoints)
 
     @property
     def prompt_tokens(self) -> int:

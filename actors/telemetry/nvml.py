@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -348,3 +348,28 @@ class DeviceReader:
 
     def temperature_c(self) -> int | None:
         return self._read("temperature_c", self._temperature)
+
+
+def gpu_processes(uuids: Sequence[str]) -> list[tuple[int, str]]:
+    """(pid, name) of every compute process NVML sees on the GPUs ``uuids``, in pid order.
+
+    Names come from ``/proc``; a process in another PID namespace (another container)
+    shows NVML's pid with the name ``?``.
+    """
+    nv = ensure_initialized()
+    pids: set[int] = set()
+    try:
+        for uuid in uuids:
+            handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+            pids.update(int(p.pid) for p in nv.nvmlDeviceGetComputeRunningProcesses(handle))
+    except nv.NVMLError as exc:
+        raise TelemetryError(f"NVML could not list the processes on {','.join(uuids)}: {exc}") from exc
+    return [(pid, _process_name(pid)) for pid in sorted(pids)]
+
+
+def _process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() or "?"
+    except OSError:
+        return "?"

@@ -171,7 +171,9 @@ _DEFAULTS: dict[type, dict[str, Any]] = {}
 def _defaults(options_type: type[BaseModel]) -> dict[str, Any]:
     # Every trial's id goes through here: the defaults are built once per options type.
     if options_type not in _DEFAULTS:
-        _DEFAULTS[options_type] = options_type().model_dump(mode="json")
+        # From the fields' defaults, not an instance: an options model may require a choice
+        # (the server backend: launch or base_url) and have no valid all-default instance.
+        _DEFAULTS[options_type] = options_type.model_construct().model_dump(mode="json")
     return _DEFAULTS[options_type]
 
 

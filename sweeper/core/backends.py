@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from sweeper.core.precisions import PRECISIONS
+from sweeper.core.servers import ServerOptions
 
 
 class TransformersOptions(BaseModel):
@@ -137,6 +138,8 @@ class BackendSpec:
     # process (imports done, its GPU already held): the backend's close() must give back
     # every byte of device memory and every child process it made.
     reuses_actor: bool = False
+    # Whether it runs offline mode (static batches of generate calls); a server does not.
+    offline: bool = True
 
     def default_options(self) -> BaseModel:
         return self.options()
@@ -165,7 +168,26 @@ class BackendSpec:
         check = getattr(options, "unsupported_serving", None)
         return check() if check is not None else None
 
-    def unsupported_reason(self, precision: str, device: str, tensor_parallel: int = 1) -> str | None:
+    def required_modules(self, options: BaseModel) -> tuple[str, ...]:
+        """Modules the worker must import for these options (options models that launch
+        something define ``required_modules``)."""
+        extra = getattr(options, "required_modules", None)
+        return self.requires + (extra() if extra is not None else ())
+
+    def holds_gpus(self, options: BaseModel) -> bool:
+        """Whether the trial's actor holds GPUs (a client of an external server does not)."""
+        return bool(getattr(options, "holds_gpus", True))
+
+    def ray_resources(self, options: BaseModel) -> dict[str, float]:
+        """Extra Ray resources the trial's actor needs (e.g. a node to run on)."""
+        extra = getattr(options, "ray_resources", None)
+        return extra() if extra is not None else {}
+
+    def unsupported_reason(self, precision: str, device: str, tensor_parallel: int = 1,
+                           options: BaseModel | None = None) -> str | None:
+        check = getattr(options, "unsupported_precision", None)
+        if check is not None and (reason := check(precision, device, tensor_parallel)):
+            return reason
         if precision not in self.precisions:
             why = dict(self.precision_notes).get(precision)
             return f"backend {self.name} does not support precision {precision}" + (f": {why}" if why else "")
@@ -230,6 +252,21 @@ BACKENDS: dict[str, BackendSpec] = {
             precision_notes=tuple((p, _VLLM_NO_BNB) for p in ("int8", "nf4", "fp4")) + (
                 ("fp32", "its fast attention kernels (FlashAttention, FlashInfer) have no fp32 path, "
                          "so an fp32 number would measure a fallback"),),
+        ),
+        # An OpenAI-compatible HTTP server, launched on the actor's GPUs or already running
+        # (sweeper.core.servers); serving mode only. Which precisions and devices it runs
+        # is its engine's business (ServerOptions.unsupported_precision).
+        BackendSpec(
+            name="server",
+            impl="actors.backends.server.backend:ServerBackend",
+            precisions=frozenset(PRECISIONS),
+            devices=frozenset({"cuda", "cpu"}),
+            requires=("aiohttp",),
+            options=ServerOptions,
+            layer_hooks=False,
+            max_tensor_parallel=8,
+            serving=True,
+            offline=False,
         ),
     ]
 }

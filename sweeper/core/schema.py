@@ -149,6 +149,22 @@ _RESULT: tuple[Column, ...] = (
                                "or the completions against the Poisson interval)"),
     _c("queue_growth", F, "serving: the rise of the least-squares line through requests outstanding (arrived, not "
                           "finished) across the arrivals in the steady window, in requests; 0 with none there"),
+    _c("server_engine", S, "server backend: the server measured (vllm | sglang | transformers: launched by "
+                           "sweeper; a command's program; an external server's base_url); null for in-process backends"),
+    _c("server_version", S, "server backend: the engine's version as the server reports it (vLLM: GET /version), "
+                            "else the installed engine's"),
+    _c("server_command", S, "server backend: the command line sweeper launched the server with (null: base_url)"),
+    _c("server_url", S, "server backend: the OpenAI-compatible base URL requests went to"),
+    _c("server_log", S, "server backend: the launched server's log file, on the node that ran it"),
+    _c("server_ready_s", F, "server backend: seconds from the launch until the server first answered GET /v1/models "
+                            "(part of load_s)"),
+    _c("gpu_processes", S, "server backend: the compute processes NVML saw on the metered GPUs at the run's start "
+                           "and end (pid name, ...)"),
+    _c("energy_exclusive", B, "server backend: every process on the metered GPUs belonged to the launched server's "
+                              "process group, so the energy is the server's alone; null for an external server "
+                              "(its energy is its own only if gpu_processes are all its processes)"),
+    _c("energy_unmetered_reason", S, "why every energy column is null (no GPU; an external server whose GPUs the "
+                                     "sweep does not locate); null where energy was metered"),
     _c("goodput_req_s", F, "serving: requests meeting every SLO bound / run_duration_s (vLLM's definition); null without an slo"),
     _c("slo_attainment", F, "serving: share of the run's requests meeting every SLO bound"),
     _c("load_s", F, "model load time of the trial's group (shared by its trials, not in duration_s)"),

@@ -21,6 +21,7 @@ from sweeper.core.axes import (
     non_default_options,
     non_default_values,
 )
+from sweeper.core.backends import BACKENDS
 from sweeper.core.settings import (
     LAYER_GRANULARITIES,
     DatasetSettings,
@@ -177,7 +178,9 @@ class Trial:
 
     @property
     def num_gpus(self) -> int:
-        return self.tensor_parallel
+        """GPUs the trial's actor holds: its tensor-parallel degree, or none for a client of a
+        server running elsewhere."""
+        return self.tensor_parallel if BACKENDS[self.backend].holds_gpus(self.backend_options) else 0
 
     # -- what identifies, groups and describes it ------------------------------------
     def identity(self) -> dict[str, Any]:

@@ -233,7 +233,8 @@ def compatibility(trial: Trial, device: Device, capabilities: Capabilities | Non
     """
     backend = BACKENDS[trial.backend]
     precision = PRECISIONS[trial.precision]
-    reason = (_too_long(trial) or backend.unsupported_reason(trial.precision, device, trial.tensor_parallel)
+    reason = (_too_long(trial) or backend.unsupported_reason(trial.precision, device, trial.tensor_parallel,
+                                                                   trial.backend_options)
               or backend.unsupported_shape(trial.backend_options, trial.input_len or 0, trial.output_len)
               or backend.unsupported_workload(trial.backend_options, varied_prompts=trial.prompts is not None,
                                               varied_outputs=trial.output_lengths != "fixed",
@@ -244,7 +245,7 @@ def compatibility(trial: Trial, device: Device, capabilities: Capabilities | Non
         reason = capabilities.too_wide(device, trial.num_gpus)
     if reason or capabilities is None:
         return reason or precision.unsupported_reason(device, precision.library_version())
-    needs = [(m, f"backend {backend.name}") for m in backend.requires]
+    needs = [(m, f"backend {backend.name}") for m in backend.required_modules(trial.backend_options)]
     if precision.library:
         needs.append((precision.library, f"precision {precision.name}"))
     for library, who in needs:

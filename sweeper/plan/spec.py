@@ -315,7 +315,23 @@ class Sweep(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _backends_fit_the_mode(self) -> Sweep:
+        if self.workload.mode == "offline":
+            serving_only = [b for b in self.backends if not BACKENDS[b].offline]
+            if serving_only:
+                raise ValueError(f"backends: {serving_only[0]} measures a server under requests arriving over time; "
+                                 "it has no offline mode (set workload.mode: serving with a request_rate)")
+        return self
+
+    @model_validator(mode="after")
     def _backend_options_valid(self) -> Sweep:
+        for backend in self.backends:
+            if backend not in self.backend_options:
+                try:
+                    BACKENDS[backend].options.model_validate({})
+                except ValidationError as exc:
+                    msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                    raise ValueError(f"backend_options.{backend}: required ({msg})") from None
         for backend, variants in self.backend_options.items():
             if backend not in BACKENDS:
                 raise ValueError(

@@ -189,8 +189,9 @@ def _check_versions(address: str, metadata: bytes) -> None:
             f"environment, or run the driver on the head") from None
 
 
-def connect(address: str | None) -> ClusterInfo:
-    """Join ``address`` or start the embedded local Ray; describe what is there."""
+def connect(address: str | None, env_vars: dict[str, str] | None = None) -> ClusterInfo:
+    """Join ``address`` or start the embedded local Ray; describe what is there. ``env_vars``
+    reach every worker of the job (the job's runtime environment)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import logging
 
@@ -205,6 +206,8 @@ def connect(address: str | None) -> ClusterInfo:
 
     if not ray.is_initialized():
         common: dict[str, Any] = dict(logging_level=logging.ERROR, log_to_driver=False)
+        if env_vars:
+            common["runtime_env"] = {"env_vars": dict(env_vars)}
         if address:
             if gcs is not None:
                 _check_versions(address, cluster_versions(gcs, token))

@@ -24,6 +24,7 @@ from typing import Any
 
 from rich.console import Console
 
+from sweeper.core.backends import BACKENDS
 from sweeper.core.errors import SweeperError
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.stages import StageSpan
@@ -287,9 +288,12 @@ class SweepRun:
     def _resources(self, group: TrialGroup) -> dict[str, Any]:
         # One GPU per group (tensor parallel: several) when there are GPUs; otherwise
         # a whole node's CPUs, so no two measured trials share a device.
+        t = group.trials[0]
+        extra = BACKENDS[t.backend].ray_resources(t.backend_options)
+        placed = {"resources": extra} if extra else {}
         if self.cluster.device == "cuda":
-            return {"num_gpus": group.num_gpus, "num_cpus": 1}
-        return {"num_gpus": 0, "num_cpus": self.cluster.min_node_cpus}
+            return {"num_gpus": group.num_gpus, "num_cpus": 1, **placed}
+        return {"num_gpus": 0, "num_cpus": self.cluster.min_node_cpus, **placed}
 
     @property
     def _view(self) -> ProgressView:

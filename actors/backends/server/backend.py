@@ -1,0 +1,286 @@
+"""The ``server`` backend: a serving run sent to an OpenAI-compatible server over HTTP.
+
+Loading launches the server on the actor's GPUs (its ``CUDA_VISIBLE_DEVICES`` are the
+actor's, so the telemetry over them meters exactly the server's work) and waits until it
+answers, or connects to one already running. Serving sends the run's requests through
+``client.run_http``; the serving method around it (warm-up, settled idle baseline with
+the server loaded, steady window, per-request energy) is the same as for in-process engines.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from actors.backends.base import Backend, Generation, LoadInfo, ModelSpec
+from actors.backends.server.client import Endpoint, run_http
+from actors.backends.server.process import ServerError, ServerProcess, get_json
+from actors.serving.records import ServedRun, ServingRequest
+from sweeper.core.servers import RequestDialect, ServerOptions, dtype_of
+
+log = logging.getLogger(__name__)
+
+# Without a load time limit, a launched server gets this long to answer.
+DEFAULT_READY_TIMEOUT_S = 1800.0
+# Share of measure.load_timeout_s the readiness wait may use: the actor, not the driver's
+# watchdog, then reports why the server never answered (its log's last lines).
+READY_SHARE_OF_LOAD_TIMEOUT = 0.95
+
+
+def server_log_dir() -> Path:
+    """Where launched servers' logs go: the results directory's ``servers/`` (the driver says
+    where, through ``SWEEPER_SERVER_LOGS``), else the node's sweeper cache."""
+    from actors.models import cache_root
+
+    return Path(os.environ.get("SWEEPER_SERVER_LOGS") or cache_root() / "servers")
+
+
+def _visible_gpus() -> list[Any]:
+    """The GPUs this process was given (none where NVML is missing)."""
+    try:
+        from actors.telemetry.nvml import resolve_gpus
+
+        return list(resolve_gpus())
+    except Exception:  # noqa: BLE001 - no NVML, no driver: no GPUs
+        return []
+
+
+class ServerBackend(Backend):
+    def __init__(self) -> None:
+        self.process: ServerProcess | None = None
+        self.base_url = ""
+        self.served_model = ""
+        self.dialect: RequestDialect | None = None
+        self.tokenizer: Any = None
+        self.eos_token_id: int | None = None
+        self.chat = False
+        self.stop_timeout_s = 30.0
+        self.options: ServerOptions | None = None
+        self.metered_uuids: list[str] = []
+        self.seen_processes: list[tuple[int, str]] = []
+
+    # -- load ------------------------------------------------------------------------------
+    def load(self, spec: ModelSpec) -> LoadInfo:
+        options = spec.options_as(ServerOptions)
+        self.dialect, self.chat, self.stop_timeout_s = options.request_dialect, spec.chat, options.stop_timeout_s
+        self.options = options
+        gpus = _visible_gpus() if options.holds_gpus else _site_gpus(options)
+        device = "cuda" if gpus else "cpu"
+        self.metered_uuids = [g.uuid for g in gpus]
+        if options.launch is not None:
+            model_path = self._launch(spec, options, device)
+            columns = {"server_command": shlex.join(self.process.argv) if self.process else None,
+                       "server_log": str(self.process.log_path) if self.process else None,
+                       "server_ready_s": self.process.ready_s if self.process else None}
+        else:
+            assert options.base_url is not None and options.model is not None  # the options' own check
+            self.base_url, self.served_model = options.base_url.rstrip("/"), options.model
+            model_path = _model_dir(spec)
+            columns = {"server_command": None, "server_log": None, "server_ready_s": None}
+        served = _served_models(self.base_url)
+        if self.served_model not in served:
+            raise ServerError(f"{self.base_url} serves {', '.join(served) or 'no model'}, not {self.served_model!r}")
+        config = _config(model_path)
+        self.eos_token_id = _first_int(config.get("eos_token_id"))
+        if self.chat or not self.dialect.token_prompts:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        vocab = int(config.get("vocab_size") or (len(self.tokenizer) if self.tokenizer is not None else 0))
+        engine = options.engine
+        columns.update(server_engine=options.label(), server_url=self.base_url,
+                       server_version=_server_version(self.base_url, engine.version_module if engine else None))
+        name = gpus[0].name if gpus else ("cpu" if options.launch is not None else "remote server")
+        unmetered = None if options.launch is not None or options.energy is not None else (
+            "an external server (base_url) whose GPUs the sweep does not locate "
+            "(backend_options.server.energy: {node, gpu_uuids})")
+        return LoadInfo(device=device, device_name=name, weight_memory_bytes=None, vocab_size=vocab,
+                        architecture=config or None, columns=columns, unmetered_reason=unmetered,
+                        metered_gpus=",".join(self.metered_uuids) if options.energy is not None else None)
+
+    def _launch(self, spec: ModelSpec, options: ServerOptions, device: str) -> str:
+        engine = options.engine
+        if engine is not None and importlib.util.find_spec(engine.module) is None:
+            from actors.backends import BackendUnavailable
+
+            raise BackendUnavailable(f"launch: {engine.name} needs the Python module {engine.module!r}, "
+                                     "which is not installed on this worker")
+        model_path = _model_dir(spec)
+        synthetic = spec.source == "synthetic"
+        # The model is served under the sweep's name for it (a path would leak the cache's layout).
+        served = spec.location if engine is not None and engine.served_name_flag else model_path
+        if engine is not None:
+            argv = engine.command(model=model_path, served_model=served, precision=spec.precision,
+                                  tensor_parallel=spec.tensor_parallel, seed=spec.seed, synthetic=synthetic,
+                                  args=options.args)
+        else:
+            assert options.launch is not None and not isinstance(options.launch, str)
+            argv = list(options.launch.command)
+        fields = {"model": model_path, "served_model": served, "dtype": dtype_of(spec.precision),
+                  "tensor_parallel": str(spec.tensor_parallel), "seed": str(spec.seed), "device": device}
+        self.process = ServerProcess.launch(argv, log_path=server_log_dir() / f"{spec.name}.log",
+                                            stop_timeout_s=options.stop_timeout_s, fields=fields)
+        limit_s = (READY_SHARE_OF_LOAD_TIMEOUT * spec.load_timeout_s if spec.load_timeout_s is not None
+                   else DEFAULT_READY_TIMEOUT_S)
+        try:
+            self.process.wait_ready(limit_s)
+        except BaseException:
+            self.close()
+            raise
+        self.base_url, self.served_model = self.process.base_url, served
+        return model_path
+
+    # -- serve -----------------------------------------------------------------------------
+    def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
+              deadline_s: float) -> ServedRun:
+        chat = self.chat
+        endpoint = Endpoint(url=f"{self.base_url}/{'chat/completions' if chat else 'completions'}",
+                            body=self._body, continuous_usage=self._dialect.continuous_usage)
+        seen = self._gpu_processes()
+        run = run_http(endpoint, requests, max_concurrency=max_concurrency, deadline_s=deadline_s)
+        self.seen_processes = sorted(set(seen) | set(self._gpu_processes()))
+        return run
+
+    def _gpu_processes(self) -> list[tuple[int, str]]:
+        if not self.metered_uuids:
+            return []
+        from actors.telemetry.nvml import TelemetryError, gpu_processes
+
+        try:
+            return gpu_processes(self.metered_uuids)
+        except TelemetryError as exc:
+            log.warning("%s", exc)
+            return []
+
+    def run_columns(self) -> dict[str, Any]:
+        """Which processes the metered GPUs carried during the run: energy is the server's own
+        only if they were all the server's."""
+        if not self.metered_uuids:
+            return {"gpu_processes": None, "energy_exclusive": None}
+        seen = self.seen_processes
+        text = ", ".join(f"{pid} {name}" for pid, name in seen)
+        if self.process is None:  # an external server: which of them are its processes is not known here
+            return {"gpu_processes": text, "energy_exclusive": None}
+        groups = [_pgid(pid) for pid, _ in seen]
+        # A pid this process cannot see (NVML reports host pids into a container) leaves it unknown.
+        exclusive = None if None in groups else all(g == self.process.pid for g in groups)
+        return {"gpu_processes": text, "energy_exclusive": exclusive}
+
+    @property
+    def _dialect(self) -> RequestDialect:
+        if self.dialect is None:
+            raise RuntimeError("serve() before load()")
+        return self.dialect
+
+    def _body(self, request: ServingRequest) -> dict[str, Any]:
+        dialect = self._dialect
+        body: dict[str, Any] = {"model": self.served_model, "stream": True, "stream_options": dialect.stream_options(),
+                                **dialect.length_fields(request.output_len, exact=not request.stop_at_eos,
+                                                        eos_token_id=self.eos_token_id)}
+        if self.chat:
+            body["messages"] = [{"role": "user", "content": request.text or self._text(request.prompt_ids)}]
+        elif dialect.token_prompts:
+            body["prompt"] = [int(t) for t in request.prompt_ids]
+        else:
+            body["prompt"] = request.text if request.text is not None else self._text(request.prompt_ids)
+        return body
+
+    def _text(self, ids: np.ndarray) -> str:
+        assert self.tokenizer is not None  # loaded wherever prompts go as text
+        return str(self.tokenizer.decode([int(t) for t in ids]))
+
+    # -- the rest of the interface ---------------------------------------------------------
+    def generate(self, prompt_ids: np.ndarray, output_len: int) -> Generation:
+        raise NotImplementedError("the server backend runs serving mode only (the plan refuses offline sweeps)")
+
+    def sync(self) -> None:
+        """Nothing to wait for: every request's reply has arrived when ``serve`` returns."""
+
+    def close(self) -> None:
+        if self.process is not None:
+            code = self.process.stop(self.stop_timeout_s)
+            log.info("server stopped (exit code %s)", code)
+            self.process = None
+
+
+def _site_gpus(options: ServerOptions) -> list[Any]:
+    """An external server's GPUs, as its energy site names them; they must be on this node."""
+    if options.energy is None:
+        return []
+    from actors.telemetry.nvml import resolve_gpus
+
+    try:
+        return list(resolve_gpus(",".join(options.energy.gpu_uuids)))
+    except Exception as exc:  # noqa: BLE001 - any failure: the site is wrong, say so
+        raise ServerError(f"backend_options.server.energy: GPUs {', '.join(options.energy.gpu_uuids)} "
+                          f"are not metered on node {options.energy.node}: {exc}") from None
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:  # gone, or in another PID namespace
+        return None
+
+
+def _model_dir(spec: ModelSpec) -> str:
+    """What the server is given as its model: a servable directory for a synthetic preset
+    (a config naming its architecture, a tokenizer of its vocabulary), else the checkpoint."""
+    from actors.models import materialize_servable, model_dir
+
+    if spec.source == "synthetic":
+        return str(materialize_servable(spec.location))
+    return model_dir(spec.source, spec.location, spec.seed)
+
+
+def _config(model_path: str) -> dict[str, Any]:
+    path = Path(model_path) / "config.json"
+    if path.is_file():
+        return dict(json.loads(path.read_text()))
+    try:
+        from transformers import AutoConfig
+
+        return dict(AutoConfig.from_pretrained(model_path).to_dict())
+    except Exception:  # noqa: BLE001 - an external server's model need not be readable here
+        return {}
+
+
+def _first_int(value: Any) -> int | None:
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return value if isinstance(value, int) else None
+
+
+def _served_models(base_url: str) -> list[str]:
+    try:
+        answer = get_json(base_url + "/models")
+    except (OSError, ValueError) as exc:
+        raise ServerError(f"{base_url}/models did not answer: {exc}") from None
+    data = answer.get("data", []) if isinstance(answer, dict) else []
+    return [str(m.get("id")) for m in data if isinstance(m, dict)]
+
+
+def _server_version(base_url: str, module: str | None) -> str | None:
+    """The version the server reports (vLLM: ``GET /version``), else the engine's installed one."""
+    root = base_url.removesuffix("/v1")
+    try:
+        answer = get_json(root + "/version", timeout_s=2.0)
+        if isinstance(answer, dict) and answer.get("version"):
+            return str(answer["version"])
+    except (OSError, ValueError):
+        pass
+    if module is None:
+        return None
+    try:
+        return importlib.metadata.version(module)
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -1,0 +1,156 @@
+"""A launched server: a process group of its own, its output in a log file, ready when it
+answers, stopped with its whole group, and never outliving the process that launched it.
+
+The server leads a new session (so its group holds every process it forks: vLLM's engine
+cores, SGLang's schedulers, their compile workers). ``stop`` sends the group SIGTERM,
+then SIGKILL after a bound. A watchdog (``reaper.py``), in a session of its own, does the
+same if the launcher dies first: Ray killing the actor, the driver's Ctrl-C or SIGTERM
+ending the job, a raylet lost with its node all end the launcher, and then the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from actors.backends.server.reaper import stop_group
+
+log = logging.getLogger(__name__)
+
+# Lines of the server's log a failure message quotes.
+TAIL_LINES = 5
+# How often readiness is polled, and how long one poll may take.
+READY_POLL_S = 0.25
+READY_REQUEST_TIMEOUT_S = 5.0
+
+
+class ServerError(RuntimeError):
+    """The server did not start, or did not answer as a server should."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port no one listens on now (the server binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def resolve_program(argv: Sequence[str]) -> list[str]:
+    """``python`` is this interpreter; a console script (``vllm``, ``transformers``) is the one
+    installed beside it, so that the server runs in the actor's own environment."""
+    first, rest = argv[0], list(argv[1:])
+    if first == "python":
+        return [sys.executable, *rest]
+    beside = Path(sys.executable).parent / first
+    if beside.is_file():
+        return [str(beside), *rest]
+    return [shutil.which(first) or first, *rest]
+
+
+def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last non-empty lines of a log, joined with `` | `` (one line in the run's output)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(f.tell() - 16_384, 0))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    kept = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return " | ".join(kept[-lines:])
+
+
+def get_json(url: str, timeout_s: float = READY_REQUEST_TIMEOUT_S) -> object:
+    """GET ``url`` and parse its JSON answer; raises ``OSError`` or ``ValueError``."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - an http(s) URL we built
+        return json.loads(response.read().decode())
+
+
+@dataclass
+class ServerProcess:
+    """One launched server: its command line, its process (group leader), its log."""
+
+    argv: list[str]
+    base_url: str  # http://host:port/v1
+    log_path: Path
+    popen: subprocess.Popen
+    reaper: subprocess.Popen | None
+    started_s: float  # monotonic time of the launch
+    ready_s: float | None = None  # seconds from the launch until it first answered
+
+    @classmethod
+    def launch(cls, argv: Sequence[str], *, log_path: Path, host: str = "127.0.0.1",
+               env: Mapping[str, str] | None = None, stop_timeout_s: float = 30.0,
+               fields: Mapping[str, str] | None = None) -> ServerProcess:
+        """Start ``argv`` (``{port}``, ``{host}`` and ``fields`` filled in) on a free port."""
+        port = free_port(host)
+        values = {**(fields or {}), "port": str(port), "host": host}
+        command = resolve_program([part.format(**values) for part in argv])
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as out:
+            out.write(f"$ {' '.join(command)}\n".encode())
+            out.flush()
+            popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                     env=dict(env) if env is not None else None, start_new_session=True)
+        reaper = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("reaper.py")), str(os.getpid()), str(popen.pid),
+             str(stop_timeout_s)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        log.info("server pid %d on %s:%d, log %s", popen.pid, host, port, log_path)
+        return cls(argv=command, base_url=f"http://{host}:{port}/v1", log_path=log_path, popen=popen,
+                   reaper=reaper, started_s=time.monotonic())
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def wait_ready(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> float:
+        """Block until ``GET /v1/models`` answers 200; returns the seconds since launch.
+
+        Raises ``ServerError`` with the log's last lines if the server exits first, or
+        if ``timeout_s`` passes (the server is then stopped).
+        """
+        deadline = self.started_s + timeout_s
+        while True:
+            code = self.popen.poll()
+            if code is not None:
+                raise ServerError(f"the server exited with code {code} before it was ready "
+                                  f"(log {self.log_path}): {log_tail(self.log_path)}")
+            with contextlib.suppress(OSError, ValueError):
+                get_json(self.base_url + "/models", timeout_s=min(READY_REQUEST_TIMEOUT_S, max(deadline - clock(), 0.1)))
+                self.ready_s = clock() - self.started_s
+                return self.ready_s
+            if clock() >= deadline:
+                self.stop(timeout_s=5.0)
+                raise ServerError(f"the server did not answer {self.base_url}/models within {timeout_s:g} s "
+                                  f"(measure.load_timeout_s; log {self.log_path}): {log_tail(self.log_path)}")
+            time.sleep(READY_POLL_S)
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM to the server's whole group, SIGKILL after ``timeout_s``; returns its exit code."""
+        stop_group(self.popen.pid, timeout_s)
+        code = None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            code = self.popen.wait(timeout=5.0)
+        if self.reaper is not None:
+            # The server is gone: the watchdog has nothing left to guard.
+            with contextlib.suppress(ProcessLookupError):
+                self.reaper.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.reaper.wait(timeout=5.0)
+            self.reaper = None
+        return code

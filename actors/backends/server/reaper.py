@@ -1,0 +1,90 @@
+"""Stops a launched server's process group once the process that launched it is gone.
+
+Run as a script (``python reaper.py WATCHED_PID SERVER_PID STOP_TIMEOUT_S``) in a session
+of its own, so that it outlives its launcher: when the actor that started a server dies
+(killed by Ray, by the driver's Ctrl-C or SIGTERM, or with its raylet), nothing of the
+actor runs any more, and this is what ends the server. It also exits, after clearing
+the server's group, when the server's leader exits first (a normal stop).
+
+No imports beyond the standard library: it must start in milliseconds and depend on
+nothing the actor's environment might lack.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import sys
+import time
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_group(pgid: int, timeout_s: float) -> None:
+    """SIGTERM to the whole group, then SIGKILL to whatever is left after ``timeout_s``."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _group_alive(pgid):
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _wait_for_either(watched: int, server: int) -> str:
+    """'launcher' or 'server': which of the two processes ended first."""
+    try:
+        fds = {os.pidfd_open(watched): "launcher", os.pidfd_open(server): "server"}
+    except ProcessLookupError:
+        return "launcher" if not _alive(watched) else "server"
+    except (AttributeError, OSError):  # no pidfd (old kernel): poll
+        while True:
+            if not _alive(watched):
+                return "launcher"
+            if not _alive(server):
+                return "server"
+            time.sleep(0.2)
+    ready, _, _ = select.select(list(fds), [], [])
+    return fds[ready[0]]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) is gone for our purpose.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def main(argv: list[str]) -> int:
+    watched, server, timeout_s = int(argv[1]), int(argv[2]), float(argv[3])
+    # The launcher's Ctrl-C reaches its own process group, not this session; ignore it anyway.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ended = _wait_for_either(watched, server)
+    # The server leads its own group (its pgid is its pid). After a normal stop its leader
+    # has exited and the launcher cleared the group; anything left is killed here.
+    stop_group(server, timeout_s if ended == "launcher" else 1.0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

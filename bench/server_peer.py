@@ -1,0 +1,133 @@
+"""A peer client against the same server: ``vllm bench serve`` beside sweeper's HTTP client.
+
+One ``vllm serve`` is launched here with exactly the command line sweeper's ``launch:
+vllm`` uses (``sweeper.core.servers``), on a synthetic model's servable directory. At
+each rate, in turn on that one server:
+
+  peer     ``vllm bench serve`` (vLLM's own client): random prompts of ``--input-len``
+           tokens, ``--output-len`` tokens with EOS ignored, Poisson arrivals, its
+           TTFT/TPOT/ITL percentiles saved as JSON;
+  sweeper  ``sweeper run`` of a sweep whose backend is ``server`` with this server's
+           ``base_url``: the same lengths, rate and number of requests.
+
+Reported per rate: TTFT and TPOT p50 and p99 of each, and sweeper's over the peer's.
+The server is stopped (its process group) at the end, whatever happened.
+
+    python3 -m bench server-peer --model llama-3.1-8b --rates 4,16,32 --out $OUT/server_peer.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.benchkit import write_record
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="llama-3.1-8b", help="a synthetic preset")
+    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--rates", default="4,16,32,inf", help="requests per second, comma-separated")
+    parser.add_argument("--duration-s", type=float, default=10.0, help="seconds of arrivals per rate")
+    parser.add_argument("--max-prompts", type=int, default=600)
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--args", default='{"max-num-seqs": 128}', help="engine flags, JSON")
+    parser.add_argument("--results", default="/tmp/sweeper-results/server_peer", help="sweeper's results directory")
+    parser.add_argument("--out", required=True)
+
+
+def _count(rate: float, duration_s: float, cap: int) -> int:
+    return cap if math.isinf(rate) else min(cap, max(1, round(rate * duration_s)))
+
+
+def _peer(base: str, served: str, tokenizer: str, rate: float, n: int, args: argparse.Namespace,
+          result_dir: Path) -> dict[str, Any]:
+    name = f"peer_{rate:g}.json"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
+           "--base-url", base, "--endpoint", "/v1/completions", "--model", served, "--tokenizer", tokenizer,
+           "--dataset-name", "random", "--random-input-len", str(args.input_len),
+           "--random-output-len", str(args.output_len), "--num-prompts", str(n),
+           "--request-rate", "inf" if math.isinf(rate) else str(rate), "--ignore-eos", "--seed", "0",
+           "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+           "--save-result", "--result-dir", str(result_dir), "--result-filename", name]
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        return {"error": done.stderr[-2000:], "wall_s": time.monotonic() - t0}
+    r = json.loads((result_dir / name).read_text())
+    keys = ("completed", "request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms",
+            "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
+            "median_e2el_ms", "duration")
+    return {**{k: r.get(k) for k in keys}, "wall_s": time.monotonic() - t0}
+
+
+def _sweeper(base: str, served: str, rate: float, n: int, args: argparse.Namespace, results: Path,
+             log: Path) -> dict[str, Any]:
+    import yaml
+
+    sweep = {
+        "name": "server-peer", "models": [args.model], "backends": ["server"],
+        "backend_options": {"server": {"base_url": base + "/v1", "model": served, "dialect": "vllm"}},
+        "precisions": [args.precision],
+        "workload": {"mode": "serving", "input_len": args.input_len, "output_len": args.output_len,
+                     "request_rate": ["inf" if math.isinf(rate) else rate], "num_prompts": n, "seed": 0},
+        "measure": {"warmup_iters": 1, "idle_s": 0.5, "min_window_s": 3.0},
+    }
+    path = Path(tempfile.mkdtemp()) / "peer.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    with open(log, "a") as out:
+        subprocess.run([sys.executable, "-m", "sweeper", "run", str(path), "-o", str(results), "-q"],
+                       stdout=out, stderr=subprocess.STDOUT, timeout=600, check=False)
+    import duckdb
+
+    row = duckdb.sql(f"SELECT * FROM '{results}/trials.parquet' WHERE status = 'ok' AND request_rate "
+                     f"{'= ' + repr(float('inf')) if math.isinf(rate) else '= ' + str(float(rate))}").df()
+    if row.empty:
+        return {"error": "no ok trial (see the run log)"}
+    r = row.iloc[0]
+    ms = {k: (None if r[k] is None or r[k] != r[k] else float(r[k]) * 1000)
+          for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p50_s")}
+    return {"n_requests": int(r["n_requests"]), "achieved_rate_req_s": r["achieved_rate_req_s"],
+            "throughput_tok_s": r["throughput_tok_s"], **ms, "unstable_reason": r["unstable_reason"]}
+
+
+def run(args: argparse.Namespace) -> int:
+    from actors.backends.server.process import ServerProcess
+    from actors.models import materialize_servable
+    from sweeper.core.servers import ENGINES
+
+    model = str(materialize_servable(args.model))
+    served = args.model
+    argv = ENGINES["vllm"].command(model=model, served_model=served, precision=args.precision, tensor_parallel=1,
+                                   seed=0, synthetic=True, args=json.loads(args.args))
+    out = Path(args.out)
+    log = out.with_suffix(".log")
+    server = ServerProcess.launch(argv, log_path=out.with_name("server_peer_vllm.log"))
+    results: dict[str, Any] = {"command": server.argv, "rates": {}}
+    try:
+        results["ready_s"] = server.wait_ready(900.0)
+        base = server.base_url.removesuffix("/v1")
+        peer_dir = Path(tempfile.mkdtemp())
+        for text in args.rates.split(","):
+            rate = float(text)
+            n = _count(rate, args.duration_s, args.max_prompts)
+            entry = {"num_prompts": n, "peer": _peer(base, served, model, rate, n, args, peer_dir),
+                     "sweeper": _sweeper(base, served, rate, n, args, Path(args.results) / f"rate_{text}", log)}
+            p, s = entry["peer"], entry["sweeper"]
+            for ours, theirs in (("ttft_p50_s", "median_ttft_ms"), ("tpot_p50_s", "median_tpot_ms")):
+                if s.get(ours) is not None and p.get(theirs):
+                    entry[f"{ours}_ratio"] = s[ours] / p[theirs]
+            results["rates"][text] = entry
+            write_record(out, "server-peer", results)
+    finally:
+        results["server_exit_code"] = server.stop(30.0)
+        write_record(out, "server-peer", results)
+    return 0

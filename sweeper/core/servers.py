@@ -1,0 +1,307 @@
+"""The ``server`` backend's options, and the serving engines sweeper knows how to launch.
+
+A ``server`` trial measures an OpenAI-compatible HTTP server, reached one of two ways:
+
+- ``launch``: the trial group's actor starts the server on its own GPUs (``vllm
+  serve``, SGLang, ``transformers serve``, or any command), waits until it answers,
+  measures through it and stops it with the group;
+- ``base_url``: a server that is already running; sweeper only sends it requests.
+
+Each engine entry below says how to start it (its command line, how each precision of
+the registry maps to its flags) and how to talk to it (whether it takes token-id
+prompts, which request fields ask for an exact number of tokens). Nothing outside this
+module branches on an engine's name.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+EngineName = Literal["vllm", "sglang", "transformers"]
+Dialect = Literal["vllm", "sglang", "transformers", "openai"]
+
+# Placeholders a launch command may hold; each is replaced by the trial's value.
+COMMAND_FIELDS = ("port", "host", "model", "served_model", "dtype", "tensor_parallel", "seed", "device")
+
+
+@dataclass(frozen=True)
+class RequestDialect:
+    """How a server is asked for a reply: which prompt forms it takes, and which body
+    fields make it generate exactly ``n`` tokens (EOS ignored) or up to ``n`` (EOS honoured)."""
+
+    name: str
+    # Whether ``/v1/completions`` takes a list of token ids as its prompt (exact lengths,
+    # no re-tokenization); otherwise the prompt is sent as text, decoded by the model's tokenizer.
+    token_prompts: bool
+    # Whether every streamed chunk can carry the running usage (vLLM's and SGLang's
+    # ``continuous_usage_stats``): then each chunk's token count is known exactly.
+    continuous_usage: bool
+    exact: str  # "ignore_eos" | "generation_config" | "none"
+
+    def length_fields(self, n: int, *, exact: bool, eos_token_id: int | None) -> dict[str, Any]:
+        """The body fields that bound the reply to ``n`` tokens (exactly ``n`` with ``exact``)."""
+        body: dict[str, Any] = {"max_tokens": n, "temperature": 0.0}
+        if self.exact == "ignore_eos":
+            if exact:
+                body.update(ignore_eos=True, min_tokens=n)
+        elif self.exact == "generation_config":
+            # transformers serve replaces the model's generation config with this one whole,
+            # so the EOS id it should stop at (natural lengths) must be in it.
+            config: dict[str, Any] = {"max_new_tokens": n, "do_sample": False}
+            if exact:
+                config["min_new_tokens"] = n
+            elif eos_token_id is not None:
+                config["eos_token_id"] = eos_token_id
+            body["generation_config"] = json.dumps(config)
+        return body
+
+    def stream_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"include_usage": True}
+        if self.continuous_usage:
+            options["continuous_usage_stats"] = True
+        return options
+
+
+DIALECTS: dict[str, RequestDialect] = {
+    d.name: d for d in [
+        RequestDialect("vllm", token_prompts=True, continuous_usage=True, exact="ignore_eos"),
+        RequestDialect("sglang", token_prompts=True, continuous_usage=True, exact="ignore_eos"),
+        RequestDialect("transformers", token_prompts=False, continuous_usage=False, exact="generation_config"),
+        # Any other OpenAI-compatible server: only the standard fields; a reply may end
+        # early at EOS (the recorded output tokens are the server's usage all the same).
+        RequestDialect("openai", token_prompts=False, continuous_usage=False, exact="none"),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class ServerEngine:
+    """One serving engine sweeper launches: its command line and what it runs."""
+
+    name: str
+    module: str  # the Python module the worker needs (the server runs in the actor's environment)
+    # argv before the model; "python" is the actor's interpreter, so the server runs in the
+    # actor's environment (where the engine's console script may not be on PATH)
+    program: tuple[str, ...]
+    devices: frozenset[str]
+    # precision -> its flags; a precision not here is one the engine cannot run
+    precision_flags: Mapping[str, tuple[str, ...]]
+    served_name_flag: str | None  # None: the server names the model by the path it was given
+    tensor_parallel_flag: str | None  # None: one device only
+    seed_flag: str | None
+    # Flags for a synthetic (random-weight) model: the engine initializes the weights itself.
+    synthetic_flags: tuple[str, ...] = ()
+    extra_flags: tuple[str, ...] = ()  # always given; may hold {placeholders}
+    precision_notes: Mapping[str, str] = field(default_factory=dict)
+    version_module: str | None = None
+
+    def unsupported(self, precision: str, device: str, tensor_parallel: int) -> str | None:
+        if device not in self.devices:
+            return f"launch: {self.name} runs on {' or '.join(sorted(self.devices))}, not {device}"
+        if precision not in self.precision_flags:
+            why = self.precision_notes.get(precision)
+            return f"launch: {self.name} does not run precision {precision}" + (f": {why}" if why else "")
+        if tensor_parallel > 1 and self.tensor_parallel_flag is None:
+            return f"launch: {self.name} serves from one device; tensor_parallel {tensor_parallel} is not possible"
+        return None
+
+    def command(self, *, model: str, served_model: str, precision: str, tensor_parallel: int, seed: int,
+                synthetic: bool, args: Mapping[str, Any]) -> list[str]:
+        """The command line, with ``{port}``, ``{host}`` and ``{device}`` left to fill at launch."""
+        argv = [*self.program, model, "--host", "{host}", "--port", "{port}"]
+        if self.served_name_flag:
+            argv += [self.served_name_flag, served_model]
+        argv += list(self.precision_flags[precision])
+        if self.tensor_parallel_flag and tensor_parallel > 1:
+            argv += [self.tensor_parallel_flag, str(tensor_parallel)]
+        if self.seed_flag:
+            argv += [self.seed_flag, str(seed)]
+        if synthetic:
+            argv += list(self.synthetic_flags)
+        argv += list(self.extra_flags)
+        return argv + engine_args(args)
+
+
+def engine_args(args: Mapping[str, Any]) -> list[str]:
+    """``{max-num-seqs: 64, enforce-eager: true}`` as ``--max-num-seqs 64 --enforce-eager``."""
+    out: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False:
+            out.append("--no-" + key.replace("_", "-"))
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+_DTYPE = {"fp32": ("--dtype", "float32"), "fp16": ("--dtype", "float16"), "bf16": ("--dtype", "bfloat16")}
+_NO_BNB = ("its server quantizes bitsandbytes formats only from real or pre-quantized weight files, "
+           "not a synthetic model; compare them in-process (backend transformers)")
+
+ENGINES: dict[str, ServerEngine] = {
+    e.name: e for e in [
+        ServerEngine(
+            name="vllm", module="vllm", program=("python", "-m", "vllm.entrypoints.cli.main", "serve"), devices=frozenset({"cuda"}),
+            precision_flags={"fp16": _DTYPE["fp16"], "bf16": _DTYPE["bf16"],
+                             "fp8": (*_DTYPE["bf16"], "--quantization", "fp8")},
+            served_name_flag="--served-model-name", tensor_parallel_flag="--tensor-parallel-size",
+            seed_flag="--seed", synthetic_flags=("--load-format", "dummy"),
+            # As the in-process backend: random prompts share no prefix, but the cache's
+            # bookkeeping is work the numbers should not carry unless asked (args can turn it on).
+            extra_flags=("--no-enable-prefix-caching",),
+            precision_notes={"fp32": "its fast attention kernels have no fp32 path",
+                             "int8": _NO_BNB, "nf4": _NO_BNB, "fp4": _NO_BNB},
+            version_module="vllm",
+        ),
+        ServerEngine(
+            name="sglang", module="sglang", program=("python", "-m", "sglang.launch_server", "--model-path"),
+            devices=frozenset({"cuda"}),
+            precision_flags={"fp16": _DTYPE["fp16"], "bf16": _DTYPE["bf16"],
+                             "fp8": (*_DTYPE["bf16"], "--quantization", "fp8")},
+            served_name_flag="--served-model-name", tensor_parallel_flag="--tp-size",
+            seed_flag="--random-seed", synthetic_flags=("--load-format", "dummy"),
+            precision_notes={"int8": _NO_BNB, "nf4": _NO_BNB, "fp4": _NO_BNB},
+            version_module="sglang",
+        ),
+        ServerEngine(
+            name="transformers", module="transformers", program=("python", "-m", "transformers.cli.transformers", "serve"),
+            devices=frozenset({"cuda", "cpu"}),
+            precision_flags={**_DTYPE, "int8": (*_DTYPE["bf16"], "--quantization", "bnb-8bit"),
+                             "nf4": (*_DTYPE["bf16"], "--quantization", "bnb-4bit")},
+            served_name_flag=None, tensor_parallel_flag=None, seed_flag="--default-seed",
+            # Continuous batching: a server batches the requests in flight, as the others do.
+            extra_flags=("--continuous-batching", "--device", "{device}", "--log-level", "warning"),
+            precision_notes={"fp8": "transformers serve has no fp8 flag",
+                             "fp4": "transformers serve quantizes to bnb-4bit (nf4) or bnb-8bit only"},
+            version_module="transformers",
+        ),
+    ]
+}
+
+
+class LaunchCommand(BaseModel):
+    """Any server, started by sweeper from a command line with placeholders."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: list[str] = Field(min_length=1)
+    # How to talk to it (what it accepts beyond standard OpenAI requests).
+    dialect: Dialect = "openai"
+
+    @model_validator(mode="after")
+    def _placeholders_known(self) -> LaunchCommand:
+        import string
+
+        for part in self.command:
+            for _, name, _, _ in string.Formatter().parse(part):
+                if name is not None and name not in COMMAND_FIELDS:
+                    raise ValueError(f"command: unknown placeholder {{{name}}}; known: "
+                                     + ", ".join("{" + f + "}" for f in COMMAND_FIELDS))
+        if not any("{port}" in part for part in self.command):
+            raise ValueError("command: must contain {port} (the free port sweeper picks for the server)")
+        return self
+
+
+class EnergySite(BaseModel):
+    """Where an external server's GPUs are, so that its energy can be metered."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node: str = Field(min_length=1)  # a Ray node's IP address
+    gpu_uuids: list[str] = Field(min_length=1)
+
+
+class ServerOptions(BaseModel):
+    """Options of the ``server`` backend (``backend_options.server``): which server, and how to reach it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    launch: EngineName | LaunchCommand | None = None
+    # Extra engine flags, by name without the dashes: {max-num-seqs: 64, enforce-eager: true}.
+    args: dict[str, str | int | float | bool] = {}
+    base_url: str | None = Field(None, pattern=r"^https?://[^\s/]+(/\S*)?$")
+    # The name the external server serves the model under (base_url only).
+    model: str | None = None
+    # What an external server is, for the request fields it accepts (base_url only).
+    dialect: Dialect = "openai"
+    energy: EnergySite | None = None
+    # A launched server gets this long to stop after SIGTERM before its process group is killed.
+    stop_timeout_s: float = Field(30.0, gt=0, le=600)
+
+    @model_validator(mode="after")
+    def _one_way_in(self) -> ServerOptions:
+        if (self.launch is None) == (self.base_url is None):
+            raise ValueError("give exactly one of launch (sweeper starts the server) and base_url (it is running)")
+        if self.launch is not None:
+            for key in ("model", "energy"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key}: applies to a base_url server; a launched server serves the sweep's "
+                                     "model on its actor's GPUs")
+            if isinstance(self.launch, LaunchCommand) and self.args:
+                raise ValueError("args: a launch command carries its own flags; put them in the command")
+        else:
+            if self.args:
+                raise ValueError("args: flags of a server sweeper launches; a base_url server is already running")
+            if self.model is None:
+                raise ValueError("model: required with base_url (the name the server serves the model under)")
+        return self
+
+    def __hash__(self) -> int:
+        # Options are grid points (hashed and compared); args, command and GPU lists are mutable types.
+        return hash(self.model_dump_json())
+
+    # -- what the backend registry asks its options -------------------------------------------
+    @property
+    def engine(self) -> ServerEngine | None:
+        return ENGINES[self.launch] if isinstance(self.launch, str) else None
+
+    @property
+    def request_dialect(self) -> RequestDialect:
+        if isinstance(self.launch, str):
+            return DIALECTS[self.launch]
+        if isinstance(self.launch, LaunchCommand):
+            return DIALECTS[self.launch.dialect]
+        return DIALECTS[self.dialect]
+
+    @property
+    def holds_gpus(self) -> bool:
+        """Whether the trial's actor holds GPUs: a launched server runs on them; an external
+        server's client needs none (its energy site names the GPUs it meters instead)."""
+        return self.launch is not None
+
+    def ray_resources(self) -> dict[str, float]:
+        """Extra Ray resources of the trial's actor: an external server's energy site places
+        it on the server's node (Ray's ``node:<ip>`` resource), where it meters those GPUs."""
+        return {f"node:{self.energy.node}": 0.001} if self.energy is not None else {}
+
+    def required_modules(self) -> tuple[str, ...]:
+        engine = self.engine
+        return (engine.module,) if engine is not None else ()
+
+    def unsupported_precision(self, precision: str, device: str, tensor_parallel: int) -> str | None:
+        engine = self.engine
+        if engine is not None:
+            return engine.unsupported(precision, device, tensor_parallel)
+        if isinstance(self.launch, LaunchCommand) and precision not in _DTYPE:
+            return (f"a launch command is given the precision as {{dtype}}; {precision} is a quantization "
+                    "scheme, not a dtype (put its flags in the command and sweep bf16 or fp16)")
+        return None
+
+    def label(self) -> str:
+        if isinstance(self.launch, str):
+            return self.launch
+        if isinstance(self.launch, LaunchCommand):
+            return self.launch.command[0].rsplit("/", 1)[-1]
+        return self.base_url or "server"
+
+
+def dtype_of(precision: str) -> str:
+    """The ``{dtype}`` placeholder's value for a dtype precision."""
+    return _DTYPE[precision][1] if precision in _DTYPE else "bfloat16"

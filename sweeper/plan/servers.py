@@ -1,0 +1,57 @@
+"""Before any trial starts: every external server a sweep names (``base_url``) answers,
+and serves the model the sweep asks it for.
+
+A ``base_url`` that refuses connections, answers with an error, or does not serve
+``model`` would fail every trial of its group after a cluster start; it is one line
+naming the sweep field instead, within seconds (each server gets ``TIMEOUT_S``).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+from sweeper.core.errors import SweepFileError
+from sweeper.core.servers import ServerOptions
+from sweeper.plan.spec import Sweep
+
+TIMEOUT_S = 5.0
+
+
+def served_models(base_url: str, timeout_s: float = TIMEOUT_S) -> list[str]:
+    """The model ids ``GET {base_url}/models`` lists; raises ``ValueError`` saying what went wrong."""
+    url = base_url.rstrip("/") + "/models"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - the sweep's http(s) URL
+            answer = json.loads(response.read().decode())
+    except urllib.error.HTTPError as exc:
+        raise ValueError(f"GET {url} answered HTTP {exc.code} {exc.reason}") from None
+    except urllib.error.URLError as exc:
+        raise ValueError(f"GET {url} failed: {exc.reason}") from None
+    except (OSError, TimeoutError) as exc:
+        raise ValueError(f"GET {url} failed: {exc}") from None
+    except ValueError:
+        raise ValueError(f"GET {url} did not answer JSON: not an OpenAI-compatible server") from None
+    data = answer.get("data") if isinstance(answer, dict) else None
+    if not isinstance(data, list):
+        raise ValueError(f"GET {url} answered without a model list: not an OpenAI-compatible server")
+    return [str(m.get("id")) for m in data if isinstance(m, dict)]
+
+
+def check_servers(sweep: Sweep, sweep_path: str = "<sweep>") -> None:
+    """Raise ``SweepFileError`` naming the field of the first external server that is not usable."""
+    variants = sweep.backend_options.get("server") or []
+    for i, raw in enumerate(variants):
+        options = ServerOptions.model_validate(raw)
+        if options.base_url is None:
+            continue
+        where = "backend_options.server" + (f"[{i}]" if len(variants) > 1 else "")
+        try:
+            models = served_models(options.base_url)
+        except ValueError as exc:
+            raise SweepFileError(sweep_path, f"{where}.base_url", str(exc)) from None
+        if options.model not in models:
+            raise SweepFileError(sweep_path, f"{where}.model",
+                                 f"{options.base_url} does not serve {options.model!r}; it serves: "
+                                 + (", ".join(repr(m) for m in models) or "no model"))

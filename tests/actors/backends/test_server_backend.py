@@ -1,0 +1,253 @@
+"""The server backend's HTTP client and process lifecycle, against real server processes.
+
+The client runs against ``tests/fault_server.py`` (a real aiohttp server that fails on
+purpose) launched through ``ServerProcess``: streamed tokens, chunk accounting, HTTP and
+mid-stream errors, a server dying mid-run, deadlines, the concurrency cap. The lifecycle
+tests check by PID that a launched server's whole process group is gone after a stop,
+after a failed start and after its launcher is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from actors.backends.server.client import Endpoint, run_http
+from actors.backends.server.process import ServerError, ServerProcess
+from actors.serving.records import NOT_SENT, UNFINISHED, ServingRequest
+from sweeper.core.servers import DIALECTS
+from tests.fault_server import FAULT_SERVER
+
+READY_S = 30.0
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pids: list[int], bound_s: float = 15.0) -> list[int]:
+    """The pids still alive after ``bound_s`` (polled)."""
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        left = [p for p in pids if alive(p)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def read_pids(path: Path, count: int, bound_s: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        if path.is_file():
+            pids = [int(x) for x in path.read_text().split()]
+            if len(pids) >= count:
+                return pids
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never listed {count} pids")
+
+
+def launch(tmp_path: Path, *flags: str, name: str = "fault") -> ServerProcess:
+    argv = ["python", str(FAULT_SERVER), "--port", "{port}", "--model", "fault", *flags]
+    return ServerProcess.launch(argv, log_path=tmp_path / "servers" / f"{name}.log", stop_timeout_s=2.0)
+
+
+@pytest.fixture
+def server(request, tmp_path):
+    flags = getattr(request, "param", ())
+    proc = launch(tmp_path, "--pid-file", str(tmp_path / "pids"), *flags)
+    proc.wait_ready(READY_S)
+    yield proc
+    proc.stop(2.0)
+    assert wait_gone(read_pids(tmp_path / "pids", 1)) == []
+
+
+def requests(n: int, gap_s: float = 0.0, output_len: int = 8) -> list[ServingRequest]:
+    return [ServingRequest(i, np.arange(5, 21), output_len, i * gap_s) for i in range(n)]
+
+
+def endpoint(server: ServerProcess, dialect: str = "vllm", chat: bool = False) -> Endpoint:
+    d = DIALECTS[dialect]
+
+    def body(r: ServingRequest) -> dict:
+        return {"model": "fault", "stream": True, "stream_options": d.stream_options(),
+                "prompt": [int(t) for t in r.prompt_ids],
+                **d.length_fields(r.output_len, exact=True, eos_token_id=None)}
+
+    path = "chat/completions" if chat else "completions"
+    return Endpoint(url=f"{server.base_url}/{path}", body=body, continuous_usage=d.continuous_usage)
+
+
+def serve(server: ServerProcess, reqs: list[ServingRequest], *, dialect: str = "vllm", cap: int | None = None,
+          limit_s: float = 30.0):
+    return run_http(endpoint(server, dialect), reqs, max_concurrency=cap, deadline_s=time.monotonic() + limit_s)
+
+
+@pytest.mark.parametrize("server", [("--first-token-s", "0.05", "--token-s", "0.01")], indirect=True)
+def test_every_token_is_stamped_and_counted(server):
+    run = serve(server, requests(6, gap_s=0.02, output_len=10))
+    assert [r.index for r in run.requests] == list(range(6))
+    for r in run.requests:
+        assert r.ok, r.error
+        assert r.output_tokens == 10 and r.prompt_tokens == 16
+        assert r.ttft_s is not None and r.ttft_s >= 0.05
+        assert list(r.token_times_s) == sorted(r.token_times_s)
+        assert len(r.itl_s) == 9 and min(r.itl_s) > 0  # one token per chunk: no shared arrivals
+        assert r.tpot_s == pytest.approx((r.finish_s - r.first_token_s) / 9)
+
+
+@pytest.mark.parametrize("server", [("--tokens-per-chunk", "3", "--no-done", "--token-s", "0.02")], indirect=True)
+def test_tokens_in_one_chunk_share_its_arrival_without_continuous_usage(server):
+    """Chunks of 3 tokens counted as one each (the dialect cannot say more), the rest of the
+    usage's 10 put at the last chunk; a stream that ends without [DONE] after its
+    finish_reason is complete."""
+    run = serve(server, requests(2, output_len=10), dialect="openai")
+    for r in run.requests:
+        assert r.ok, r.error
+        assert r.output_tokens == 10
+        times = r.token_times_s
+        assert len(set(times)) == 4  # 4 chunks (3+3+3+1 tokens)
+        assert times[-7:] == (times[-1],) * 7
+
+
+@pytest.mark.parametrize("server", [("--tokens-per-chunk", "3", "--continuous-usage", "--token-s", "0.02")], indirect=True)
+def test_continuous_usage_gives_each_chunk_its_exact_count(server):
+    run = serve(server, requests(2, output_len=10))
+    for r in run.requests:
+        assert r.ok, r.error
+        times = r.token_times_s
+        assert len(times) == 10
+        # 3, 3, 3, 1 tokens, each group at its own chunk's arrival
+        assert [len([t for t in times if t == u]) for u in sorted(set(times))] == [3, 3, 3, 1]
+        assert r.itl_s.count(0.0) == 6
+
+
+@pytest.mark.parametrize("server", [("--http-error-every", "3", "--error-after-chunks", "99")], indirect=True)
+def test_http_errors_are_per_request_errors(server):
+    run = serve(server, requests(6, output_len=4))
+    failed = [r for r in run.requests if not r.ok]
+    assert len(failed) == 2 and all(r.error.startswith("HTTP 500") and "refused on purpose" in r.error
+                                    for r in failed)
+    assert len(run.completed) == 4
+
+
+@pytest.mark.parametrize("server", [("--error-after-chunks", "2",)], indirect=True)
+def test_an_error_mid_stream_fails_its_request(server):
+    run = serve(server, requests(3, output_len=6))
+    assert all(not r.ok and "mid-stream" in r.error and "on purpose" in r.error for r in run.requests)
+    assert all(r.finish_s is None for r in run.requests)
+
+
+def test_a_server_dying_mid_run_fails_the_rest_without_a_hang(tmp_path):
+    proc = launch(tmp_path, "--die-after", "3", "--token-s", "0.01")
+    proc.wait_ready(READY_S)
+    t0 = time.monotonic()
+    run = serve(proc, requests(8, gap_s=0.05, output_len=4), limit_s=60.0)
+    assert time.monotonic() - t0 < 30.0
+    # Requests begun before it died may have finished; none begun after it did.
+    assert 1 <= len(run.completed) <= 3
+    assert len(run.failed) >= 5 and all(r.error for r in run.failed)
+    proc.stop(2.0)
+
+
+@pytest.mark.parametrize("server", [("--token-s", "0.2",)], indirect=True)
+def test_the_deadline_cuts_the_run_and_keeps_what_arrived(server):
+    reqs = requests(2, output_len=50) + [ServingRequest(2, np.arange(4), 4, 30.0)]  # arrives after the deadline
+    t0 = time.monotonic()
+    run = serve(server, reqs, limit_s=1.5)
+    assert time.monotonic() - t0 < 5.0
+    cut = {r.index: r for r in run.requests}
+    assert cut[0].error == UNFINISHED and 0 < len(cut[0].token_times_s) < 50
+    assert cut[2].error == NOT_SENT and cut[2].submit_s is None
+
+
+@pytest.mark.parametrize("server", [("--token-s", "0.02",)], indirect=True)
+def test_max_concurrency_caps_requests_in_flight(server):
+    import json
+    import urllib.request
+
+    run = serve(server, requests(12, output_len=10), cap=3)
+    assert len(run.completed) == 12
+    with urllib.request.urlopen(server.base_url + "/models") as response:
+        assert 1 <= json.loads(response.read())["max_in_flight"] <= 3  # what the server itself saw
+
+
+# -- lifecycle ----------------------------------------------------------------------------
+
+def test_stop_ends_the_whole_group_and_kills_what_ignores_sigterm(tmp_path):
+    pid_file = tmp_path / "pids"
+    proc = launch(tmp_path, "--pid-file", str(pid_file), "--child", "--ignore-term")
+    proc.wait_ready(READY_S)
+    pids = read_pids(pid_file, 2)
+    assert all(alive(p) for p in pids)
+    t0 = time.monotonic()
+    code = proc.stop(timeout_s=1.0)
+    assert code == -signal.SIGKILL  # SIGTERM was ignored: the bound passed, then SIGKILL
+    assert time.monotonic() - t0 < 10.0
+    assert wait_gone(pids) == []
+
+
+def test_a_server_that_exits_before_ready_says_why_in_one_line(tmp_path):
+    pid_file = tmp_path / "pids"
+    proc = launch(tmp_path, "--pid-file", str(pid_file), "--child", "--exit-before-ready", "3")
+    with pytest.raises(ServerError) as err:
+        proc.wait_ready(READY_S)
+    text = str(err.value)
+    assert "exited with code 3 before it was ready" in text and "failed on purpose" in text
+    assert "\n" not in text and str(proc.log_path) in text
+    proc.stop(2.0)
+    assert wait_gone(read_pids(pid_file, 2)) == []  # its child went with it
+
+
+def test_a_server_never_ready_is_stopped_at_the_bound(tmp_path):
+    pid_file = tmp_path / "pids"
+    proc = launch(tmp_path, "--pid-file", str(pid_file), "--never-ready")
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match=r"did not answer .*/v1/models within 2 s"):
+        proc.wait_ready(2.0)
+    assert time.monotonic() - t0 < 15.0
+    assert wait_gone(read_pids(pid_file, 1)) == []
+
+
+def test_a_killed_launcher_takes_its_server_with_it(tmp_path):
+    """SIGKILL to the process that launched the server (what Ray does to an actor): nothing of
+    the launcher runs any more, and the watchdog ends the server's group."""
+    pid_file = tmp_path / "pids"
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path.cwd())!r})
+        from pathlib import Path
+        from actors.backends.server.process import ServerProcess
+        p = ServerProcess.launch(["python", {str(FAULT_SERVER)!r}, "--port", "{{port}}", "--pid-file",
+                                  {str(pid_file)!r}, "--child"], log_path=Path({str(tmp_path / 'l.log')!r}),
+                                 stop_timeout_s=2.0)
+        p.wait_ready(30)
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert launcher.stdout is not None and launcher.stdout.readline().strip() == "ready"
+        pids = read_pids(pid_file, 2)
+        assert all(alive(p) for p in pids)
+        launcher.kill()
+        launcher.wait(10)
+        assert wait_gone(pids) == []
+    finally:
+        launcher.kill()

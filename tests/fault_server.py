@@ -1,0 +1,163 @@
+"""A small OpenAI-compatible server that misbehaves on request, for the server backend's fault tests.
+
+A real HTTP server (aiohttp) speaking the streamed ``/v1/completions`` and
+``/v1/chat/completions`` protocol and ``GET /v1/models``; every reply is ``max_tokens``
+words ``w0 w1 ...`` with the usage in its last chunk. Flags make it fail the ways real
+servers fail: never ready, exiting before ready, dying after N requests, HTTP errors,
+errors mid-stream, slow first tokens, several tokens per chunk, no ``[DONE]``, ignoring
+SIGTERM, a child process in its group. It is no stand-in for the engine servers (the
+end-to-end tests launch ``transformers serve``); it makes each failure happen on purpose.
+
+    python tests/fault_server.py --port 8000 [--model NAME] [flags]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+FAULT_SERVER = Path(__file__)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--model", default="fault")
+    p.add_argument("--ready-after-s", type=float, default=0.0, help="/v1/models answers 503 until then")
+    p.add_argument("--never-ready", action="store_true")
+    p.add_argument("--exit-before-ready", type=int, default=None, help="print a message and exit with this code")
+    p.add_argument("--die-after", type=int, default=None, help="exit once this many requests have begun")
+    p.add_argument("--http-error-every", type=int, default=None, help="every Nth request answers HTTP 500")
+    p.add_argument("--error-after-chunks", type=int, default=None, help="send an error event after N chunks")
+    p.add_argument("--first-token-s", type=float, default=0.0)
+    p.add_argument("--token-s", type=float, default=0.0)
+    p.add_argument("--tokens-per-chunk", type=int, default=1)
+    p.add_argument("--no-done", action="store_true", help="end streams without data: [DONE]")
+    p.add_argument("--continuous-usage", action="store_true", help="honour continuous_usage_stats")
+    p.add_argument("--pid-file", default=None, help="append this process's pid (and its child's)")
+    p.add_argument("--child", action="store_true", help="start a child process in the same process group")
+    p.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (only SIGKILL ends it)")
+    p.add_argument("--log-requests", default=None, help="append each request's JSON body to this file")
+    return p
+
+
+class Faults:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.started_s = time.monotonic()
+        self.begun = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+
+async def models(request: Any) -> Any:
+    from aiohttp import web
+
+    f: Faults = request.app["faults"]
+    if f.args.never_ready or time.monotonic() - f.started_s < f.args.ready_after_s:
+        return web.json_response({"error": "loading"}, status=503)
+    return web.json_response({"object": "list", "data": [{"id": f.args.model, "object": "model"}],
+                              "max_in_flight": f.max_in_flight})
+
+
+def _chunk(model: str, text: str, chat: bool, usage: dict | None = None, finish: str | None = None) -> bytes:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+    if chat:
+        choice["delta"] = {"content": text} if text else {}
+    else:
+        choice["text"] = text
+    body: dict[str, Any] = {"object": "chat.completion.chunk" if chat else "text_completion", "model": model,
+                            "choices": [choice]}
+    if usage is not None:
+        body["usage"] = usage
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+async def completions(request: Any) -> Any:
+    from aiohttp import web
+
+    f: Faults = request.app["faults"]
+    a = f.args
+    body = await request.json()
+    if a.log_requests:
+        with open(a.log_requests, "a") as out:
+            out.write(json.dumps(body) + "\n")
+    f.begun += 1
+    n = f.begun
+    if a.die_after is not None and n > a.die_after:
+        os._exit(1)
+    if a.http_error_every and n % a.http_error_every == 0:
+        return web.json_response({"error": {"message": f"request {n} refused on purpose"}}, status=500)
+    chat = request.path.endswith("chat/completions")
+    prompt = body.get("prompt") if not chat else body["messages"][-1]["content"]
+    prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+    tokens = int(body.get("max_tokens", 16))
+    continuous = a.continuous_usage and (body.get("stream_options") or {}).get("continuous_usage_stats")
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    f.in_flight += 1
+    f.max_in_flight = max(f.max_in_flight, f.in_flight)
+    try:
+        await asyncio.sleep(a.first_token_s)
+        sent, chunks = 0, 0
+        while sent < tokens:
+            if a.error_after_chunks is not None and chunks >= a.error_after_chunks:
+                await response.write(b'data: {"error": {"message": "engine failed on purpose"}}\n\n')
+                return response
+            k = min(a.tokens_per_chunk, tokens - sent)
+            text = " ".join(f"w{sent + i}" for i in range(k))
+            sent += k
+            chunks += 1
+            usage = ({"prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}
+                     if continuous else None)
+            await response.write(_chunk(a.model, text, chat, usage))
+            if sent < tokens:
+                await asyncio.sleep(a.token_s)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}
+        await response.write(_chunk(a.model, "", chat, usage, finish="length"))
+        if not a.no_done:
+            await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    finally:
+        f.in_flight -= 1
+    return response
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    pids = [os.getpid()]
+    if args.child:
+        child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                  + ("signal.signal(signal.SIGTERM, signal.SIG_IGN); " if args.ignore_term else "")
+                                  + "time.sleep(3600)"])
+        pids.append(child.pid)
+    if args.pid_file:
+        with open(args.pid_file, "a") as out:
+            out.write("".join(f"{p}\n" for p in pids))
+    if args.exit_before_ready is not None:
+        print("fault server: loading the model failed on purpose (CUDA out of memory, say)", flush=True)
+        sys.exit(args.exit_before_ready)
+    from aiohttp import web
+
+    app = web.Application()
+    app["faults"] = Faults(args)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", completions)
+    print(f"fault server on {args.host}:{args.port}", flush=True)
+    web.run_app(app, host=args.host, port=args.port, print=None, handle_signals=not args.ignore_term)
+
+
+if __name__ == "__main__":
+    main()
