@@ -70,6 +70,15 @@ class ServerBackend(Backend):
 
     # -- load ------------------------------------------------------------------------------
     def load(self, spec: ModelSpec) -> LoadInfo:
+        try:
+            return self._load(spec)
+        except BaseException:
+            # A launched server must not outlive a failed load: the actor may be killed next,
+            # and only this process knows to stop it now.
+            self.close()
+            raise
+
+    def _load(self, spec: ModelSpec) -> LoadInfo:
         options = spec.options_as(ServerOptions)
         self.dialect, self.chat, self.stop_timeout_s = options.request_dialect, spec.chat, options.stop_timeout_s
         self.options = options
@@ -87,6 +96,8 @@ class ServerBackend(Backend):
             model_path = _model_dir(spec)
             columns = {"server_command": None, "server_log": None, "server_ready_s": None}
         served = _served_models(self.base_url)
+        if not self.served_model and len(served) == 1:  # a command's server: whatever it serves
+            self.served_model = served[0]
         if self.served_model not in served:
             raise ServerError(f"{self.base_url} serves {', '.join(served) or 'no model'}, not {self.served_model!r}")
         config = _config(model_path)
@@ -116,7 +127,8 @@ class ServerBackend(Backend):
                                      "which is not installed on this worker")
         model_path = _model_dir(spec)
         synthetic = spec.source == "synthetic"
-        # The model is served under the sweep's name for it (a path would leak the cache's layout).
+        # The model is served under the sweep's name for it (a path would leak the cache's layout);
+        # an engine that names it by its path serves the path; a command, whatever it serves.
         served = spec.location if engine is not None and engine.served_name_flag else model_path
         if engine is not None:
             argv = engine.command(model=model_path, served_model=served, precision=spec.precision,
@@ -131,12 +143,9 @@ class ServerBackend(Backend):
                                             stop_timeout_s=options.stop_timeout_s, fields=fields)
         limit_s = (READY_SHARE_OF_LOAD_TIMEOUT * spec.load_timeout_s if spec.load_timeout_s is not None
                    else DEFAULT_READY_TIMEOUT_S)
-        try:
-            self.process.wait_ready(limit_s)
-        except BaseException:
-            self.close()
-            raise
-        self.base_url, self.served_model = self.process.base_url, served
+        self.process.wait_ready(limit_s)
+        self.base_url = self.process.base_url
+        self.served_model = served if engine is not None else ""
         return model_path
 
     # -- serve -----------------------------------------------------------------------------

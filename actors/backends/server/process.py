@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -69,7 +68,8 @@ def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
             text = f.read().decode(errors="replace")
     except OSError:
         return ""
-    kept = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # The header sweeper wrote (the command line, the pid) is not the server's own word.
+    kept = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith(("$ ", "# pid "))]
     return " | ".join(kept[-lines:])
 
 
@@ -87,7 +87,6 @@ class ServerProcess:
     base_url: str  # http://host:port/v1
     log_path: Path
     popen: subprocess.Popen
-    reaper: subprocess.Popen | None
     started_s: float  # monotonic time of the launch
     ready_s: float | None = None  # seconds from the launch until it first answered
 
@@ -105,14 +104,17 @@ class ServerProcess:
             out.flush()
             popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                      env=dict(env) if env is not None else None, start_new_session=True)
-        reaper = subprocess.Popen(
+            # Appended before the server's first line (the file is opened for appending by both).
+            out.write(f"# pid {popen.pid} (its process group: every process it starts)\n".encode())
+        # The watchdog detaches: this returns once it runs on its own (reaper.py says why).
+        subprocess.run(
             [sys.executable, str(Path(__file__).with_name("reaper.py")), str(os.getpid()), str(popen.pid),
              str(stop_timeout_s)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
+            start_new_session=True, check=True, timeout=30)
         log.info("server pid %d on %s:%d, log %s", popen.pid, host, port, log_path)
         return cls(argv=command, base_url=f"http://{host}:{port}/v1", log_path=log_path, popen=popen,
-                   reaper=reaper, started_s=time.monotonic())
+                   started_s=time.monotonic())
 
     @property
     def pid(self) -> int:
@@ -146,11 +148,5 @@ class ServerProcess:
         code = None
         with contextlib.suppress(subprocess.TimeoutExpired):
             code = self.popen.wait(timeout=5.0)
-        if self.reaper is not None:
-            # The server is gone: the watchdog has nothing left to guard.
-            with contextlib.suppress(ProcessLookupError):
-                self.reaper.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.reaper.wait(timeout=5.0)
-            self.reaper = None
+        # The watchdog sees the leader gone, clears what is left of the group and exits.
         return code

@@ -6,6 +6,10 @@ of its own, so that it outlives its launcher: when the actor that started a serv
 actor runs any more, and this is what ends the server. It also exits, after clearing
 the server's group, when the server's leader exits first (a normal stop).
 
+It detaches (forks, and the launched process exits at once): Ray kills a dead worker's
+direct children, which would be the server's leader and this watchdog, and leave the
+rest of the server's group (vLLM's engine cores) running with no one to end them.
+
 No imports beyond the standard library: it must start in milliseconds and depend on
 nothing the actor's environment might lack.
 """
@@ -77,6 +81,9 @@ def _alive(pid: int) -> bool:
 
 def main(argv: list[str]) -> int:
     watched, server, timeout_s = int(argv[1]), int(argv[2]), float(argv[3])
+    if os.fork() > 0:
+        return 0  # the launcher reaps this one at once; the watchdog is no child of its
+    # (an orphan, adopted by init or the node's subreaper)
     # The launcher's Ctrl-C reaches its own process group, not this session; ignore it anyway.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ended = _wait_for_either(watched, server)

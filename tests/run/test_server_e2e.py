@@ -1,0 +1,267 @@
+"""Endpoint mode end to end through the real command line, Ray, Parquet and DuckDB.
+
+- ``sweeps/server.yaml``'s ``launch: transformers`` rows, and the bundled real model, served
+  by ``transformers serve`` that each group's actor launches: every serving column filled,
+  energy null with its reason (never 0), each server's log in ``DIR/servers/``, and no
+  server process left once the sweep is over;
+- an already-running ``transformers serve`` measured through ``base_url``;
+- a server that cannot start fails its group in one line, and the sweep goes on;
+- Ctrl-C and SIGTERM of ``sweeper run``, and a killed actor, leave no server process
+  behind (checked by PID, a server's child process included).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tests.actors.backends.test_server_backend import alive, read_pids, wait_gone
+from tests.conftest import ROOT, run_cli
+from tests.fault_server import FAULT_SERVER
+from tests.run.test_serving_e2e import SERVING_COLUMNS
+
+SERVER_COLUMNS = ("server_engine", "server_version", "server_command", "server_url", "server_log", "server_ready_s",
+                  "energy_unmetered_reason")
+
+
+def _server_pids(results: Path) -> list[int]:
+    """The pid each launched server's log names in its header."""
+    pids = []
+    for log in sorted((results / "servers").glob("*.log")):
+        found = re.search(r"^# pid (\d+)", log.read_text(), re.MULTILINE)
+        assert found, f"{log} names no pid"
+        pids.append(int(found.group(1)))
+    return pids
+
+
+@pytest.mark.slow
+def test_launched_transformers_servers_end_to_end(tmp_path, write_sweep, smollm2_dir):
+    """The shipped example's transformers rows plus the bundled real model, each group served
+    by its own launched ``transformers serve``."""
+    text = (ROOT / "sweeps" / "server.yaml").read_text()
+    # The bundled model in fp32: bf16 matmuls on a CPU without bf16 units crawl (TPOT > 1 s).
+    text = text.replace("models: [tiny-llama]", "models: [tiny-llama, smollm2-135m]").replace(
+        "precisions: bf16", "precisions: [bf16, fp32]\nexclude: [{model: smollm2-135m, precision: bf16}, "
+                            "{model: tiny-llama, precision: fp32}]")
+    sweep = write_sweep(text.replace("request_rate: [4, 16]", "request_rate: [8]"))
+    out = tmp_path / "server"
+    proc = run_cli("run", str(sweep), "-o", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = duckdb.sql(f"SELECT * FROM '{out}/trials.parquet' ORDER BY model").df()
+    launched = rows[rows["server_engine"] == "transformers"]
+    assert len(launched) == 2 and set(launched["status"]) == {"ok"}, rows[["status", "error"]]
+    assert set(launched["model"]) == {"tiny-llama", "smollm2-135m"}
+    # The example's rows: every serving column. The real model, slow on 2 CPU cores
+    # (hundreds of ms a step), is saturated at once: its latencies, not a steady window.
+    example = launched[launched["model"] == "tiny-llama"]
+    assert [c for c in SERVING_COLUMNS + SERVER_COLUMNS if example[c].isna().any()] == []
+    latency = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "itl_p50_s", "e2e_p50_s", "run_duration_s")
+    assert [c for c in latency + SERVER_COLUMNS if launched[c].isna().any()] == []
+    assert launched["energy_j"].isna().all() and launched["energy_per_request_j"].isna().all()
+    assert launched["energy_unmetered_reason"].str.contains("no GPU").all()
+    assert launched["server_command"].str.contains("transformers.cli.transformers serve").all()
+    assert (example["output_tokens"] > 0).all() and (launched["n_failed_requests"] == 0).all()
+    # vLLM's rows are skipped without a GPU (or without vllm), with the reason.
+    vllm = rows[rows["status"] == "skipped"]
+    assert len(vllm) == 2 and vllm["error"].str.contains("launch: vllm").all()
+
+    requests = duckdb.sql(f"SELECT trial_id, count(*) AS n, bool_and(error IS NULL) AS ok, "
+                          f"bool_and(output_tokens = 16) AS exact FROM '{out}/requests.parquet' GROUP BY trial_id").df()
+    assert requests["ok"].all() and requests["exact"].all()  # exactly output_len, through min_new_tokens
+    counted = dict(zip(requests["trial_id"], requests["n"], strict=True))
+    assert all(counted[t] == n for t, n in zip(launched["trial_id"], launched["n_requests"], strict=True))
+
+    pids = _server_pids(out)
+    assert len(pids) == 2
+    assert wait_gone(pids, bound_s=5.0) == []  # stopped with their groups, before the sweep ended
+    assert all(Path(p).is_file() and "servers" in p for p in launched["server_log"])
+
+
+@pytest.mark.slow
+def test_base_url_measures_a_running_transformers_serve(tmp_path, write_sweep):
+    from actors.backends.server.process import ServerProcess
+    from actors.models import materialize_servable
+    from sweeper.core.servers import ENGINES
+
+    model = str(materialize_servable("tiny-llama"))
+    argv = ENGINES["transformers"].command(model=model, served_model=model, precision="fp32", tensor_parallel=1,
+                                           seed=0, synthetic=True, args={})
+    server = ServerProcess.launch(argv, log_path=tmp_path / "external.log", fields={"device": "cpu"})
+    try:
+        server.wait_ready(120)
+        sweep = write_sweep(f"""
+name: external
+models: [tiny-llama]
+backends: server
+backend_options:
+  server: {{base_url: "{server.base_url}", model: "{model}", dialect: transformers}}
+precisions: fp32
+workload: {{mode: serving, input_len: 16, output_len: 8, request_rate: 8, num_prompts: 24, seed: 0}}
+measure: {{warmup_iters: 1, idle_s: 0, min_window_s: 0.5}}
+""")
+        out = tmp_path / "external"
+        proc = run_cli("run", str(sweep), "-o", str(out), "-q")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        row = duckdb.sql(f"SELECT * FROM '{out}/trials.parquet'").df().iloc[0]
+        assert row["status"] == "ok", row["error"]
+        assert row["server_engine"] == server.base_url and row["server_command"] is None
+        assert row["server_version"] == __import__("transformers").__version__ or row["server_version"] is None
+        assert row["throughput_tok_s"] > 0 and row["ttft_p50_s"] > 0 and row["n_failed_requests"] == 0
+        assert row["energy_j"] is None or row["energy_j"] != row["energy_j"]  # null, never 0
+        assert "base_url" in row["energy_unmetered_reason"]
+        assert server.popen.poll() is None  # sweeper leaves a server it did not start running
+    finally:
+        server.stop(10.0)
+
+
+def _fault_sweep(write_sweep, pid_file: Path, *variants: str, rate: float = 4, prompts: int = 8,
+                 token_s: float = 0.0) -> Path:
+    def command(extra: str) -> str:
+        return (f'{{launch: {{command: [python, "{FAULT_SERVER}", --port, "{{port}}", --pid-file, "{pid_file}", '
+                f'--child, --token-s, "{token_s}"{extra}], dialect: vllm}}}}')
+
+    options = "\n".join(f"    - {command(v)}" for v in variants)
+    return write_sweep(f"""
+name: faults
+models: [tiny-llama]
+backends: server
+backend_options:
+  server:
+{options}
+precisions: fp32
+workload: {{mode: serving, input_len: 8, output_len: 4, request_rate: {rate}, num_prompts: {prompts}, seed: 0}}
+measure: {{warmup_iters: 1, idle_s: 0, min_window_s: 0.2, load_timeout_s: 60}}
+""")
+
+
+@pytest.mark.slow
+def test_a_server_that_cannot_start_fails_its_group_in_one_line(tmp_path, write_sweep):
+    pid_file = tmp_path / "pids"
+    sweep = _fault_sweep(write_sweep, pid_file, ", --exit-before-ready, '3'", "")
+    out = tmp_path / "faults"
+    proc = run_cli("run", str(sweep), "-o", str(out))
+    assert proc.returncode == 1, proc.stderr[-3000:]  # a failed trial: exit 1, the sweep went on
+    rows = duckdb.sql(f"SELECT status, reason, error, backend_options FROM '{out}/trials.parquet'").df()
+    failed, ok = rows[rows["status"] == "failed"], rows[rows["status"] == "ok"]
+    assert len(failed) == 1 and len(ok) == 1
+    error = failed["error"].iloc[0]
+    assert failed["reason"].iloc[0] == "load_failed"
+    assert "exited with code 3 before it was ready" in error and "failed on purpose" in error
+    assert "\n" not in error and "/servers/" in error
+    # The progress line says it with the log's last line (the summary repeats it, wrapped to the terminal).
+    assert any("exited with code 3" in ln and "failed on purpose" in ln for ln in proc.stderr.splitlines())
+    assert wait_gone(read_pids(pid_file, 4)) == []  # both servers and both children
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupting_the_sweep_leaves_no_server_behind(tmp_path, write_sweep, sig, code):
+    pid_file = tmp_path / "pids"
+    # 40 requests of 4 tokens, one every 0.25 s, each token 0.3 s: the run lasts long enough to be cut.
+    sweep = _fault_sweep(write_sweep, pid_file, "", token_s=0.3, prompts=40)
+    driver = subprocess.Popen([sys.executable, "-m", "sweeper", "run", str(sweep), "-o", str(tmp_path / "out")],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "COLUMNS": "200"})
+    try:
+        pids = read_pids(pid_file, 2, bound_s=120.0)
+        assert all(alive(p) for p in pids)
+        driver.send_signal(sig)
+        _, stderr = driver.communicate(timeout=120)
+        assert driver.returncode == code, stderr[-2000:]
+        assert wait_gone(pids, bound_s=30.0) == []
+    finally:
+        driver.kill()
+
+
+@pytest.mark.slow
+def test_a_killed_actor_takes_its_server_with_it(tmp_path, write_sweep, ray_local):
+    import ray
+
+    from actors.actor import TrialRunner
+    from sweeper.plan.expand import make_plan
+    from sweeper.plan.spec import load_sweep
+
+    pid_file = tmp_path / "pids"
+    trial = make_plan(load_sweep(_fault_sweep(write_sweep, pid_file, "")), "cpu").runnable[0]
+    actor = ray.remote(TrialRunner).options(num_cpus=0).remote()
+    loaded = ray.get(actor.load.remote(trial), timeout=120)
+    assert loaded.ok, loaded.error
+    pids = read_pids(pid_file, 2)
+    assert all(alive(p) for p in pids)
+    ray.kill(actor)  # what the driver does to a hung actor, and what a lost node does to every one
+    assert wait_gone(pids, bound_s=30.0) == []
+
+
+@pytest.mark.slow
+def test_closing_the_actor_stops_its_server(tmp_path, write_sweep, ray_local):
+    import ray
+
+    from actors.actor import TrialRunner
+    from sweeper.plan.expand import make_plan
+    from sweeper.plan.spec import load_sweep
+
+    pid_file = tmp_path / "pids"
+    trial = make_plan(load_sweep(_fault_sweep(write_sweep, pid_file, "")), "cpu").runnable[0]
+    actor = ray.remote(TrialRunner).options(num_cpus=0).remote()
+    assert ray.get(actor.load.remote(trial), timeout=120).ok
+    outcome = ray.get(actor.run.remote(trial), timeout=120)
+    assert outcome.row["status"] == "ok", outcome.row.get("error")
+    pids = read_pids(pid_file, 2)
+    ray.get(actor.close.remote(), timeout=60)
+    assert wait_gone(pids, bound_s=5.0) == []
+    ray.kill(actor)
+
+
+def test_a_refused_base_url_is_one_line_and_exit_2(tmp_path, write_sweep):
+    from actors.backends.server.process import free_port
+
+    port = free_port()
+    sweep = write_sweep(f"""
+name: refused
+models: [tiny-llama]
+backends: server
+backend_options:
+  server: {{base_url: "http://127.0.0.1:{port}/v1", model: m}}
+precisions: bf16
+workload: {{mode: serving, input_len: 8, output_len: 4, request_rate: 2, num_prompts: 4}}
+""")
+    t0 = time.monotonic()
+    proc = run_cli("run", str(sweep), "-o", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert time.monotonic() - t0 < 30
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "backend_options.server.base_url" in lines[0] and "refused" in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_base_url_not_serving_the_model_is_one_line_and_exit_2(tmp_path, write_sweep):
+    from actors.backends.server.process import ServerProcess
+
+    server = ServerProcess.launch(["python", str(FAULT_SERVER), "--port", "{port}", "--model", "served"],
+                                  log_path=tmp_path / "fault.log")
+    try:
+        server.wait_ready(30)
+        sweep = write_sweep(f"""
+name: wrong-model
+models: [tiny-llama]
+backends: server
+backend_options:
+  server: {{base_url: "{server.base_url}", model: other}}
+precisions: bf16
+workload: {{mode: serving, input_len: 8, output_len: 4, request_rate: 2, num_prompts: 4}}
+""")
+        proc = run_cli("run", str(sweep), "-o", str(tmp_path / "out"))
+        assert proc.returncode == 2
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "backend_options.server.model" in lines[0]
+        assert "does not serve 'other'; it serves: 'served'" in lines[0]
+    finally:
+        server.stop(5.0)
