@@ -190,8 +190,9 @@ for kind in ('trials', 'requests', 'timeline'):
                  echo "processes left (expect none):" >> "$OUT/${1}_run.log"
                  pgrep -af "vllm|EngineCore|reaper.py" >> "$OUT/${1}_run.log" 2>&1 || echo "none" >> "$OUT/${1}_run.log"
                  for t in trials requests stages; do cp "$RESULTS/server/$t.parquet" "$OUT/${1}_$t.parquet"; done
-                 cp "$RESULTS"/server/servers/*.log "$OUT/" 2>/dev/null ;;
-        server_peer) python3 -m bench server-peer --model llama-3.1-8b --rates 4,16,32,64,inf --out "$OUT/server_peer.json" ;;
+                 if [ "$b" = server ]; then cp "$RESULTS"/server/servers/*.log "$OUT/"; fi ;;
+        server_peer) python3 -m bench server-peer --model llama-3.1-8b --rates "${RATES:-4,16,32,64,inf}" \
+                         --repeats "${REPEATS:-1}" --out "$OUT/server_peer.json" ;;
         overlap) python3 -m bench overlap --model llama-3.2-1b --threads 1,4 --rounds 6 --materialize llama-3.1-8b \
                      --out "$OUT/overlap.json" ;;
         *) echo "unknown step: $1 (see the header of $0)" >&2; return 2 ;;

@@ -10,10 +10,14 @@ each rate, in turn on that one server:
   sweeper  ``sweeper run`` of a sweep whose backend is ``server`` with this server's
            ``base_url``: the same lengths, rate and number of requests.
 
-Reported per rate: TTFT and TPOT p50 and p99 of each, and sweeper's over the peer's.
-The server is stopped (its process group) at the end, whatever happened.
+Each rate runs ``--repeats`` times, peer then sweeper, the seed of both clients set to the
+repeat's index, so that the difference between the clients can be set against the spread
+of one client's repeats (Poisson arrivals of a few hundred requests differ run to run).
+Reported per rate and repeat: TTFT and TPOT p50 and p99 of each (milliseconds), and
+sweeper's over the peer's. The server is stopped (its process group) at the end, whatever
+happened.
 
-    python3 -m bench server-peer --model llama-3.1-8b --rates 4,16,32 --out $OUT/server_peer.json
+    python3 -m bench server-peer --model llama-3.1-8b --rates 4,16,32 --repeats 2 --out $OUT/server_peer.json
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--args", default='{"max-num-seqs": 128}', help="engine flags, JSON")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per rate and client, alternating")
     parser.add_argument("--results", default="/tmp/sweeper-results/server_peer", help="sweeper's results directory")
     parser.add_argument("--out", required=True)
 
@@ -48,14 +53,14 @@ def _count(rate: float, duration_s: float, cap: int) -> int:
     return cap if math.isinf(rate) else min(cap, max(1, round(rate * duration_s)))
 
 
-def _peer(base: str, served: str, tokenizer: str, rate: float, n: int, args: argparse.Namespace,
+def _peer(base: str, served: str, tokenizer: str, rate: float, n: int, seed: int, args: argparse.Namespace,
           result_dir: Path) -> dict[str, Any]:
-    name = f"peer_{rate:g}.json"
+    name = f"peer_{rate:g}_{seed}.json"
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
            "--base-url", base, "--endpoint", "/v1/completions", "--model", served, "--tokenizer", tokenizer,
            "--dataset-name", "random", "--random-input-len", str(args.input_len),
            "--random-output-len", str(args.output_len), "--num-prompts", str(n),
-           "--request-rate", "inf" if math.isinf(rate) else str(rate), "--ignore-eos", "--seed", "0",
+           "--request-rate", "inf" if math.isinf(rate) else str(rate), "--ignore-eos", "--seed", str(seed),
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
            "--save-result", "--result-dir", str(result_dir), "--result-filename", name]
     t0 = time.monotonic()
@@ -69,7 +74,7 @@ def _peer(base: str, served: str, tokenizer: str, rate: float, n: int, args: arg
     return {**{k: r.get(k) for k in keys}, "wall_s": time.monotonic() - t0}
 
 
-def _sweeper(base: str, served: str, rate: float, n: int, args: argparse.Namespace, results: Path,
+def _sweeper(base: str, served: str, rate: float, n: int, seed: int, args: argparse.Namespace, results: Path,
              log: Path) -> dict[str, Any]:
     import yaml
 
@@ -78,7 +83,7 @@ def _sweeper(base: str, served: str, rate: float, n: int, args: argparse.Namespa
         "backend_options": {"server": {"base_url": base + "/v1", "model": served, "dialect": "vllm"}},
         "precisions": [args.precision],
         "workload": {"mode": "serving", "input_len": args.input_len, "output_len": args.output_len,
-                     "request_rate": ["inf" if math.isinf(rate) else rate], "num_prompts": n, "seed": 0},
+                     "request_rate": ["inf" if math.isinf(rate) else rate], "num_prompts": n, "seed": seed},
         "measure": {"warmup_iters": 1, "idle_s": 0.5, "min_window_s": 3.0},
     }
     path = Path(tempfile.mkdtemp()) / "peer.yaml"
@@ -88,12 +93,12 @@ def _sweeper(base: str, served: str, rate: float, n: int, args: argparse.Namespa
                        stdout=out, stderr=subprocess.STDOUT, timeout=600, check=False)
     import duckdb
 
-    row = duckdb.sql(f"SELECT * FROM '{results}/trials.parquet' WHERE status = 'ok' AND request_rate "
-                     f"{'= ' + repr(float('inf')) if math.isinf(rate) else '= ' + str(float(rate))}").df()
-    if row.empty:
+    rows = duckdb.sql(f"SELECT * FROM '{results}/trials.parquet' WHERE status = 'ok'").df()
+    rows = rows[rows["request_rate"] == rate]
+    if rows.empty:
         return {"error": "no ok trial (see the run log)"}
-    r = row.iloc[0]
-    ms = {k: (None if r[k] is None or r[k] != r[k] else float(r[k]) * 1000)
+    r = rows.iloc[0]
+    ms = {k.replace("_s", "_ms"): (None if r[k] is None or r[k] != r[k] else float(r[k]) * 1000)
           for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p50_s")}
     return {"n_requests": int(r["n_requests"]), "achieved_rate_req_s": r["achieved_rate_req_s"],
             "throughput_tok_s": r["throughput_tok_s"], **ms, "unstable_reason": r["unstable_reason"]}
@@ -119,14 +124,19 @@ def run(args: argparse.Namespace) -> int:
         for text in args.rates.split(","):
             rate = float(text)
             n = _count(rate, args.duration_s, args.max_prompts)
-            entry = {"num_prompts": n, "peer": _peer(base, served, model, rate, n, args, peer_dir),
-                     "sweeper": _sweeper(base, served, rate, n, args, Path(args.results) / f"rate_{text}", log)}
-            p, s = entry["peer"], entry["sweeper"]
-            for ours, theirs in (("ttft_p50_s", "median_ttft_ms"), ("tpot_p50_s", "median_tpot_ms")):
-                if s.get(ours) is not None and p.get(theirs):
-                    entry[f"{ours}_ratio"] = s[ours] / p[theirs]
-            results["rates"][text] = entry
-            write_record(out, "server-peer", results)
+            runs = results["rates"].setdefault(text, [])
+            for seed in range(args.repeats):
+                entry: dict[str, Any] = {
+                    "num_prompts": n, "seed": seed,
+                    "peer": _peer(base, served, model, rate, n, seed, args, peer_dir),
+                    "sweeper": _sweeper(base, served, rate, n, seed, args,
+                                        Path(args.results) / f"rate_{text}_{seed}", log)}
+                p, s = entry["peer"], entry["sweeper"]
+                for ours, theirs in (("ttft_p50_ms", "median_ttft_ms"), ("tpot_p50_ms", "median_tpot_ms")):
+                    if s.get(ours) is not None and p.get(theirs):
+                        entry[f"{ours}_ratio"] = s[ours] / p[theirs]
+                runs.append(entry)
+                write_record(out, "server-peer", results)
     finally:
         results["server_exit_code"] = server.stop(30.0)
         write_record(out, "server-peer", results)
