@@ -34,6 +34,7 @@ SUBCOMMANDS = (
     "vllm-compare",
     "serving",
     "server-peer",
+    "http-client",
     "trials-table",
     "readme-plot",
 )

@@ -91,9 +91,10 @@ def _sweeper(base: str, served: str, rate: float, n: int, seed: int, args: argpa
     with open(log, "a") as out:
         subprocess.run([sys.executable, "-m", "sweeper", "run", str(path), "-o", str(results), "-q"],
                        stdout=out, stderr=subprocess.STDOUT, timeout=600, check=False)
-    import duckdb
+    import pyarrow.parquet as pq
 
-    rows = duckdb.sql(f"SELECT * FROM '{results}/trials.parquet' WHERE status = 'ok'").df()
+    rows = pq.read_table(results / "trials.parquet").to_pandas()
+    rows = rows[rows["status"] == "ok"]
     rows = rows[rows["request_rate"] == rate]
     if rows.empty:
         return {"error": "no ok trial (see the run log)"}

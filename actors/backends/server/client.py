@@ -144,15 +144,22 @@ async def _stream(session: Any, endpoint: Endpoint, s: _Stream, clock: Callable[
                 text = (await response.text())[:ERROR_CHARS]
                 s.error = f"HTTP {response.status}: {' '.join(text.split())}"
                 return
-            buffer = b""
+            buffer, ended = b"", False
             async for piece in response.content.iter_any():
+                if ended:
+                    continue  # read to the body's end, so that the connection goes back to the pool
                 now = clock()
                 buffer += piece
                 *events, buffer = buffer.split(b"\n\n")
                 for event in events:
                     if _event(s, event, now, endpoint.continuous_usage):
-                        s.finish_s = now if s.error is None else None
-                        return
+                        ended = True
+                        if s.error is not None:
+                            return  # a broken stream: its connection is closed, not reused
+                        s.finish_s = now
+                        break
+            if ended:
+                return
             if s.finish_reason is not None:  # a server that ends the stream without [DONE] (transformers)
                 s.finish_s = clock()
             else:
