@@ -344,6 +344,7 @@ def _signals_as_interrupts() -> Iterator[None]:
 def _run_sweep(sweep: Any, sweep_file: Path, store: Any, address: str | None, **options: Any) -> tuple[Any, dict[str, int]]:
     from sweeper.plan.capabilities import local_capabilities, probe_cluster
     from sweeper.plan.expand import make_plan
+    from sweeper.plan.servers import check_energy_sites
     from sweeper.run.cluster import connect
     from sweeper.run.sweep_run import ResultsWriteError, run_plan
 
@@ -360,6 +361,10 @@ def _run_sweep(sweep: Any, sweep_file: Path, store: Any, address: str | None, **
         raise _fail(exc) from None
     # Ray's driver installs a SIGTERM handler of its own (a C stack dump, exit 1): ours again.
     signal.signal(signal.SIGTERM, _on_term)
+    try:
+        check_energy_sites(sweep, cluster.node_ips, str(sweep_file))
+    except UserInputError as exc:
+        raise _fail(exc) from None
     # The embedded local Ray's workers share this interpreter: no probe needed there.
     capabilities = probe_cluster() if address else local_capabilities(cluster.gpus)
     p = make_plan(sweep, cluster.device, sweep_path=str(sweep_file), check_hub=False,

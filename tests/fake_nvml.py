@@ -115,6 +115,7 @@ class FakeGpu:
     sm_clock_mhz: int = 1980
     temperature_c: int = 55
     util_gpu_pct: int = 97
+    process_pids: tuple[int, ...] = ()  # compute processes on it (nvmlDeviceGetComputeRunningProcesses)
 
     def update_s(self, k: int) -> float:
         jitter = self.update_jitter_s * (2 * random.Random(k).random() - 1) if self.update_jitter_s else 0.0
@@ -279,6 +280,10 @@ class FakeNvml:
                 out.append(SimpleNamespace(fieldId=field_id, nvmlReturn=_real.NVML_ERROR_NOT_SUPPORTED,
                                            valueType=_real.NVML_VALUE_TYPE_UNSIGNED_INT, value=SimpleNamespace(uiVal=0)))
         return out
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[SimpleNamespace]:
+        self._call("nvmlDeviceGetComputeRunningProcesses", handle)
+        return [SimpleNamespace(pid=pid, usedGpuMemory=2**30) for pid in handle.gpu.process_pids]
 
     def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> SimpleNamespace:
         self._call("nvmlDeviceGetUtilizationRates", handle)

@@ -294,6 +294,21 @@ class ServerOptions(BaseModel):
                     "scheme, not a dtype (put its flags in the command and sweep bf16 or fp16)")
         return None
 
+    @staticmethod
+    def describe(values: dict[str, Any]) -> dict[str, Any]:
+        """Non-default option values (JSON, as rows hold them) in a few words each, for
+        labels and tables: a command by its program, flags and the energy site compactly."""
+        out = dict(values)
+        launch = out.get("launch")
+        if isinstance(launch, dict) and launch.get("command"):
+            words = [str(w).rsplit("/", 1)[-1] for w in launch["command"][:2]]
+            out["launch"] = " ".join(words)
+        if isinstance(out.get("args"), dict):
+            out["args"] = ",".join(f"{k}:{v}" for k, v in out["args"].items())
+        if isinstance(out.get("energy"), dict):
+            out["energy"] = f"{out['energy'].get('node')}"
+        return out
+
     def label(self) -> str:
         if isinstance(self.launch, str):
             return self.launch

@@ -254,6 +254,9 @@ class Trial:
         parts = [f"{a.title}={self.point[a.name]}" for a in AXES
                  if a.in_variant and a.name in self.point and a.identity_part(self.point[a.name])]
         options = non_default_options(self.backend_options)
+        describe = getattr(type(self.backend_options), "describe", None)  # options that say themselves briefly
+        if describe is not None:
+            options = describe(options)
         return " ".join(parts + [f"{k}={v}" for k, v in sorted(options.items())])
 
     def label(self) -> str:
@@ -282,6 +285,9 @@ def variant_label(backend: str, options_json: str | None, tensor_parallel: int |
     if spec is not None:
         # Compared as JSON, not re-validated: rows may come from an older sweeper.
         options = non_default_values(spec.options, options)
+        describe = getattr(spec.options, "describe", None)  # options that say themselves briefly
+        if describe is not None:
+            options = describe(options)
     parts = [f"tp={tensor_parallel}"] if tensor_parallel and tensor_parallel > 1 else []
     return " ".join(parts + [f"{k}={v}" for k, v in sorted(options.items())])
 

@@ -39,6 +39,20 @@ def served_models(base_url: str, timeout_s: float = TIMEOUT_S) -> list[str]:
     return [str(m.get("id")) for m in data if isinstance(m, dict)]
 
 
+def check_energy_sites(sweep: Sweep, node_ips: frozenset[str], sweep_path: str = "<sweep>") -> None:
+    """Raise ``SweepFileError`` for an energy site on a node the cluster does not have: its
+    trial's actor could never be placed, and would wait for the node forever."""
+    variants = sweep.backend_options.get("server") or []
+    for i, raw in enumerate(variants):
+        options = ServerOptions.model_validate(raw)
+        if options.energy is not None and options.energy.node not in node_ips:
+            where = "backend_options.server" + (f"[{i}]" if len(variants) > 1 else "")
+            raise SweepFileError(sweep_path, f"{where}.energy.node",
+                                 f"no node of the cluster has the address {options.energy.node} (its nodes: "
+                                 f"{', '.join(sorted(node_ips)) or 'none'}); give the IP address Ray knows "
+                                 "the server's node by")
+
+
 def check_servers(sweep: Sweep, sweep_path: str = "<sweep>") -> None:
     """Raise ``SweepFileError`` naming the field of the first external server that is not usable."""
     variants = sweep.backend_options.get("server") or []

@@ -18,6 +18,7 @@ class ClusterInfo:
     cpus: int
     nodes: int
     min_node_cpus: int
+    node_ips: frozenset[str] = frozenset()  # the live nodes' addresses (Ray's node:<ip> resources)
 
     @property
     def device(self) -> Device:
@@ -225,4 +226,5 @@ def connect(address: str | None, env_vars: dict[str, str] | None = None) -> Clus
     resources = ray.cluster_resources()
     node_cpus = [int(n["Resources"].get("CPU", 0)) for n in nodes] or [1]
     return ClusterInfo(gpus=int(resources.get("GPU", 0)), cpus=int(resources.get("CPU", 0)),
-                       nodes=len(nodes), min_node_cpus=max(min(node_cpus), 1))
+                       nodes=len(nodes), min_node_cpus=max(min(node_cpus), 1),
+                       node_ips=frozenset(str(n.get("NodeManagerAddress")) for n in nodes))

@@ -265,3 +265,45 @@ workload: {{mode: serving, input_len: 8, output_len: 4, request_rate: 2, num_pro
         assert "does not serve 'other'; it serves: 'served'" in lines[0]
     finally:
         server.stop(5.0)
+
+
+@pytest.mark.slow
+def test_energy_sites_are_placed_on_their_node_or_refused(tmp_path, write_sweep):
+    """An energy site on a node the cluster lacks is one line, exit 2 (its actor could never be
+    placed); on this node it is placed there, and GPUs the node does not have fail the group
+    with the reason (on a CPU machine: no NVML at all)."""
+    from ray._private.services import get_node_ip_address
+
+    from actors.backends.server.process import ServerProcess
+
+    server = ServerProcess.launch(["python", str(FAULT_SERVER), "--port", "{port}", "--model", "served"],
+                                  log_path=tmp_path / "fault.log")
+    try:
+        server.wait_ready(30)
+
+        def sweep(node: str) -> Path:
+            return write_sweep(f"""
+name: site
+models: [tiny-llama]
+backends: server
+backend_options:
+  server: {{base_url: "{server.base_url}", model: served, dialect: vllm,
+            energy: {{node: "{node}", gpu_uuids: [GPU-00000000-0000-0000-0000-00000000beef]}}}}
+precisions: bf16
+workload: {{mode: serving, input_len: 8, output_len: 4, request_rate: 20, num_prompts: 10}}
+measure: {{warmup_iters: 1, idle_s: 0, min_window_s: 0.05}}
+""", name=f"site-{node}.yaml")
+
+        refused = run_cli("run", str(sweep("203.0.113.7")), "-o", str(tmp_path / "refused"))
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        lines = [ln for ln in refused.stderr.strip().splitlines() if ln.startswith("error")]
+        assert len(lines) == 1 and "backend_options.server.energy.node" in lines[0] and "203.0.113.7" in lines[0]
+
+        out = tmp_path / "here"
+        placed = run_cli("run", str(sweep(get_node_ip_address())), "-o", str(out), "-q")
+        assert placed.returncode == 1, placed.stderr[-2000:]
+        row = duckdb.sql(f"SELECT status, reason, error FROM '{out}/trials.parquet'").df().iloc[0]
+        assert row["status"] == "failed" and row["reason"] == "load_failed"
+        assert "backend_options.server.energy" in row["error"] and "are not metered on node" in row["error"]
+    finally:
+        server.stop(5.0)

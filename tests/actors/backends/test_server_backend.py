@@ -251,3 +251,75 @@ def test_a_killed_launcher_takes_its_server_with_it(tmp_path):
         assert wait_gone(pids) == []
     finally:
         launcher.kill()
+
+
+# -- an external server's energy site ------------------------------------------------------
+
+def test_an_energy_site_meters_the_named_gpus_and_lists_their_processes(tmp_path, monkeypatch):
+    """``base_url`` with ``energy: {node, gpu_uuids}``: the actor holds no GPU, yet meters the
+    named one (NVML is the test double: no GPU on a CPU machine) and records which processes
+    were on it. The server is a real one (the fault server) serving real HTTP."""
+    from actors.actor import TrialRunner
+    from sweeper.plan.expand import make_plan
+    from sweeper.plan.spec import parse_sweep
+    from tests.bench.test_bench_energy import RealClock
+    from tests.fake_nvml import FakeGpu, FakeNvml, PowerTrace
+
+    site, other = "GPU-5ea5ea5e-0000-0000-0000-000000000001", "GPU-5ea5ea5e-0000-0000-0000-000000000000"
+    fake = FakeNvml([FakeGpu(other, power=PowerTrace.constant(90.0)),
+                     FakeGpu(site, power=PowerTrace.constant(300.0), process_pids=(os.getpid(),))], RealClock())
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the client's actor holds no GPU
+    server = launch(tmp_path, "--token-s", "0.01")
+    try:
+        server.wait_ready(READY_S)
+        trial = make_plan(parse_sweep({
+            "name": "site", "models": ["tiny-llama"], "backends": "server", "precisions": "bf16",
+            "backend_options": {"server": {"base_url": server.base_url, "model": "fault", "dialect": "vllm",
+                                           "energy": {"node": "127.0.0.1", "gpu_uuids": [site]}}},
+            "workload": {"mode": "serving", "input_len": 8, "output_len": 8, "request_rate": 20, "num_prompts": 40},
+            "measure": {"warmup_iters": 1, "idle_s": 0.3, "min_window_s": 0.2},
+        }), "cpu").runnable[0]
+        assert trial.num_gpus == 0
+        runner = TrialRunner()
+        loaded = runner.load(trial)
+        assert loaded.ok, loaded.error
+        outcome = runner.run(trial)
+        runner.close()
+    finally:
+        server.stop(2.0)
+    row = outcome.row
+    assert row["status"] == "ok", row.get("error")
+    assert row["gpu_uuids"] == site and row["energy_unmetered_reason"] is None
+    assert row["energy_j"] > 0 and row["run_energy_j"] > 0
+    assert row["avg_power_w"] == pytest.approx(300.0, rel=0.05)  # the site's GPU, not the other one
+    assert row["gpu_processes"] == f"{os.getpid()} {Path(f'/proc/{os.getpid()}/comm').read_text().strip()}"
+    assert row["energy_exclusive"] is None  # whose processes they are is not known for an external server
+    requests = outcome.tables["requests"]
+    assert sum(r["energy_j"] for r in requests) == pytest.approx(row["run_energy_j"], rel=1e-9)
+
+
+def test_without_an_energy_site_an_external_server_has_no_energy_and_says_why(tmp_path):
+    from actors.actor import TrialRunner
+    from sweeper.plan.expand import make_plan
+    from sweeper.plan.spec import parse_sweep
+
+    server = launch(tmp_path)
+    try:
+        server.wait_ready(READY_S)
+        trial = make_plan(parse_sweep({
+            "name": "nosite", "models": ["tiny-llama"], "backends": "server", "precisions": "bf16",
+            "backend_options": {"server": {"base_url": server.base_url, "model": "fault", "dialect": "vllm"}},
+            "workload": {"mode": "serving", "input_len": 8, "output_len": 4, "request_rate": 50, "num_prompts": 30},
+            "measure": {"warmup_iters": 1, "idle_s": 0.3, "min_window_s": 0.05},
+        }), "cuda").runnable[0]
+        runner = TrialRunner()
+        assert runner.load(trial).ok
+        row = runner.run(trial).row
+        runner.close()
+    finally:
+        server.stop(2.0)
+    assert row["status"] == "ok", row.get("error")
+    assert all(row[c] is None for c in ("energy_j", "energy_per_token_j", "energy_per_request_j", "run_energy_j"))
+    assert "base_url" in row["energy_unmetered_reason"] and "energy" in row["energy_unmetered_reason"]
+    assert row["server_command"] is None and row["server_url"] == server.base_url
