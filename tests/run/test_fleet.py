@@ -197,3 +197,80 @@ def test_a_node_lost_mid_sweep_has_its_trial_retried_on_the_other(fleet, tmp_pat
     assert {t["status"] for t in trials} == {"ok"}
     # The lost node finished nothing (its trial was held at the gate): everything ran on the head.
     assert len({t["ray_node_id"] for t in trials}) == 1
+
+
+def test_a_node_lost_with_a_launched_server_leaves_no_server_behind(fleet, tmp_path):
+    """Two groups, each launching a server (the fault server, with a child process), one per
+    node. The worker node is killed as a machine loss looks to its processes: every process
+    of Ray's on it at once (its session), nothing else; the server there, in a process group
+    and session of its own, must then go too (its watchdog sees its actor die), while the
+    other node's server goes on; at the end no server of the sweep is left."""
+    import psutil
+
+    from tests.actors.backends.test_server_backend import alive, read_pids, wait_gone
+    from tests.fault_server import FAULT_SERVER
+
+    worker = fleet.add_worker()
+    fleet.wait_for_nodes(2)
+    pid_files = [tmp_path / "pids-a", tmp_path / "pids-b"]
+    variants = "\n".join(
+        f'    - {{launch: {{command: [python, "{FAULT_SERVER}", --port, "{{port}}", --pid-file, "{f}", --child, '
+        f'--token-s, "0.3", --model, "{name}"], dialect: vllm}}}}' for name, f in zip("ab", pid_files, strict=True))
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(f"""
+name: fleet-server
+models: [tiny-llama]
+backends: server
+backend_options:
+  server:
+{variants}
+precisions: fp32
+workload: {{mode: serving, input_len: 8, output_len: 4, request_rate: 2, num_prompts: 100, seed: 0}}
+measure: {{warmup_iters: 1, idle_s: 0, min_window_s: 0.2}}
+""")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper", "run", str(sweep), "--address", fleet.address,
+                             "-o", str(out), "-q"], cwd=ROOT, env={**fleet.env(RAY_AUTH_TOKEN=fleet.token),
+                                                                "COLUMNS": "200"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    seen: list[int] = []
+    try:
+        first = [read_pids(f, 2, bound_s=180.0) for f in pid_files]  # both servers up, one per node
+        seen = [p for pids in first for p in pids]
+        session = os.getsid(worker.pid)
+        on_worker = [p for p in psutil.Process(worker.pid).children(recursive=True) if _sid(p.pid) == session]
+        assert on_worker, "the worker node runs no process"
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        for p in on_worker:  # Ray's processes on the lost node, and only those
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        worker.wait(timeout=30)
+        # One server goes within seconds of its node (its run had about 50 s left); the other runs on.
+        deadline = time.monotonic() + 20.0
+        while not any(not any(alive(p) for p in pids) for pids in first):
+            assert time.monotonic() < deadline, f"no server went with the lost node: {first}"
+            time.sleep(0.1)
+        states = [[alive(p) for p in pids] for pids in first]
+        assert sorted(states) == [[False, False], [True, True]], f"{first}: {states}"
+        proc.wait(timeout=400)
+        seen = sorted({p for f in pid_files for p in read_pids(f, 2)})
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(timeout=10)
+    text = "".join(lines)
+    assert proc.returncode == 0, text[-3000:]
+    assert wait_gone(seen, bound_s=30.0) == [], [p for p in seen if alive(p)]
+    trials = pq.read_table(out / "trials.parquet").to_pylist()
+    assert {t["status"] for t in trials} == {"ok"} and len(trials) == 2
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
