@@ -62,6 +62,8 @@
 #   server_launch  its `launch: vllm` rows (vllm serve started by sweeper), same arrivals, into the
 #               same results directory; then checks that no vLLM process outlived the sweep (§16)
 #   server_peer bench server-peer: vllm bench serve and sweeper's base_url client on one server (§16)
+#   server_engines  bench/server_engines_gpu.yaml: vllm serve and transformers serve, launched by
+#               sweeper, same arrivals and SLO: energy per request of two serving engines (§16)
 #   truth       bench/measurement_truth.yaml: settled idle baseline and pre-load idle, peak vs p99
 #               power, vLLM phase sums and weight memory, per-iteration CVs (§10)
 set -uo pipefail
@@ -191,6 +193,11 @@ for kind in ('trials', 'requests', 'timeline'):
                  pgrep -af "vllm|EngineCore|reaper.py" >> "$OUT/${1}_run.log" 2>&1 || echo "none" >> "$OUT/${1}_run.log"
                  for t in trials requests stages; do cp "$RESULTS/server/$t.parquet" "$OUT/${1}_$t.parquet"; done
                  if [ "$b" = server ]; then cp "$RESULTS"/server/servers/*.log "$OUT/"; fi ;;
+        server_engines)
+                 /usr/bin/time -v python3 -m sweeper run bench/server_engines_gpu.yaml -o "$RESULTS/server_engines" 2>&1 \
+                     | tee "$OUT/${1}_run.log" | tail -30
+                 pgrep -af "vllm|transformers.cli|reaper.py" >> "$OUT/${1}_run.log" 2>&1 || echo "none left" >> "$OUT/${1}_run.log"
+                 for t in trials requests; do cp "$RESULTS/server_engines/$t.parquet" "$OUT/${1}_$t.parquet"; done ;;
         server_peer) python3 -m bench server-peer --model llama-3.1-8b --rates "${RATES:-4,16,32,64,inf}" \
                          --repeats "${REPEATS:-1}" --out "$OUT/server_peer.json" ;;
         overlap) python3 -m bench overlap --model llama-3.2-1b --threads 1,4 --rounds 6 --materialize llama-3.1-8b \

@@ -185,21 +185,29 @@ def _columns(trial: Trial, run: ServedRun, window: SteadyWindow | None, telemetr
         saturated=sat.saturated, saturation_reason=sat.reason, queue_growth=sat.queue_growth,
     )
     row.update(_energy_columns(telemetry, handle, window, in_window, idle_power_w))
-    request_energy = None
-    row.update(dict.fromkeys(("request_energy_method", "energy_per_request_j", "energy_per_request_p50_j",
-                              "energy_per_request_p90_j", "attributed_energy_j")))
-    if handle.window is not None:
-        # Over the run's energy window itself (its boundaries a moment outside the first
-        # arrival and the last token), so that the requests' energies sum to run_energy_j.
-        request_energy = attribution.request_energies(run.requests, handle.window.t_start_s,
-                                                      handle.window.t_end_s, telemetry.energies_between)
-        done = [e for e, r in zip(request_energy, run.requests, strict=True) if r.ok]
-        row.update(request_energy_method=attribution.METHOD,
-                   energy_per_request_j=float(np.mean(done)) if done else None,
-                   energy_per_request_p50_j=float(np.percentile(done, 50)) if done else None,
-                   energy_per_request_p90_j=float(np.percentile(done, 90)) if done else None,
-                   attributed_energy_j=float(sum(request_energy)))
+    request_cols, request_energy = _request_energy_columns(run, telemetry, handle)
+    row.update(request_cols)
     return row, request_energy
+
+
+def _request_energy_columns(run: ServedRun, telemetry: TelemetryBase, handle: Any
+                            ) -> tuple[dict[str, Any], list[float] | None]:
+    """Each request's share of the run's energy, and the trial's columns over them."""
+    cols: dict[str, Any] = dict.fromkeys(("request_energy_method", "energy_per_request_j", "energy_per_request_p50_j",
+                                          "energy_per_request_p90_j", "attributed_energy_j"))
+    if handle.window is None:
+        return cols, None
+    # Over the run's energy window itself (its boundaries a moment outside the first
+    # arrival and the last token), so that the requests' energies sum to run_energy_j.
+    request_energy = attribution.request_energies(run.requests, handle.window.t_start_s,
+                                                  handle.window.t_end_s, telemetry.energies_between)
+    done = [e for e, r in zip(request_energy, run.requests, strict=True) if r.ok]
+    cols.update(request_energy_method=attribution.METHOD,
+                energy_per_request_j=float(np.mean(done)) if done else None,
+                energy_per_request_p50_j=float(np.percentile(done, 50)) if done else None,
+                energy_per_request_p90_j=float(np.percentile(done, 90)) if done else None,
+                attributed_energy_j=float(sum(request_energy)))
+    return cols, request_energy
 
 
 def _energy_columns(telemetry: TelemetryBase, handle: Any, window: SteadyWindow, output_tokens: int,

@@ -80,43 +80,54 @@ class ServerBackend(Backend):
 
     def _load(self, spec: ModelSpec) -> LoadInfo:
         options = spec.options_as(ServerOptions)
-        self.dialect, self.chat, self.stop_timeout_s = options.request_dialect, spec.chat, options.stop_timeout_s
-        self.options = options
+        self.options, self.dialect = options, options.request_dialect
+        self.chat, self.stop_timeout_s = spec.chat, options.stop_timeout_s
         gpus = _visible_gpus() if options.holds_gpus else _site_gpus(options)
         device = "cuda" if gpus else "cpu"
         self.metered_uuids = [g.uuid for g in gpus]
-        if options.launch is not None:
-            model_path = self._launch(spec, options, device)
-            columns = {"server_command": shlex.join(self.process.argv) if self.process else None,
-                       "server_log": str(self.process.log_path) if self.process else None,
-                       "server_ready_s": self.process.ready_s if self.process else None}
-        else:
-            assert options.base_url is not None and options.model is not None  # the options' own check
-            self.base_url, self.served_model = options.base_url.rstrip("/"), options.model
-            model_path = _model_dir(spec)
-            columns = {"server_command": None, "server_log": None, "server_ready_s": None}
+        model_path = self._launch(spec, options, device) if options.launch is not None else self._connect(spec, options)
+        self._check_served()
+        config = _config(model_path)
+        vocab = self._prepare_prompts(model_path, config)
+        name = gpus[0].name if gpus else ("cpu" if options.launch is not None else "remote server")
+        return LoadInfo(device=device, device_name=name, weight_memory_bytes=None, vocab_size=vocab,
+                        architecture=config or None, columns=self._columns(options),
+                        unmetered_reason=_unmetered_reason(options),
+                        metered_gpus=",".join(self.metered_uuids) if options.energy is not None else None)
+
+    def _connect(self, spec: ModelSpec, options: ServerOptions) -> str:
+        """An external server: where it is and what it serves; the model's own directory
+        (for its config and tokenizer) is the sweep's model."""
+        assert options.base_url is not None and options.model is not None  # the options' own check
+        self.base_url, self.served_model = options.base_url.rstrip("/"), options.model
+        return _model_dir(spec)
+
+    def _check_served(self) -> None:
         served = _served_models(self.base_url)
         if not self.served_model and len(served) == 1:  # a command's server: whatever it serves
             self.served_model = served[0]
         if self.served_model not in served:
             raise ServerError(f"{self.base_url} serves {', '.join(served) or 'no model'}, not {self.served_model!r}")
-        config = _config(model_path)
+
+    def _prepare_prompts(self, model_path: str, config: dict[str, Any]) -> int:
+        """What turning prompts into requests needs (the EOS id; a tokenizer where prompts go as
+        text); returns the vocabulary size random prompts draw from."""
         self.eos_token_id = _first_int(config.get("eos_token_id"))
-        if self.chat or not self.dialect.token_prompts:
+        if self.chat or not self._dialect.token_prompts:
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        vocab = int(config.get("vocab_size") or (len(self.tokenizer) if self.tokenizer is not None else 0))
-        engine = options.engine
-        columns.update(server_engine=options.label(), server_url=self.base_url,
-                       server_version=_server_version(self.base_url, engine.version_module if engine else None))
-        name = gpus[0].name if gpus else ("cpu" if options.launch is not None else "remote server")
-        unmetered = None if options.launch is not None or options.energy is not None else (
-            "an external server (base_url) whose GPUs the sweep does not locate "
-            "(backend_options.server.energy: {node, gpu_uuids})")
-        return LoadInfo(device=device, device_name=name, weight_memory_bytes=None, vocab_size=vocab,
-                        architecture=config or None, columns=columns, unmetered_reason=unmetered,
-                        metered_gpus=",".join(self.metered_uuids) if options.energy is not None else None)
+        return int(config.get("vocab_size") or (len(self.tokenizer) if self.tokenizer is not None else 0))
+
+    def _columns(self, options: ServerOptions) -> dict[str, Any]:
+        engine, process = options.engine, self.process
+        return {
+            "server_engine": options.label(), "server_url": self.base_url,
+            "server_version": _server_version(self.base_url, engine.version_module if engine else None),
+            "server_command": shlex.join(process.argv) if process else None,
+            "server_log": str(process.log_path) if process else None,
+            "server_ready_s": process.ready_s if process else None,
+        }
 
     def _launch(self, spec: ModelSpec, options: ServerOptions, device: str) -> str:
         engine = options.engine
@@ -219,6 +230,13 @@ class ServerBackend(Backend):
             code = self.process.stop(self.stop_timeout_s)
             log.info("server stopped (exit code %s)", code)
             self.process = None
+
+
+def _unmetered_reason(options: ServerOptions) -> str | None:
+    if options.launch is not None or options.energy is not None:
+        return None
+    return ("an external server (base_url) whose GPUs the sweep does not locate "
+            "(backend_options.server.energy: {node, gpu_uuids})")
 
 
 def _site_gpus(options: ServerOptions) -> list[Any]:
