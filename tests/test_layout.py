@@ -24,7 +24,9 @@ ALLOWED = {
     "sweeper.plan": {"sweeper.core", "sweeper.plan"},
     "sweeper.run": {"sweeper.core", "sweeper.plan", "sweeper.run"},
     "sweeper.analysis": {"sweeper.core", "sweeper.analysis"},
-    "sweeper.cli": {"sweeper.core", "sweeper.plan", "sweeper.run", "sweeper.analysis"},
+    "sweeper.cli": {"sweeper.core", "sweeper.plan", "sweeper.run", "sweeper.analysis", "sweeper.console"},
+    # What the command line shows: it renders the session's and the analysis layer's values.
+    "sweeper.console": {"sweeper.core", "sweeper.plan", "sweeper.run", "sweeper.analysis"},
     "actors": {"sweeper.core", "actors"},
 }
 

@@ -107,6 +107,20 @@ class Capabilities:
 LOCAL = "local environment"
 
 
+def local_gpus() -> int:
+    """How many NVIDIA GPUs this machine has, asked of NVML (no torch import)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no driver, no library: no GPUs
+        return 0
+
+
 def local_capabilities(gpus: int) -> Capabilities:
     """This interpreter's libraries, standing in for a cluster's (no --address)."""
     node = NodeCapabilities("local", socket.gethostname(), gpus, library_versions(probed_libraries()))

@@ -274,8 +274,10 @@ _NOT_IN_VERDICT = frozenset({"batch_size", "request_rate", "max_concurrency", "r
 
 
 def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", check_hub: bool = True,
-              capabilities: Capabilities | None = None) -> Plan:
-    trials, excluded = expand(sweep, sweep_path=sweep_path, check_hub=check_hub)
+              capabilities: Capabilities | None = None, expanded: tuple[list[Trial], int] | None = None) -> Plan:
+    """The sweep's trials for ``device``, each runnable or skipped with the reason.
+    ``expanded``: the sweep's ``expand`` result, where the caller has it already."""
+    trials, excluded = expanded if expanded is not None else expand(sweep, sweep_path=sweep_path, check_hub=check_hub)
     # Whether a trial can run does not depend on its batch size, offered load or repeat
     # (memory is found out by running): one verdict per rest of the point.
     verdicts: dict[tuple, str | None] = {}

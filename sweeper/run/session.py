@@ -1,0 +1,253 @@
+"""A sweep run as a library call: plan a sweep, or run it into a results directory.
+
+The command line is one caller of this module (it parses, calls, renders and maps
+exit codes); a notebook or a test is another. Nothing here prints: what a run says
+on its way (connecting, resuming, warnings) goes to an ``Observer``, the live view
+to the ``console`` it carries, and every result comes back typed.
+
+    with open_run("sweeps/quickstart.yaml", output="results/q") as setup:
+        result = run_sweep(setup, RunOptions())
+    result.summary.ok, result.counts["trials"]
+
+The sweep is expanded once per step that needs it: ``open_run`` resolves every model
+(before a cluster starts), and ``run_sweep`` plans against the cluster it joined.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from sweeper.core.settings import Device
+from sweeper.core.status import Status
+from sweeper.core.trial import Trial
+from sweeper.plan.expand import Plan, PlannedTrial, expand, make_plan
+from sweeper.plan.servers import check_energy_sites, check_servers
+from sweeper.plan.spec import Sweep, load_sweep
+from sweeper.run.lock import RunLock
+from sweeper.run.storage import ResultStore, StoredTrial, check_destination
+from sweeper.run.summary import RunSummary
+from sweeper.run.sweep_run import RunOptions, is_settled, run_plan
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from sweeper.run.cluster import ClusterInfo
+
+
+class Observer(Protocol):
+    """Where a run's messages go (the command line prints them; a notebook may keep them)."""
+
+    console: Console | None  # the live progress view's console; None: no view
+
+    def say(self, line: str) -> None:
+        """What the run is doing (connecting, resuming, how many trials)."""
+
+    def warn(self, line: str) -> None:
+        """Something the user should know and may want to change (the run goes on)."""
+
+
+@dataclass
+class Quiet:
+    """An ``Observer`` that keeps every message and shows nothing."""
+
+    console: Console | None = None
+    said: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def say(self, line: str) -> None:
+        self.said.append(line)
+
+    def warn(self, line: str) -> None:
+        self.warnings.append(line)
+
+
+# -- planning ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PlanView:
+    """A sweep's plan and, given a results directory, what a run there would do with each trial."""
+
+    sweep: Sweep
+    plan: Plan
+    stored: dict[str, StoredTrial]
+    retry_failed: bool = False
+
+    def status(self, pt: PlannedTrial) -> str:
+        """run | skipped | done (ok) | done (failed: reason)."""
+        found = self.stored.get(pt.trial.trial_id)
+        if found is not None and pt.runnable and is_settled(found, self.retry_failed):
+            return f"done ({found.status})" if found.status == Status.OK else f"done ({found.status}: {found.reason})"
+        return "run" if pt.runnable else "skipped"
+
+    def to_run(self) -> list[PlannedTrial]:
+        return [pt for pt in self.plan.trials if self.status(pt) == "run"]
+
+    def done(self) -> int:
+        return sum(1 for pt in self.plan.trials if self.status(pt).startswith("done"))
+
+
+def stored_trials(output: str | None, observer: Observer) -> dict[str, StoredTrial]:
+    """The trials a results directory already holds (none without one)."""
+    if output is None:
+        return {}
+    store = ResultStore(output, on_quarantine=observer.warn)
+    return store.stored_trials() if store.exists() else {}
+
+
+def plan_sweep(sweep_file: str | Path, device: Device | None = None, *, address: str | None = None,
+               output: str | None = None, retry_failed: bool = False, observer: Observer | None = None) -> PlanView:
+    """Expand a sweep into its plan for ``device`` (None: the cluster's, or this machine's).
+
+    With ``address`` the cluster's nodes say what is installed; without, this machine stands
+    in for the cluster. With ``output``, the view knows the trials already done there.
+    """
+    from sweeper.plan.capabilities import local_capabilities, local_gpus, probe_cluster
+
+    observer = observer or Quiet()
+    sweep = load_sweep(sweep_file)
+    if address:
+        from sweeper.run.cluster import connect
+
+        found: Device = connect(address).device
+        capabilities = probe_cluster()
+    else:
+        gpus = local_gpus()
+        found = "cuda" if gpus else "cpu"
+        capabilities = local_capabilities(gpus)
+    plan = make_plan(sweep, device or found, sweep_path=str(sweep_file), capabilities=capabilities)
+    if not address:
+        plan.notes[-1] += " (no --address: this machine stands in for the cluster)"
+    return PlanView(sweep, plan, stored_trials(output, observer), retry_failed)
+
+
+# -- running -------------------------------------------------------------------------------
+
+@dataclass
+class RunSetup:
+    """A sweep checked and its results directory taken (its lock held until ``close``)."""
+
+    sweep: Sweep
+    sweep_path: str
+    expanded: tuple[list[Trial], int]  # the sweep's trials and how many its exclude rules removed
+    store: ResultStore
+    lock: RunLock
+    low_space: str | None  # a warning: the destination's free space looks short
+
+    def close(self) -> None:
+        self.lock.release()
+
+
+@contextmanager
+def open_run(sweep_file: str | Path, output: str | None = None,
+             observer: Observer | None = None) -> Iterator[RunSetup]:
+    """Check the sweep (every model resolves, every external server answers) and take its
+    results directory (default ``results/<name>``), before a cluster starts or a GPU spins.
+    Raises ``UserInputError`` for bad input; the directory's lock is released on exit."""
+    observer = observer or Quiet()
+    sweep = load_sweep(sweep_file)
+    expanded = expand(sweep, sweep_path=str(sweep_file))  # once: every model resolves, the dataset is read
+    check_servers(sweep, str(sweep_file))
+    store = ResultStore(output or str(Path("results") / sweep.name), on_quarantine=observer.warn)
+    low_space = check_destination(store)
+    lock = RunLock(store)
+    lock.acquire()
+    setup = RunSetup(sweep, str(sweep_file), expanded, store, lock, low_space)
+    try:
+        if low_space:
+            observer.warn(low_space)
+        if lock.took_over is not None:
+            observer.say(f"sweeper: took over a stale lock of {store.uri} (pid {lock.took_over.get('pid')} on "
+                         f"{lock.took_over.get('host')} is gone)")
+        yield setup
+    finally:
+        setup.close()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run did: its summary, and the rows of each aggregated table."""
+
+    summary: RunSummary
+    counts: dict[str, int]
+    store: ResultStore
+
+
+def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: str | None = None,
+              quiet: bool = False, observer: Observer | None = None) -> RunResult:
+    """Run the sweep's missing trials on Ray (joining ``address``, else an embedded local Ray),
+    write each one's shards as it ends, then aggregate the tables.
+
+    Raises ``UserInputError`` (a cluster that cannot be joined, an energy site on no node of
+    it) and ``ResultsWriteError`` (results that could not be written).
+    """
+    options, observer = options or RunOptions(), observer or Quiet()
+    store, sweep = setup.store, setup.sweep
+    store.remove_stale_temporaries()
+    if not address:
+        done = _nothing_to_run(setup, options.retry_failed, observer)
+        if done is not None:
+            return done
+    cluster = _join(setup, address, observer)
+    check_energy_sites(sweep, cluster.node_ips, setup.sweep_path)
+    from sweeper.plan.capabilities import local_capabilities, probe_cluster
+
+    # The embedded local Ray's workers share this interpreter: no probe needed there.
+    capabilities = probe_cluster() if address else local_capabilities(cluster.gpus)
+    plan = make_plan(sweep, cluster.device, sweep_path=setup.sweep_path, capabilities=capabilities,
+                     expanded=setup.expanded)
+    store.write_plan(sweep.name, [pt.trial.trial_id for pt in plan.trials], sweep.report)
+    for warning in plan.warnings:
+        observer.warn(warning)
+    observer.say(f"sweeper: {sweep.name}: {len(plan.runnable)} trials to run in {plan.load_count()} group(s), "
+                 f"{len(plan.skipped)} skipped, on {cluster.nodes} node(s) with {cluster.gpus} GPU(s), "
+                 f"{cluster.cpus} CPU(s); results in {store.uri}")
+    summary = run_plan(plan, store, cluster, retry_failed=options.retry_failed, quiet=quiet,
+                       console=observer.console, max_retries=options.max_retries, oom_pruning=options.oom_pruning,
+                       split_groups=options.split_groups)
+    return RunResult(summary, store.aggregate(), store)
+
+
+def _join(setup: RunSetup, address: str | None, observer: Observer) -> ClusterInfo:
+    from sweeper.run.cluster import connect
+
+    observer.say(f"sweeper: {'connecting to ' + address if address else 'starting Ray (local)'} ...")
+    store = setup.store
+    # Launched servers log into the results directory (where it is a local path).
+    env = {"SWEEPER_SERVER_LOGS": os.path.join(store.root, "servers")} if store.local else {}
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    cluster = connect(address, env_vars=env)
+    if main:
+        # Ray's driver installs a SIGTERM handler of its own (a C stack dump, exit 1): the caller's again.
+        signal.signal(signal.SIGTERM, previous)
+    return cluster
+
+
+def _nothing_to_run(setup: RunSetup, retry_failed: bool, observer: Observer) -> RunResult | None:
+    """When every trial of the sweep already has its result here, the result without starting Ray.
+
+    Only for the embedded cluster: this machine is the whole cluster, so a trial
+    skipped here as unsupported would be skipped again (``still_unsupported``: no plan
+    is made to ask).
+    """
+    sweep, store = setup.sweep, setup.store
+    trials = setup.expanded[0]
+    stored = store.stored_trials()
+    if not trials or not all(is_settled(stored.get(t.trial_id), retry_failed, still_unsupported=True)
+                             for t in trials):
+        return None
+    store.write_plan(sweep.name, [t.trial_id for t in trials], sweep.report)
+    statuses = [stored[t.trial_id].status for t in trials]
+    ok, skipped = statuses.count(Status.OK), statuses.count(Status.SKIPPED)
+    kept = len(trials) - ok - skipped
+    observer.say(f"resuming: {ok} trial(s) already ok" + (f", {kept} failed kept" if kept else "")
+                 + (f", {skipped} skipped" if skipped else "") + "; 0 to run (Ray not started)")
+    counts = {"trials": len(trials)} if store.up_to_date() else store.aggregate()
+    return RunResult(RunSummary(planned=len(trials), resumed=len(trials)), counts, store)
