@@ -28,6 +28,7 @@ import bisect
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import torch
@@ -253,60 +254,62 @@ class KernelTimer:
         return out
 
     def attribute(self, events: Iterable[Any]) -> dict[int, float]:
-        """Inclusive seconds per range key from Kineto events (``_KinetoEvent``-like objects)."""
-        ranges: dict[int, list[tuple[int, int, int]]] = {}
-        ops: dict[int, tuple[int, int]] = {}  # correlation id -> (thread, host start), CPU ops
-        launches: dict[int, tuple[int, int]] = {}  # correlation id -> (thread, host start), runtime calls
-        cpu_ops: dict[int, list[tuple[int, int]]] = {}  # thread -> [(start, end)], the CPU-mode work
-        device_work: list[tuple[int, int, int]] = []  # (linked op id, correlation id, duration ns)
+        """Inclusive seconds per range key from Kineto events (``_KinetoEvent``-like objects):
+        sort the events, time each piece of work at its host-side start, charge it to every
+        range open on its thread at that moment."""
+        sorted_events = self._sort(events)
+        items = self._device_items(sorted_events) if self.device == "cuda" else _outermost_ops(sorted_events.cpu_ops)
+        self.stats["work_items"] += len(items)
+        return self._by_range(items, sorted_events.ranges)
+
+    def _sort(self, events: Iterable[Any]) -> _KinetoEvents:
+        out = _KinetoEvents()
         on_cuda = self.device == "cuda"
         for e in events:
             activity = _activity(e)
             if activity in _DEVICE_WORK:
                 if on_cuda:
-                    device_work.append((e.linked_correlation_id(), e.correlation_id(), e.duration_ns()))
+                    out.device_work.append((e.linked_correlation_id(), e.correlation_id(), e.duration_ns()))
                 continue
             if activity in _LAUNCHES:
-                launches[e.correlation_id()] = (e.start_thread_id(), e.start_ns())
+                out.launches[e.correlation_id()] = (e.start_thread_id(), e.start_ns())
                 continue
             if activity not in ("cpu_op", "user_annotation"):
                 continue
             name = e.name()
             if name.startswith(_RANGE_PREFIX):
-                ranges.setdefault(e.start_thread_id(), []).append(
+                out.ranges.setdefault(e.start_thread_id(), []).append(
                     (e.start_ns(), e.end_ns(), int(name[len(_RANGE_PREFIX):])))
             elif on_cuda:
-                ops[e.correlation_id()] = (e.start_thread_id(), e.start_ns())
+                out.ops[e.correlation_id()] = (e.start_thread_id(), e.start_ns())
             elif activity == "cpu_op" and not name.startswith("profiler::"):
-                cpu_ops.setdefault(e.start_thread_id(), []).append((e.start_ns(), e.end_ns()))
+                out.cpu_ops.setdefault(e.start_thread_id(), []).append((e.start_ns(), e.end_ns()))
+        return out
 
-        items: list[tuple[int, int, int]] = []  # (thread, host time, duration ns)
+    def _device_items(self, ev: _KinetoEvents) -> list[tuple[int, int, int]]:
+        """Each kernel or copy at the host thread and time of the op that issued it (its linked
+        CPU op, else its runtime launch); work linked to neither is counted as unlinked."""
+        items: list[tuple[int, int, int]] = []
         stats = self.stats
-        if on_cuda:
-            for linked, corr, duration in device_work:
-                where = ops.get(linked) if linked else None
-                if where is not None:
-                    stats["linked_via_op"] += 1
-                else:
-                    where = launches.get(corr)
-                    if where is None:
-                        stats["unlinked"] += 1
-                        stats["unlinked_s"] += duration / 1e9
-                        continue
-                    stats["linked_via_launch"] += 1
-                items.append((where[0], where[1], duration))
-        else:
-            # Outermost ops only: an op's children run inside its time.
-            for thread, spans in cpu_ops.items():
-                outer_end = None
-                for start, end in sorted(spans, key=lambda se: (se[0], -se[1])):
-                    if outer_end is None or start >= outer_end:
-                        items.append((thread, start, end - start))
-                        outer_end = end
-        stats["work_items"] += len(items)
+        for linked, corr, duration in ev.device_work:
+            where = ev.ops.get(linked) if linked else None
+            if where is not None:
+                stats["linked_via_op"] += 1
+            else:
+                where = ev.launches.get(corr)
+                if where is None:
+                    stats["unlinked"] += 1
+                    stats["unlinked_s"] += duration / 1e9
+                    continue
+                stats["linked_via_launch"] += 1
+            items.append((where[0], where[1], duration))
+        return items
 
+    def _by_range(self, items: list[tuple[int, int, int]],
+                  ranges: dict[int, list[tuple[int, int, int]]]) -> dict[int, float]:
         index = {thread: _stack_index(rs) for thread, rs in ranges.items()}
         out: dict[int, float] = {}
+        stats = self.stats
         per_key = stats["items_per_key"]
         for thread, t, duration in items:
             starts, stacks = index.get(thread, ((), ()))
@@ -319,6 +322,29 @@ class KernelTimer:
                 out[key] = out.get(key, 0.0) + duration / 1e9
                 per_key[key] = per_key.get(key, 0) + 1
         return out
+
+
+@dataclass
+class _KinetoEvents:
+    """One profile's events, sorted by kind (thread ids and host times in ns)."""
+
+    ranges: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)  # thread -> [(start, end, key)]
+    ops: dict[int, tuple[int, int]] = field(default_factory=dict)  # correlation id -> (thread, start): CPU ops
+    launches: dict[int, tuple[int, int]] = field(default_factory=dict)  # correlation id -> (thread, start): runtime
+    cpu_ops: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # thread -> [(start, end)]: CPU mode
+    device_work: list[tuple[int, int, int]] = field(default_factory=list)  # (linked op id, correlation id, ns)
+
+
+def _outermost_ops(cpu_ops: dict[int, list[tuple[int, int]]]) -> list[tuple[int, int, int]]:
+    """CPU mode: the outermost ops only (an op's children run inside its time)."""
+    items: list[tuple[int, int, int]] = []
+    for thread, spans in cpu_ops.items():
+        outer_end = None
+        for start, end in sorted(spans, key=lambda se: (se[0], -se[1])):
+            if outer_end is None or start >= outer_end:
+                items.append((thread, start, end - start))
+                outer_end = end
+    return items
 
 
 TIMER_METHODS = ("kernel_time", "host_clock")

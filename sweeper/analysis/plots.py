@@ -71,16 +71,7 @@ def _per_batch(trials: pd.DataFrame, panels: list[tuple[str, str, float]], title
     several. A metric's panels share one scale (all log or all linear), decided
     from every model's values, so panels read alike.
     """
-    import numpy as np
-
-    df = plottable(trials)
-    if "mode" in df.columns and (df["mode"] == "serving").all():
-        raise PlotNotApplicable("a serving sweep has no batch sizes (its trials are drawn against the request rate)")
-    df = df[df["batch_size"].notna()] if "batch_size" in df.columns else df
-    columns = [c for c, _, _ in panels]
-    require(df, ("batch_size",), why)
-    if not any(usable(df, c) for c in columns):
-        require(df, tuple(columns), why)
+    df = _batched(trials, [c for c, _, _ in panels], why)
     panels = [p for p in panels if usable(df, p[0])]
     models = sorted(df["model"].unique())
     cols = min(len(models), 3)
@@ -90,28 +81,11 @@ def _per_batch(trials: pd.DataFrame, panels: list[tuple[str, str, float]], title
     any_unstable = False
     for r, (column, ylabel, scale) in enumerate(panels):
         data = df[df[column].notna()]
-        positive = data[column].to_numpy(dtype=float) * scale
-        positive = positive[np.isfinite(positive) & (positive > 0)]
-        wide = len(positive) > 0 and positive.max() / positive.min() > 20
+        wide = _spans_decades(data[column], scale)
         for i, model in enumerate(models):
             ax = grid[r * model_rows + i // cols][i % cols]
             mdf = data[data["model"] == model]
-            keys = [k for k in (*AXES.series_columns(), *AXES.shape_columns()) if k in mdf.columns]
-            for j, (_, g) in enumerate(mdf.groupby(keys, sort=True, dropna=False)):
-                colour = f"C{j % 10}"
-                per_batch = g.groupby("batch_size")
-                median = per_batch[column].median() * scale
-                low, high = per_batch[column].min() * scale, per_batch[column].max() * scale
-                unstable = per_batch["unstable"].any()
-                any_unstable |= bool(unstable.any())
-                x = median.index.to_numpy()
-                name = series_label(g.iloc[0], df)
-                ax.plot(x, median.to_numpy(), color=colour, lw=1.5, label=name)
-                repeated = (per_batch.size() > 1).to_numpy()
-                if repeated.any():
-                    ax.vlines(x[repeated], low.to_numpy()[repeated], high.to_numpy()[repeated],
-                              color=colour, lw=1.0, alpha=0.8)
-                scatter_marked(ax, x, median.to_numpy(), unstable.to_numpy(), colour, series=name)
+            any_unstable |= _draw_series(ax, mdf, df, column, scale)
             batch_axis(ax, mdf["batch_size"] if len(mdf) else df["batch_size"])
             if wide:
                 set_log(ax, "y")
@@ -132,6 +106,50 @@ def _per_batch(trials: pd.DataFrame, panels: list[tuple[str, str, float]], title
         notes.append(UNSTABLE_NOTE)
     fig.suptitle(title + ("\n" + "; ".join(notes) if notes else ""), fontsize=11)
     return fig
+
+
+def _batched(trials: pd.DataFrame, columns: list[str], why: str) -> pd.DataFrame:
+    """The plottable offline trials (with a batch size); PlotNotApplicable for a serving sweep."""
+    df = plottable(trials)
+    if "mode" in df.columns and (df["mode"] == "serving").all():
+        raise PlotNotApplicable("a serving sweep has no batch sizes (its trials are drawn against the request rate)")
+    df = df[df["batch_size"].notna()] if "batch_size" in df.columns else df
+    require(df, ("batch_size",), why)
+    if not any(usable(df, c) for c in columns):
+        require(df, tuple(columns), why)
+    return df
+
+
+def _spans_decades(values: pd.Series, scale: float) -> bool:
+    """Whether a metric's positive values span more than 20x: its panels then share a log scale."""
+    import numpy as np
+
+    positive = values.to_numpy(dtype=float) * scale
+    positive = positive[np.isfinite(positive) & (positive > 0)]
+    return len(positive) > 0 and positive.max() / positive.min() > 20
+
+
+def _draw_series(ax: Any, mdf: pd.DataFrame, df: pd.DataFrame, column: str, scale: float) -> bool:
+    """One model's series on ``ax``: medians over repeats, whiskers over their range, unstable
+    points marked; returns whether any point was unstable."""
+    any_unstable = False
+    keys = [k for k in (*AXES.series_columns(), *AXES.shape_columns()) if k in mdf.columns]
+    for j, (_, g) in enumerate(mdf.groupby(keys, sort=True, dropna=False)):
+        colour = f"C{j % 10}"
+        per_batch = g.groupby("batch_size")
+        median = per_batch[column].median() * scale
+        low, high = per_batch[column].min() * scale, per_batch[column].max() * scale
+        unstable = per_batch["unstable"].any()
+        any_unstable |= bool(unstable.any())
+        x = median.index.to_numpy()
+        name = series_label(g.iloc[0], df)
+        ax.plot(x, median.to_numpy(), color=colour, lw=1.5, label=name)
+        repeated = (per_batch.size() > 1).to_numpy()
+        if repeated.any():
+            ax.vlines(x[repeated], low.to_numpy()[repeated], high.to_numpy()[repeated],
+                      color=colour, lw=1.0, alpha=0.8)
+        scatter_marked(ax, x, median.to_numpy(), unstable.to_numpy(), colour, series=name)
+    return any_unstable
 
 
 def plot_throughput(trials: pd.DataFrame) -> Figure:

@@ -55,19 +55,7 @@ def plot_quality(trials: pd.DataFrame) -> Figure:
     for row, (measure, measure_label) in enumerate(measures):
         for col, (energy, energy_label) in enumerate(energies):
             ax = axes[row, col]
-            for k, (_, g) in enumerate(groups):
-                g = g[g[energy].notna()]
-                quality = g[measure].dropna()
-                if g.empty or quality.empty:
-                    continue
-                y = float(quality.median())
-                low, high = float(g[energy].min()), float(g[energy].max())
-                colour = f"C{models.index(g['model'].iloc[0]) % 10}"
-                if high > low:
-                    ax.hlines(y, low, high, color=colour, lw=1.0, alpha=0.6)
-                name = series_label(g.iloc[0], df, with_model=True)
-                scatter_marked(ax, np.asarray([low]), np.asarray([y]), np.asarray([bool(g["unstable"].any())]),
-                               colour, marker=MARKERS[k % len(MARKERS)], series=name, label=name)
+            _draw_configurations(ax, groups, df, models, measure, energy)
             log_if_wide(ax, df[energy].dropna(), "x")
             if measure != "fidelity_top1" and (df[measure].dropna() > 0).all():
                 log_if_wide(ax, df[measure].dropna(), "y")
@@ -75,12 +63,34 @@ def plot_quality(trials: pd.DataFrame) -> Figure:
             ax.set_ylabel(measure_label, fontsize=8)
             ax.grid(True, alpha=0.3)
     fig.suptitle("Quality vs energy, per precision (point: best trial; bar: range over trials)", fontsize=11)
-    # One legend for the figure, each configuration once (the reference has no KL panel point),
-    # outside the panels: constrained layout keeps it inside the saved image.
+    _figure_legend(fig, axes)
+    return fig
+
+
+def _draw_configurations(ax: Any, groups: list[tuple[Any, pd.DataFrame]], df: pd.DataFrame, models: list[str],
+                         measure: str, energy: str) -> None:
+    """Each configuration's quality (its median) at its lowest energy, a bar over its range."""
+    for k, (_, g) in enumerate(groups):
+        g = g[g[energy].notna()]
+        quality = g[measure].dropna()
+        if g.empty or quality.empty:
+            continue
+        y = float(quality.median())
+        low, high = float(g[energy].min()), float(g[energy].max())
+        colour = f"C{models.index(g['model'].iloc[0]) % 10}"
+        if high > low:
+            ax.hlines(y, low, high, color=colour, lw=1.0, alpha=0.6)
+        name = series_label(g.iloc[0], df, with_model=True)
+        scatter_marked(ax, np.asarray([low]), np.asarray([y]), np.asarray([bool(g["unstable"].any())]),
+                       colour, marker=MARKERS[k % len(MARKERS)], series=name, label=name)
+
+
+def _figure_legend(fig: Figure, axes: Any) -> None:
+    """One legend for the figure, each configuration once (the reference has no KL panel point),
+    outside the panels: constrained layout keeps it inside the saved image."""
     legend: dict[str, Any] = {}
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             legend.setdefault(label, handle)
     if legend:
         fig.legend(list(legend.values()), list(legend), fontsize=7, loc="outside right upper")
-    return fig

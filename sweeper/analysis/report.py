@@ -16,8 +16,10 @@ plots in ``sweeper.analysis.plots`` and the HTML and Markdown in
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -222,91 +224,14 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r} (choose from {', '.join(FORMATS)})")
     bounds = latency_bounds(max_tpot_ms, max_ttft_ms, slo_ttft_ms, slo_tpot_ms, slo_percentile)
-    pricing = None
-    if grid_intensity_g_per_kwh is not None or price_per_kwh is not None:
-        try:
-            pricing = report_settings(root, grid_intensity_g_per_kwh=grid_intensity_g_per_kwh,
-                                      price_per_kwh=price_per_kwh)
-        except ValidationError as exc:  # the settings' bounds
-            first = exc.errors()[0]
-            raise ReportError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
-    results = load_results(root, pricing)
+    results = load_results(root, _pricing(root, grid_intensity_g_per_kwh, price_per_kwh))
     if trial_id is not None and trial_id not in set(results.trials["trial_id"]):
         raise ReportError(f"{root}: no trial {trial_id!r} in trials.parquet")
     tables = _tables(results, bounds)
-
-    directory = results.root / "report"
-    if directory.exists() and not directory.is_dir():
-        raise ReportError(f"{directory} exists and is not a directory: move it away, the report is written there")
-    directory.mkdir(parents=True, exist_ok=True)
-    for stale in PLOT_FILES:  # a plot left out this time must not linger beside the new page
-        (directory / stale).unlink(missing_ok=True)
-
-    timeline_id = trial_id or default_timeline_trial(results)
-    timeline_row = None
-    if timeline_id is not None:
-        timeline_row = results.trials[results.trials["trial_id"] == timeline_id].iloc[0].to_dict()
-    layer_id = layers_trial(results, trial_id or timeline_id)
-    layers = None
-    if layer_id is not None and results.layers is not None:
-        layers = results.layers[results.layers["trial_id"] == layer_id]
-
-    n_unstable = int(ok_trials(results.trials)["unstable"].sum())
-    marked = f"hollow hatched markers: the {n_unstable} unstable trial(s) listed below" if n_unstable else ""
-    timeline_caption = ""
-    if timeline_row is not None:
-        rate = timeline_row.get("request_rate")
-        load = (f"rate={rate:g}/s" if rate is not None and rate == rate
-                else f"bs={timeline_row['batch_size']}")
-        timeline_caption = (f"trial {timeline_id}: {timeline_row['model']} {timeline_row['backend']}/"
-                            f"{timeline_row['precision']} {load}"
-                            + ("" if trial_id else " (the ok trial with the most energy; --trial picks another)"))
-
-    def timeline_fig() -> Any:
-        if table_path(results.root, "timeline") is None:
-            raise plots.PlotUnavailable("no timeline.parquet in the results")
-        if timeline_id is None:
-            raise plots.PlotUnavailable("no timeline samples (a CPU-only run has no GPU telemetry)")
-        return plots.plot_power_timeline(results.timeline(timeline_id), timeline_row)
-
-    def layers_fig() -> Any:
-        if layers is None:
-            raise plots.PlotUnavailable(
-                "no layers.parquet in the results" if table_path(results.root, "layers") is None
-                else "layers.parquet is empty (the sweep did not profile layers)")
-        return plots.plot_layer_shares(layers, layer_id)
-
-    wanted = [
-        ("Throughput vs batch size", "throughput.png", marked, lambda: plots.plot_throughput(results.trials)),
-        ("Latency vs batch size", "latency.png", marked, lambda: plots.plot_latency(results.trials)),
-        ("Energy per token vs batch size", "energy_per_token.png", marked,
-         lambda: plots.plot_energy_per_token(results.trials)),
-        ("Pareto frontier: latency vs J/token", "pareto.png",
-         "per model, the trials no other trial beats on both latency and J/token are joined and labelled"
-         + (f"; latency at p{slo_percentile}, the --slo-percentile, as the sweep has serving trials"
-            if plots.pareto_latencies(results.trials, percentile=slo_percentile) != ("tpot_s", "ttft_s") else "")
-         + (f"; {marked}" if marked else ""),
-         lambda: plots.plot_pareto(results.trials, percentile=slo_percentile)),
-        ("Latency vs achieved throughput (serving)", "serving_latency.png",
-         "p50 solid, p99 dashed; x: saturated trials", lambda: serving_plots.plot_serving_latency(results.trials)),
-        ("Energy vs achieved request rate (serving)", "serving_energy.png",
-         "the dotted line marks each configuration's saturation knee",
-         lambda: serving_plots.plot_serving_energy(results.trials)),
-        ("Goodput vs offered rate (serving)", "goodput.png", "goodput: requests/s meeting every SLO bound",
-         lambda: serving_plots.plot_goodput(results.trials)),
-        ("Weight memory per precision", "weight_memory.png", "", lambda: plots.plot_weight_memory(results.trials)),
-        ("Fidelity vs J/token", "fidelity.png", marked, lambda: plots.plot_fidelity(results.trials)),
-        ("Quality vs energy", "quality.png",
-         "KL and top-1 to the reference, perplexity on the bundled text, against J per token and per response"
-         + (f"; {marked}" if marked else ""), lambda: quality_plots.plot_quality(results.trials)),
-        ("Power timeline", "power_timeline.png", timeline_caption, timeline_fig),
-        ("Layer energy shares", "layer_shares.png", f"layer profile of trial {layer_id}", layers_fig),
-        ("Stage timeline", "stages.png", "each slot's stages over the sweep's wall time (sweeper/core/stages.py "
-         "says what each holds)", lambda: stage_plots.plot_stage_timeline(results.stages)),
-    ]
+    directory = _report_directory(results)
     report = Report(path=directory / ("index.html" if fmt == "html" else "report.md"), directory=directory,
                     tables=tables, header=_header(results))
-    for title, filename, caption, make in wanted:
+    for title, filename, caption, make in _wanted_plots(results, _Shown.pick(results, trial_id), slo_percentile):
         try:
             fig = make()
         except plots.PlotNotApplicable:
@@ -317,9 +242,112 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
         png = figure_png(fig)
         (directory / filename).write_bytes(png)
         report.plots.append(Plot(title, filename, png, caption, figure_data(fig)))
-
     text = render_html(report) if fmt == "html" else render_markdown(report)
     tmp = report.path.with_name(f".{report.path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(report.path)
     return report
+
+
+def _pricing(root: str | os.PathLike, grid_intensity_g_per_kwh: float | None,
+             price_per_kwh: float | None) -> ReportSettings | None:
+    """The recorded pricing with the command line's values in its place (None: as recorded)."""
+    if grid_intensity_g_per_kwh is None and price_per_kwh is None:
+        return None
+    try:
+        return report_settings(root, grid_intensity_g_per_kwh=grid_intensity_g_per_kwh, price_per_kwh=price_per_kwh)
+    except ValidationError as exc:  # the settings' bounds
+        first = exc.errors()[0]
+        raise ReportError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
+
+
+def _report_directory(results: Results) -> Path:
+    directory = results.root / "report"
+    if directory.exists() and not directory.is_dir():
+        raise ReportError(f"{directory} exists and is not a directory: move it away, the report is written there")
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in PLOT_FILES:  # a plot left out this time must not linger beside the new page
+        (directory / stale).unlink(missing_ok=True)
+    return directory
+
+
+@dataclass(frozen=True)
+class _Shown:
+    """The trial whose power timeline the report draws, and the one whose layer profile."""
+
+    timeline_id: str | None
+    timeline_row: dict[str, Any] | None
+    caption: str
+    layer_id: str | None
+    layers: Any  # its layers.parquet rows, or None
+
+    @classmethod
+    def pick(cls, results: Results, trial_id: str | None) -> _Shown:
+        timeline_id = trial_id or default_timeline_trial(results)
+        row = None
+        if timeline_id is not None:
+            row = results.trials[results.trials["trial_id"] == timeline_id].iloc[0].to_dict()
+        layer_id = layers_trial(results, trial_id or timeline_id)
+        layers = None
+        if layer_id is not None and results.layers is not None:
+            layers = results.layers[results.layers["trial_id"] == layer_id]
+        caption = ""
+        if row is not None:
+            rate = row.get("request_rate")
+            load = f"rate={rate:g}/s" if rate is not None and rate == rate else f"bs={row['batch_size']}"
+            caption = (f"trial {timeline_id}: {row['model']} {row['backend']}/{row['precision']} {load}"
+                       + ("" if trial_id else " (the ok trial with the most energy; --trial picks another)"))
+        return cls(timeline_id, row, caption, layer_id, layers)
+
+    def timeline_fig(self, results: Results) -> Any:
+        if table_path(results.root, "timeline") is None:
+            raise plots.PlotUnavailable("no timeline.parquet in the results")
+        if self.timeline_id is None:
+            raise plots.PlotUnavailable("no timeline samples (a CPU-only run has no GPU telemetry)")
+        return plots.plot_power_timeline(results.timeline(self.timeline_id), self.timeline_row)
+
+    def layers_fig(self, results: Results) -> Any:
+        if self.layers is None:
+            raise plots.PlotUnavailable(
+                "no layers.parquet in the results" if table_path(results.root, "layers") is None
+                else "layers.parquet is empty (the sweep did not profile layers)")
+        return plots.plot_layer_shares(self.layers, self.layer_id)
+
+
+PlotSpec = tuple[str, str, str, Callable[[], Any]]  # title, file, caption, how to draw it
+
+
+def _wanted_plots(results: Results, shown: _Shown, slo_percentile: int) -> list[PlotSpec]:
+    """Every plot the report may hold: (title, file, caption, how to draw it)."""
+    trials = results.trials
+    n_unstable = int(ok_trials(trials)["unstable"].sum())
+    marked = f"hollow hatched markers: the {n_unstable} unstable trial(s) listed below" if n_unstable else ""
+    pareto_note = (f"; latency at p{slo_percentile}, the --slo-percentile, as the sweep has serving trials"
+                   if plots.pareto_latencies(trials, percentile=slo_percentile) != ("tpot_s", "ttft_s") else "")
+    return [
+        ("Throughput vs batch size", "throughput.png", marked, lambda: plots.plot_throughput(trials)),
+        ("Latency vs batch size", "latency.png", marked, lambda: plots.plot_latency(trials)),
+        ("Energy per token vs batch size", "energy_per_token.png", marked,
+         lambda: plots.plot_energy_per_token(trials)),
+        ("Pareto frontier: latency vs J/token", "pareto.png",
+         "per model, the trials no other trial beats on both latency and J/token are joined and labelled"
+         + pareto_note + (f"; {marked}" if marked else ""),
+         lambda: plots.plot_pareto(trials, percentile=slo_percentile)),
+        ("Latency vs achieved throughput (serving)", "serving_latency.png",
+         "p50 solid, p99 dashed; x: saturated trials", lambda: serving_plots.plot_serving_latency(trials)),
+        ("Energy vs achieved request rate (serving)", "serving_energy.png",
+         "the dotted line marks each configuration's saturation knee",
+         lambda: serving_plots.plot_serving_energy(trials)),
+        ("Goodput vs offered rate (serving)", "goodput.png", "goodput: requests/s meeting every SLO bound",
+         lambda: serving_plots.plot_goodput(trials)),
+        ("Weight memory per precision", "weight_memory.png", "", lambda: plots.plot_weight_memory(trials)),
+        ("Fidelity vs J/token", "fidelity.png", marked, lambda: plots.plot_fidelity(trials)),
+        ("Quality vs energy", "quality.png",
+         "KL and top-1 to the reference, perplexity on the bundled text, against J per token and per response"
+         + (f"; {marked}" if marked else ""), lambda: quality_plots.plot_quality(trials)),
+        ("Power timeline", "power_timeline.png", shown.caption, lambda: shown.timeline_fig(results)),
+        ("Layer energy shares", "layer_shares.png", f"layer profile of trial {shown.layer_id}",
+         lambda: shown.layers_fig(results)),
+        ("Stage timeline", "stages.png", "each slot's stages over the sweep's wall time (sweeper/core/stages.py "
+         "says what each holds)", lambda: stage_plots.plot_stage_timeline(results.stages)),
+    ]

@@ -231,20 +231,31 @@ def compatibility(trial: Trial, device: Device, capabilities: Capabilities | Non
     precision's library must be on one of them, at a version the precision
     accepts there. Without ``capabilities`` only the driver's library version is known.
     """
-    backend = BACKENDS[trial.backend]
     precision = PRECISIONS[trial.precision]
-    reason = (_too_long(trial) or backend.unsupported_reason(trial.precision, device, trial.tensor_parallel,
-                                                                   trial.backend_options)
-              or backend.unsupported_shape(trial.backend_options, trial.input_len or 0, trial.output_len)
-              or backend.unsupported_workload(trial.backend_options, varied_prompts=trial.prompts is not None,
-                                              varied_outputs=trial.output_lengths != "fixed",
-                                              stops_at_eos=trial.stops_at_eos,
-                                              synthetic_model=trial.model_source == "synthetic")
-              or (backend.unsupported_serving(trial.backend_options) if trial.serving is not None else None))
+    reason = _registry_reason(trial, device)
     if not reason and capabilities is not None:
         reason = capabilities.too_wide(device, trial.num_gpus)
     if reason or capabilities is None:
         return reason or precision.unsupported_reason(device, precision.library_version())
+    return _installed_reason(trial, device, capabilities)
+
+
+def _registry_reason(trial: Trial, device: Device) -> str | None:
+    """What the backend registry says against the trial: precision and device, shape, workload, serving."""
+    backend, options = BACKENDS[trial.backend], trial.backend_options
+    return (_too_long(trial) or backend.unsupported_reason(trial.precision, device, trial.tensor_parallel, options)
+            or backend.unsupported_shape(options, trial.input_len or 0, trial.output_len)
+            or backend.unsupported_workload(options, varied_prompts=trial.prompts is not None,
+                                            varied_outputs=trial.output_lengths != "fixed",
+                                            stops_at_eos=trial.stops_at_eos,
+                                            synthetic_model=trial.model_source == "synthetic")
+            or (backend.unsupported_serving(options) if trial.serving is not None else None))
+
+
+def _installed_reason(trial: Trial, device: Device, capabilities: Capabilities) -> str | None:
+    """What the nodes' installed libraries say: the backend's modules and the precision's library
+    on a node the trial fits, at a version the precision accepts there."""
+    backend, precision = BACKENDS[trial.backend], PRECISIONS[trial.precision]
     needs = [(m, f"backend {backend.name}") for m in backend.required_modules(trial.backend_options)]
     if precision.library:
         needs.append((precision.library, f"precision {precision.name}"))
