@@ -81,11 +81,16 @@ def materialize_synthetic(preset_name: str, root: Path | None = None) -> Path:
         return target
     with _build_dir(target) as tmp:
         if tmp is not None:
-            from safetensors.torch import save_file
-
-            AutoConfig.for_model(**cfg).save_pretrained(tmp)
-            save_file({}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            _write_config_only(AutoConfig.for_model(**cfg), tmp)
     return target
+
+
+def _write_config_only(config: Any, out: Path) -> None:
+    """The config and an empty weight file: every weight is initialized when loaded."""
+    from safetensors.torch import save_file
+
+    config.save_pretrained(out)
+    save_file({}, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
 def materialize_servable(preset_name: str, root: Path | None = None) -> Path:
@@ -105,13 +110,11 @@ def materialize_servable(preset_name: str, root: Path | None = None) -> Path:
         return target
     with _build_dir(target) as tmp:
         if tmp is not None:
-            from safetensors.torch import save_file
             from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
             config = AutoConfig.for_model(**cfg)
             config.architectures = [_causal_lm_class(config)]
-            config.save_pretrained(tmp)
-            save_file({}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            _write_config_only(config, tmp)
             vocab = {f"t{i}": i for i in range(config.vocab_size)}
             words = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
             words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

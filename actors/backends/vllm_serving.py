@@ -24,17 +24,9 @@ import itertools
 import threading
 import time
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from actors.serving.records import (
-    NOT_SENT,
-    UNFINISHED,
-    ServedRequest,
-    ServedRun,
-    ServingRequest,
-    sort_by_index,
-)
+from actors.serving.records import UNFINISHED, InFlight, ServedRun, ServingRequest, served_run
 
 T = TypeVar("T")
 
@@ -42,23 +34,6 @@ T = TypeVar("T")
 CLOCK_TOLERANCE_S = 1e-3
 # Beyond the run's own deadline, how long the actor waits for the loop to hand it back.
 HANDBACK_S = 60.0
-
-
-@dataclass
-class _Progress:
-    """A request as its task sees it (kept outside the task, so a cancelled one still reports)."""
-
-    request: ServingRequest
-    arrival_s: float
-    submit_s: float | None = None
-    times: list[float] = field(default_factory=list)
-    scheduled_s: float | None = None
-    finish_s: float | None = None
-    error: str | None = None
-
-    def served(self) -> ServedRequest:
-        return ServedRequest(self.request.index, self.request.prompt_tokens, self.arrival_s, self.submit_s,
-                             self.scheduled_s, tuple(self.times), self.finish_s, self.error)
 
 
 class AsyncEngineRunner:
@@ -101,9 +76,9 @@ class AsyncEngineRunner:
         t0 = time.monotonic()
         slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         params: dict[tuple[int, bool], Any] = {}
-        progress = [_Progress(r, t0 + r.arrival_offset_s) for r in requests]
+        progress = [InFlight(r, t0 + r.arrival_offset_s) for r in requests]
 
-        async def one(p: _Progress) -> None:
+        async def one(p: InFlight) -> None:
             n, stop = p.request.output_len, p.request.stop_at_eos
             if (n, stop) not in params:
                 exact = {} if stop else {"min_tokens": n, "ignore_eos": True}
@@ -140,12 +115,7 @@ class AsyncEngineRunner:
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-        for p in progress:
-            if p.error is None and p.finish_s is None:
-                p.error = NOT_SENT if p.submit_s is None else UNFINISHED
-        served = [p.served() for p in progress]
-        ends = [r.finish_s for r in served if r.finish_s is not None]
-        return ServedRun(t_start_s=t0, t_end_s=max(ends, default=time.monotonic()), requests=sort_by_index(served))
+        return served_run(t0, progress, time.monotonic())
 
     def close(self) -> None:
         engine, self.engine = self.engine, None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -119,3 +119,35 @@ class ServedRun:
 
 def sort_by_index(requests: Sequence[ServedRequest]) -> tuple[ServedRequest, ...]:
     return tuple(sorted(requests, key=lambda r: r.index))
+
+
+@dataclass
+class InFlight:
+    """A request as a client sees it while it runs: kept outside the task that sends it, so
+    that a request the run's deadline cancels still reports what it had received."""
+
+    request: ServingRequest
+    arrival_s: float
+    submit_s: float | None = None
+    times: list[float] = field(default_factory=list)  # one per token received
+    scheduled_s: float | None = None
+    finish_s: float | None = None
+    error: str | None = None
+
+    def cut(self) -> None:
+        """The run is over: a request neither finished nor failed was cut by its time limit."""
+        if self.error is None and self.finish_s is None:
+            self.error = NOT_SENT if self.submit_s is None else UNFINISHED
+
+    def served(self) -> ServedRequest:
+        return ServedRequest(self.request.index, self.request.prompt_tokens, self.arrival_s, self.submit_s,
+                             self.scheduled_s, tuple(self.times), self.finish_s, self.error)
+
+
+def served_run(t_start_s: float, in_flight: Sequence[InFlight], now_s: float) -> ServedRun:
+    """The run's record once it is over: every request (cut ones marked), ending at the last finish."""
+    for request in in_flight:
+        request.cut()
+    served = [request.served() for request in in_flight]
+    ends = [r.finish_s for r in served if r.finish_s is not None]
+    return ServedRun(t_start_s=t_start_s, t_end_s=max(ends, default=now_s), requests=sort_by_index(served))

@@ -28,14 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.serving.records import (
-    NOT_SENT,
-    UNFINISHED,
-    ServedRequest,
-    ServedRun,
-    ServingRequest,
-    sort_by_index,
-)
+from actors.serving.records import InFlight, ServedRequest, ServedRun, ServingRequest, served_run
 
 # An error body quoted in a request's error column is cut to this many characters.
 ERROR_CHARS = 300
@@ -44,20 +37,15 @@ CONNECT_TIMEOUT_S = 10.0
 
 
 @dataclass
-class _Stream:
-    """What one request has received so far (kept when the run's deadline cuts it)."""
+class _Stream(InFlight):
+    """What one request has received so far: its chunks, each with the tokens it carried."""
 
-    request: ServingRequest
-    arrival_s: float
-    submit_s: float | None = None
     chunk_times_s: list[float] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)  # tokens each chunk carried (exact counts)
     exact_counts: bool = False
     usage_tokens: int | None = None
     usage_prompt_tokens: int | None = None
     finish_reason: str | None = None  # the last choice's, once the server sent it
-    finish_s: float | None = None
-    error: str | None = None
 
     def served(self) -> ServedRequest:
         times: list[float] = []
@@ -112,13 +100,7 @@ async def _run(endpoint: Endpoint, requests: Sequence[ServingRequest], max_concu
             task.cancel()
         if late:
             await asyncio.wait(late)
-    now = clock()
-    for s in streams:
-        if s.finish_s is None and s.error is None:
-            s.error = UNFINISHED if s.submit_s is not None else NOT_SENT
-    done = [s.served() for s in streams]
-    ends = [r.finish_s for r in done if r.finish_s is not None]
-    return ServedRun(t_start_s=t0, t_end_s=max(ends, default=now), requests=sort_by_index(done))
+    return served_run(t0, streams, clock())
 
 
 async def _send(session: Any, endpoint: Endpoint, s: _Stream, slots: asyncio.Semaphore | None,

@@ -24,14 +24,19 @@ import sys
 import time
 
 
-def _group_alive(pgid: int) -> bool:
+def _answers(send: object, target: int) -> bool:
+    """Whether signal 0 reaches ``target`` through ``send`` (os.kill: a process; os.killpg: a group)."""
     try:
-        os.killpg(pgid, 0)
+        send(target, 0)  # type: ignore[operator]
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # there, but another user's
         return True
     return True
+
+
+def _group_alive(pgid: int) -> bool:
+    return _answers(os.killpg, pgid)
 
 
 def stop_group(pgid: int, timeout_s: float) -> None:
@@ -52,26 +57,22 @@ def _wait_for_either(watched: int, server: int) -> str:
     try:
         fds = {os.pidfd_open(watched): "launcher", os.pidfd_open(server): "server"}
     except ProcessLookupError:
-        return "launcher" if not _alive(watched) else "server"
+        return "launcher" if not alive(watched) else "server"
     except (AttributeError, OSError):  # no pidfd (old kernel): poll
         while True:
-            if not _alive(watched):
+            if not alive(watched):
                 return "launcher"
-            if not _alive(server):
+            if not alive(server):
                 return "server"
             time.sleep(0.2)
     ready, _, _ = select.select(list(fds), [], [])
     return fds[ready[0]]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs; a zombie (exited, not yet reaped by its parent) does not."""
+    if not _answers(os.kill, pid):
         return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped by its parent) is gone for our purpose.
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"

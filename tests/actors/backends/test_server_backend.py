@@ -22,23 +22,12 @@ import pytest
 
 from actors.backends.server.client import Endpoint, run_http
 from actors.backends.server.process import ServerError, ServerProcess
+from actors.backends.server.reaper import alive
 from actors.serving.records import NOT_SENT, UNFINISHED, ServingRequest
 from sweeper.core.servers import DIALECTS
 from tests.fault_server import FAULT_SERVER
 
 READY_S = 30.0
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_gone(pids: list[int], bound_s: float = 15.0) -> list[int]:
