@@ -302,7 +302,10 @@ def run(args: argparse.Namespace) -> None:
                 assert row["status"] == Status.OK, row.get("error")
                 integral = power_integral_j(outcome.tables["timeline"], row["duration_s"])
                 z = zeus_by_trial.pop(trial.trial_id, None)
-                phase_sum = row["prefill_energy_j"] + row["decode_energy_j"]
+                # The window is prefill, decode and the host's time between generate calls (its
+                # own column): the three sum to energy_j within its uncertainty (METHOD.md). The
+                # gaps between calls grow on a loaded host; leaving them out made the check luck.
+                phase_sum = row["prefill_energy_j"] + row["decode_energy_j"] + (row["between_phases_energy_j"] or 0.0)
                 rows.append({
                     "repeat": trial.repeat, "energy_every": every, "duration_s": row["duration_s"],
                     "energy_j": row["energy_j"],
