@@ -193,7 +193,10 @@ def test_schema_names_carry_units():
                    # how the idle baseline was obtained: a flag
                    "idle_baseline_reused",
                    # the verdict: a bound on relative intervals (a ratio), the host-noise flag
-                   "max_rel_ci", "noisy_host", "noisy_host_reason"}
+                   "max_rel_ci", "noisy_host", "noisy_host_reason",
+                   # the server backend: names, a command line, a path, process lists, a flag, a reason
+                   "server_engine", "server_command", "server_url", "server_log", "gpu_processes",
+                   "energy_exclusive", "energy_unmetered_reason"}
     for col in TRIALS:
         # rates and per-token quantities carry their unit before the "per"
         if (col.name in unitless_ok or col.name.endswith("_version")
