@@ -39,14 +39,20 @@ def served_models(base_url: str, timeout_s: float = TIMEOUT_S) -> list[str]:
     return [str(m.get("id")) for m in data if isinstance(m, dict)]
 
 
+def _server_variants(sweep: Sweep) -> list[tuple[str, ServerOptions]]:
+    """Each ``server`` option variant the sweep validated, with the sweep-file field it came from."""
+    if "server" not in sweep.backends:
+        return []
+    variants = sweep.options_for("server")
+    return [("backend_options.server" + (f"[{i}]" if len(variants) > 1 else ""), options)
+            for i, options in enumerate(variants) if isinstance(options, ServerOptions)]
+
+
 def check_energy_sites(sweep: Sweep, node_ips: frozenset[str], sweep_path: str = "<sweep>") -> None:
     """Raise ``SweepFileError`` for an energy site on a node the cluster does not have: its
     trial's actor could never be placed, and would wait for the node forever."""
-    variants = sweep.backend_options.get("server") or []
-    for i, raw in enumerate(variants):
-        options = ServerOptions.model_validate(raw)
+    for where, options in _server_variants(sweep):
         if options.energy is not None and options.energy.node not in node_ips:
-            where = "backend_options.server" + (f"[{i}]" if len(variants) > 1 else "")
             raise SweepFileError(sweep_path, f"{where}.energy.node",
                                  f"no node of the cluster has the address {options.energy.node} (its nodes: "
                                  f"{', '.join(sorted(node_ips)) or 'none'}); give the IP address Ray knows "
@@ -55,12 +61,9 @@ def check_energy_sites(sweep: Sweep, node_ips: frozenset[str], sweep_path: str =
 
 def check_servers(sweep: Sweep, sweep_path: str = "<sweep>") -> None:
     """Raise ``SweepFileError`` naming the field of the first external server that is not usable."""
-    variants = sweep.backend_options.get("server") or []
-    for i, raw in enumerate(variants):
-        options = ServerOptions.model_validate(raw)
+    for where, options in _server_variants(sweep):
         if options.base_url is None:
             continue
-        where = "backend_options.server" + (f"[{i}]" if len(variants) > 1 else "")
         try:
             models = served_models(options.base_url)
         except ValueError as exc:
