@@ -25,7 +25,7 @@ from actors.workload import PromptSources
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.schema import RowError, check_rows
 from sweeper.core.status import Reason, Status, failed_row
-from sweeper.core.trial import Trial
+from sweeper.core.trial import GroupLoad, Trial
 
 if TYPE_CHECKING:
     from actors.telemetry import IdleBaseline, TelemetryBase
@@ -68,14 +68,28 @@ class TrialRunner:
         self.stages.add("actor_start", started_at, time.monotonic() - t0)
 
     # -- lifecycle -------------------------------------------------------------
-    def load(self, trial: Trial) -> LoadResult:
-        """Load the group's model once; every later ``run`` reuses it."""
+    def load(self, trial: Trial, group: GroupLoad | None = None) -> LoadResult:
+        """Load the group's model once; every later ``run`` reuses it. The references of the
+        groups it serves (``group.serves_reference``) are computed right after the load, so
+        those groups start no reference load of their own."""
+        from actors.quality.reference import ReferenceDuty
+
+        group = group or GroupLoad()
+        duty = ReferenceDuty(group.serves_reference)
         with self.stages.current():
-            result = self._load(trial)
+            try:
+                duty.claim()  # before the load: the groups it serves wait for its files
+                result = self._load(trial, group)
+                if result.ok and duty.claimed:
+                    backend, load_info = self._loaded()
+                    with stage("reference"):
+                        duty.fulfil(backend, load_info.vocab_size)
+            finally:
+                duty.release()
         result.stages = self.stages.take()
         return result
 
-    def _load(self, trial: Trial) -> LoadResult:
+    def _load(self, trial: Trial, group: GroupLoad) -> LoadResult:
         # An actor handed on to another group closes the previous one's model first.
         if self.backend is not None:
             import gc
@@ -109,6 +123,7 @@ class TrialRunner:
                     name=f"{_slug(trial.model)}-{trial.precision}-{trial.trial_id[:8]}",
                     load_timeout_s=trial.measure.load_timeout_s,
                     chat=bool(trial.prompts is not None and trial.prompts.chat),
+                    step_tokens=group.step_tokens,
                 ))
                 self.load_s = time.monotonic() - t0
                 self.telemetry = self._open_telemetry(trial)

@@ -67,6 +67,23 @@ class StageClock:
                     self._piece(outer.name, outer.piece_s, entry.entered_s)
                     outer.piece_s, outer.split = now, True
 
+    def carve(self, name: str, start_s: float, end_s: float) -> None:
+        """A stage nested in the open one, timed after the fact on this clock (an engine's
+        phases, read from its log once its start returned): cut out of the open stage's
+        current piece. Carve in time order."""
+        if name not in STAGES:
+            raise KeyError(f"unknown stage {name!r}")
+        if not self._stack:
+            self._piece(name, start_s, end_s)
+            return
+        outer = self._stack[-1]
+        start_s, end_s = max(start_s, outer.piece_s), min(end_s, self._clock())
+        if end_s - start_s < MIN_SPAN_S:
+            return
+        self._piece(outer.name, outer.piece_s, start_s)
+        self._piece(name, start_s, end_s)
+        outer.piece_s, outer.split = end_s, True
+
     def add(self, name: str, started_at: datetime, duration_s: float) -> None:
         """A span timed elsewhere (the actor's own start, before any clock existed)."""
         if duration_s > 0:
@@ -84,6 +101,15 @@ class StageClock:
             yield self
         finally:
             _CURRENT.reset(token)
+
+
+def carve(name: str, start_s: float, end_s: float) -> None:
+    """``StageClock.carve`` on the current clock (monotonic times), if there is one."""
+    clock = _CURRENT.get()
+    if clock is not None:
+        clock.carve(name, start_s, end_s)
+    elif name not in STAGES:
+        raise KeyError(f"unknown stage {name!r}")
 
 
 def stage(name: str) -> contextlib.AbstractContextManager[None]:

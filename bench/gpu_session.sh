@@ -64,6 +64,12 @@
 #   server_peer bench server-peer: vllm bench serve and sweeper's base_url client on one server (§16)
 #   server_engines  bench/server_engines_gpu.yaml: vllm serve and transformers serve, launched by
 #               sweeper, same arrivals and SLO: energy per request of two serving engines (§16)
+#   start_cold  bench/start_gpu.yaml (1B, transformers bf16/int8/nf4 + vLLM bf16/fp8, fidelity vs bf16) on an
+#               empty vLLM compile cache: engine starts broken down, reference reuse, measured share of the wall
+#   start_warm  the same sweep again, on the cache start_cold filled (warm engine starts)
+#   start_pair  bench/start_gpu_pair.yaml: CUDA graphs for the trials' steps vs vLLM's list, side by side
+#   start_pair_warm  the same again (both engines' compile caches warm)
+#   start_8b    bench/start_gpu_8b.yaml twice: a llama-3.1-8b engine start cold, then warm
 #   truth       bench/measurement_truth.yaml: settled idle baseline and pre-load idle, peak vs p99
 #               power, vLLM phase sums and weight memory, per-iteration CVs (§10)
 set -uo pipefail
@@ -202,6 +208,23 @@ for kind in ('trials', 'requests', 'timeline'):
                          --repeats "${REPEATS:-1}" --out "$OUT/server_peer.json" ;;
         overlap) python3 -m bench overlap --model llama-3.2-1b --threads 1,4 --rounds 6 --materialize llama-3.1-8b \
                      --out "$OUT/overlap.json" ;;
+        start_cold|start_warm|start_pair|start_pair_warm|start_8b)
+                 case "$1" in
+                     start_cold) runs=("bench/start_gpu.yaml cold") ;;
+                     start_warm) runs=("bench/start_gpu.yaml warm") ;;
+                     start_pair) runs=("bench/start_gpu_pair.yaml pair") ;;
+                     start_pair_warm) runs=("bench/start_gpu_pair.yaml pair_warm") ;;
+                     start_8b) runs=("bench/start_gpu_8b.yaml 8b_cold" "bench/start_gpu_8b.yaml 8b_warm") ;;
+                 esac
+                 for r in "${runs[@]}"; do
+                     set -- $r
+                     python3 -m sweeper run "$1" -o "$RESULTS/start_$2" > "/tmp/start_$2.log" 2>&1
+                     tail -12 "/tmp/start_$2.log"; cp "/tmp/start_$2.log" "$RESULTS/start_$2/run.log"
+                     cp /tmp/sweeper-vllm/*.timing "$RESULTS/start_$2/" 2>/dev/null
+                     du -sh "${VLLM_CACHE_ROOT:-$HOME/.cache/sweeper/vllm}" 2>/dev/null
+                     (cd "$RESULTS" && tar czf "$OUT/start_$2.tgz" "start_$2/trials.parquet" "start_$2/stages.parquet" \
+                         "start_$2/run.log" $(cd "$RESULTS" && ls start_$2/*.timing 2>/dev/null))
+                 done ;;
         *) echo "unknown step: $1 (see the header of $0)" >&2; return 2 ;;
     esac
 }

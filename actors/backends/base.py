@@ -130,6 +130,8 @@ class ModelSpec:
     load_timeout_s: float | None = None
     # Dataset prompts go to a server's chat endpoint (workload.chat), which applies the template.
     chat: bool = False
+    # Tokens of each engine step the group runs (sweeper.core.trial.GroupLoad), or None.
+    step_tokens: tuple[int, ...] | None = None
 
     def options_as(self, kind: type[Options]) -> Options:
         """The options as the backend's own options model (the registry pairs them)."""

@@ -38,6 +38,7 @@ import gc
 import json
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -45,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from actors.backends import vllm_start
 from actors.backends.base import (
     Backend,
     Generation,
@@ -71,6 +73,9 @@ MIN_COMPUTE_CAPABILITY = {"fp8": (8, 9)}
 CLOCK_TOLERANCE_S = 1e-3
 # An async engine's start (weights, compilation, CUDA graphs) may take this long.
 SERVING_START_TIMEOUT_S = 1800.0
+# vLLM's largest default capture size: a step above it runs without a CUDA graph whatever
+# the list, so capturing it would cost start time for nothing.
+MAX_DEFAULT_CAPTURE_TOKENS = 512
 # Option fields passed through to ``vllm.LLM`` only when set (None: vLLM's default).
 _OPTIONAL_ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
                          "enable_chunked_prefill", "block_size")
@@ -87,8 +92,25 @@ class VllmCapabilityError(RuntimeError):
 # -- engine arguments (pure) ------------------------------------------------------------------
 
 
+def capture_sizes(options: VllmOptions, step_tokens: tuple[int, ...] | None) -> list[int] | None:
+    """The CUDA-graph sizes the engine captures, or None: vLLM's own list.
+
+    "trials" captures the steps the group runs (each batch's decode and its prefill, up to
+    vLLM's largest default size): every step runs on a graph of its own size, exactly as
+    under vLLM's list, without capturing the ~50 sizes the group never runs.
+    """
+    chosen = options.cudagraph_capture_sizes
+    if options.enforce_eager or chosen == "engine":
+        return None
+    if chosen != "trials":
+        return sorted(set(chosen))
+    sizes = sorted({n for n in step_tokens or () if n <= MAX_DEFAULT_CAPTURE_TOKENS})
+    return sizes or None
+
+
 def engine_kwargs(*, model_path: str, precision: str, options: VllmOptions, tensor_parallel: int,
-                  seed: int, dummy_weights: bool, hf_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+                  seed: int, dummy_weights: bool, hf_overrides: dict[str, Any] | None = None,
+                  step_tokens: tuple[int, ...] | None = None) -> dict[str, Any]:
     """The ``vllm.LLM`` keyword arguments of one trial group."""
     p = PRECISIONS[precision]
     kwargs: dict[str, Any] = {
@@ -121,6 +143,9 @@ def engine_kwargs(*, model_path: str, precision: str, options: VllmOptions, tens
             kwargs[name] = value
     if hf_overrides:
         kwargs["hf_overrides"] = hf_overrides
+    sizes = capture_sizes(options, step_tokens)
+    if sizes is not None:
+        kwargs["compilation_config"] = {"cudagraph_capture_sizes": sizes}
     return kwargs
 
 
@@ -256,6 +281,8 @@ class VllmBackend(Backend):
 
     def load(self, spec: ModelSpec) -> LoadInfo:
         share_compile_cache()
+        # Before vLLM's first import in this process: every vLLM process reads it then.
+        timing = vllm_start.install(Path(tempfile.gettempdir()) / "sweeper-vllm", f"engine-{os.getpid()}")
         import vllm
 
         self.options = spec.options_as(VllmOptions)
@@ -277,8 +304,9 @@ class VllmBackend(Backend):
         kwargs = engine_kwargs(
             model_path=path, precision=spec.precision, options=self.options,
             tensor_parallel=spec.tensor_parallel, seed=spec.seed,
-            dummy_weights=dummy, hf_overrides=overrides,
+            dummy_weights=dummy, hf_overrides=overrides, step_tokens=None if spec.serving else spec.step_tokens,
         )
+        offset, started_s = vllm_start.size(timing), time.time()
         if spec.serving:
             from actors.backends.vllm_serving import AsyncEngineRunner
 
@@ -290,6 +318,7 @@ class VllmBackend(Backend):
             self.llm = vllm.LLM(**kwargs)
             engine = self.llm.llm_engine
             model_config = getattr(engine, "model_config", None) or engine.vllm_config.model_config
+        vllm_start.carve_phases(vllm_start.read_phases(timing, offset, started_s, time.time()))
         self.max_model_len = int(model_config.max_model_len)
         self._params.clear()
         return LoadInfo(

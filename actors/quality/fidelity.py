@@ -94,10 +94,12 @@ def compare(backend: Backend, reference: ReferenceOutputs, settings: FidelitySet
     return FidelityResult(kl=kl_sum / positions, top1=agree / positions, positions=positions)
 
 
-def _columns(trial: Trial, status: str, result: FidelityResult | None = None) -> dict[str, Any]:
+def _columns(trial: Trial, status: str, result: FidelityResult | None = None,
+             source: str | None = None) -> dict[str, Any]:
     settings = trial.fidelity
     assert settings is not None
     return {"fidelity_reference": settings.reference_label(), "fidelity_status": status,
+            "fidelity_reference_source": source,
             "fidelity_method": method_name(method_top_k(trial)) if result is not None else None,
             "fidelity_kl": result.kl if result else None, "fidelity_top1": result.top1 if result else None}
 
@@ -139,9 +141,10 @@ def fidelity_columns(trial: Trial, backend: Backend, reference: ReferenceOutputs
     try:
         result = compare(backend, reference, settings)
     except NotImplementedError as exc:
-        return _columns(trial, f"not applicable: {exc}")
+        return _columns(trial, f"not applicable: {exc}", source=reference.source)
     except Exception as exc:
         log.exception("fidelity comparison failed")
         backend.recover()
-        return _columns(trial, f"failed: scoring with {trial.precision}: {type(exc).__name__}: {exc}"[:2000])
-    return _columns(trial, "ok", result)
+        return _columns(trial, f"failed: scoring with {trial.precision}: {type(exc).__name__}: {exc}"[:2000],
+                        source=reference.source)
+    return _columns(trial, "ok", result, source=reference.source)

@@ -5,12 +5,17 @@ precision, on the reference backend; the reference then scores its own token seq
 (prompt + continuation) teacher-forced, keeping full log-probabilities (``full``) or the
 top k per position (``topk``: what vLLM returns).
 
-The step runs in the group's actor *before* the group's model loads: the reference
-backend loads, scores, moves its outputs to host memory and closes, so the two models
-never share the GPU's memory. Its outputs go to a file under the sweep cache keyed by
-everything that decides them, and a lock per key makes a second actor on the node wait
-for the first one's file instead of computing it again; every other precision of the
-same model (and every other backend naming the same reference) reads that file.
+Where the reference configuration is itself a group of the sweep, that group computes
+it with the model it has just loaded (``ReferenceDuty``): the planner starts such groups
+first and hands them one trial of each group they serve, and the others read the file.
+Otherwise the step runs in the group's actor *before* the group's model loads: the
+reference backend loads, scores, moves its outputs to host memory and closes, so the two
+models never share the GPU's memory. Either way the outputs go to a file under the sweep
+cache keyed by everything that decides them, and a lock per key makes a second actor on
+the node wait for the first one's file instead of computing it again (a group that serves
+a reference takes its locks before its own load, so the others wait for it rather than
+start a reference load of their own); every other precision of the same model (and every
+other backend naming the same reference) reads that file.
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 from pydantic import BaseModel
@@ -57,6 +63,9 @@ class ReferenceOutputs:
     tokens: np.ndarray
     logprobs: np.ndarray | None = None
     topk: TopK | None = None
+    # Where the group got them: computed (its own reference load) | node cache (written by
+    # the reference's own group of this sweep, or by an earlier group or sweep on the node).
+    source: str = "computed"
 
 
 def method_top_k(trial: Trial) -> int | None:
@@ -180,8 +189,9 @@ def _read_cached(path: Path) -> ReferenceOutputs | None:
     try:
         with np.load(path, allow_pickle=False) as data:
             if "topk_ids" in data:
-                return ReferenceOutputs(data["tokens"], topk=TopK(data["topk_ids"], data["topk_logprobs"]))
-            return ReferenceOutputs(data["tokens"], logprobs=data["logprobs"])
+                return ReferenceOutputs(data["tokens"], topk=TopK(data["topk_ids"], data["topk_logprobs"]),
+                                        source="node cache")
+            return ReferenceOutputs(data["tokens"], logprobs=data["logprobs"], source="node cache")
     except (OSError, ValueError, KeyError):
         log.warning("unreadable fidelity reference cache %s; recomputing", path)
         return None
@@ -201,19 +211,36 @@ def _write_cached(path: Path, ref: ReferenceOutputs) -> None:
             os.unlink(tmp)
 
 
+def _check_size(settings: FidelitySettings, top_k: int | None, vocab_size: int) -> None:
+    if top_k is None and settings.prompts * settings.continuation_len * vocab_size * 4 > MAX_REFERENCE_BYTES:
+        raise ValueError("the reference log-probs would take more than "
+                         f"{MAX_REFERENCE_BYTES // 2**30} GiB (prompts x continuation_len x vocab x 4 "
+                         "bytes); lower fidelity.prompts or fidelity.continuation_len, or set fidelity.top_k")
+
+
+def _cache_path(trial: Trial) -> Path:
+    cache = _cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache / f"{reference_key(trial)}.npz"
+
+
+def _lock_file(path: Path) -> IO[str]:
+    return open(path.parent / f".{path.stem}.lock", "w")
+
+
 def load_reference(trial: Trial, open_backend: Callable[[str], Backend]) -> ReferenceOutputs:
     """The reference outputs for ``trial``'s model: from the node's cache, or computed.
 
     Computing loads the reference precision into a backend from ``open_backend``
     (by name: the reference may run on another backend), scores, moves the results
-    to host memory and closes that backend before returning.
+    to host memory and closes that backend before returning. While the reference's own
+    group computes it, this waits for that group's file (bounded by that group's load
+    timeout, after which the driver ends it and the lock goes with its process).
     """
     settings = trial.fidelity
     assert settings is not None
-    cache = _cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    path = cache / f"{reference_key(trial)}.npz"
-    with open(cache / f".{path.stem}.lock", "w") as lock:
+    path = _cache_path(trial)
+    with _lock_file(path) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         cached = _read_cached(path)
         if cached is not None:
@@ -226,10 +253,7 @@ def load_reference(trial: Trial, open_backend: Callable[[str], Backend]) -> Refe
                 options=options, seed=trial.seed, tensor_parallel=trial.tensor_parallel, weights_on_disk=True,
             ))
             top_k = method_top_k(trial)
-            if top_k is None and settings.prompts * settings.continuation_len * ref_load.vocab_size * 4 > MAX_REFERENCE_BYTES:
-                raise ValueError("the reference log-probs would take more than "
-                                 f"{MAX_REFERENCE_BYTES // 2**30} GiB (prompts x continuation_len x vocab x 4 "
-                                 "bytes); lower fidelity.prompts or fidelity.continuation_len, or set fidelity.top_k")
+            _check_size(settings, top_k, ref_load.vocab_size)
             ref = reference_outputs(backend, settings, ref_load.vocab_size, trial.seed, top_k)
         finally:
             backend.close()
@@ -237,3 +261,63 @@ def load_reference(trial: Trial, open_backend: Callable[[str], Backend]) -> Refe
             gc.collect()
         _write_cached(path, ref)
         return ref
+
+
+class ReferenceDuty:
+    """The references a group computes for other groups of the sweep, with its own model.
+
+    ``claim`` (before the group's load) takes each reference's lock, so that the groups
+    that need it wait for this one's file rather than load the reference precision
+    themselves; a reference already cached, or being computed by another actor right now,
+    is left alone. ``fulfil`` (right after the load) computes and writes the claimed ones;
+    ``release`` lets the waiting groups go on, whatever happened (a failed load or pass
+    leaves them to compute their own). Never raises: the group's own trials stand.
+    """
+
+    def __init__(self, dependents: Sequence[Trial]) -> None:
+        self._claimed: dict[str, tuple[Trial, Path, IO[str]]] = {}
+        self._dependents = list(dependents)
+
+    def claim(self) -> None:
+        for trial in self._dependents:
+            try:
+                path = _cache_path(trial)
+                if path.stem in self._claimed or path.is_file():
+                    continue
+                lock = _lock_file(path)
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:  # another actor computes it now: it writes the file
+                    lock.close()
+                    continue
+                self._claimed[path.stem] = (trial, path, lock)
+            except Exception:  # the dependent computes its own
+                log.exception("could not claim the fidelity reference of trial %s", trial.trial_id)
+
+    @property
+    def claimed(self) -> int:
+        return len(self._claimed)
+
+    def fulfil(self, backend: Backend, vocab_size: int) -> None:
+        """Compute every claimed reference with ``backend`` (the reference configuration,
+        loaded), write it to the node's cache, and release its lock."""
+        for stem in list(self._claimed):
+            trial, path, _ = self._claimed[stem]
+            settings = trial.fidelity
+            assert settings is not None
+            try:
+                if _read_cached(path) is None:
+                    top_k = method_top_k(trial)
+                    _check_size(settings, top_k, vocab_size)
+                    _write_cached(path, reference_outputs(backend, settings, vocab_size, trial.seed, top_k))
+            except Exception:  # the dependent computes its own, and reports what fails there
+                log.exception("fidelity reference for trial %s failed in its reference group", trial.trial_id)
+            self._release(stem)
+
+    def _release(self, stem: str) -> None:
+        _, _, lock = self._claimed.pop(stem)
+        lock.close()  # closing the file drops its flock
+
+    def release(self) -> None:
+        for stem in list(self._claimed):
+            self._release(stem)

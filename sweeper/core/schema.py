@@ -247,6 +247,11 @@ _RESULT: tuple[Column, ...] = (
     # fidelity (a separate pass once per loaded model, after the group's first measured trial)
     _c("fidelity_reference", S, "precision this trial's outputs were compared with (the same model, options and "
                                 "seed), as backend/precision when the reference runs on a named backend"),
+    _c("fidelity_reference_source", S, "where this group's reference outputs came from: computed (the group loaded "
+                                       "the reference precision itself, before its own model) | node cache (read "
+                                       "from the node's cache: written by the reference's own group of this sweep "
+                                       "right after its load, or by an earlier group or sweep); null for the "
+                                       "reference itself"),
     _c("fidelity_method", S, "full (KL over the whole vocabulary: both backends return full distributions) | topK "
                              "(KL estimated over the reference's top K tokens and one bucket for the rest, vLLM; "
                              "docs/METHOD.md); null unless fidelity_status is ok"),
@@ -347,9 +352,10 @@ LAYERS: tuple[Column, ...] = (
 STAGES: tuple[Column, ...] = (
     _c("trial_id", S, "trial the span is recorded with (a group's stages: with the first trial recorded after "
                       "its load)"),
-    _c("stage", S, "actor_start | pre_load_idle | reference | materialize | load (scope group) | compile | "
-                   "warmup | idle_baseline | measure | fidelity | layer_pass | harness (scope trial); "
-                   "sweeper/core/stages.py says what each holds"),
+    _c("stage", S, "actor_start | pre_load_idle | reference | materialize | load | engine_start | weights | "
+                   "engine_compile | kv_cache | cuda_graphs (scope group; the last five: a vLLM engine's start, "
+                   "from its log) | compile | warmup | idle_baseline | measure | fidelity | layer_pass | harness "
+                   "(scope trial); sweeper/core/stages.py says what each holds"),
     _c("scope", S, "group (once per loaded model) | trial"),
     _c("started_at", TS, "when the span began (the actor's clock, UTC)"),
     _c("duration_s", F, "the span's length; stages are timed exclusively (a stage nested in another pauses it), "

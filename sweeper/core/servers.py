@@ -99,6 +99,9 @@ class ServerEngine:
     extra_flags: tuple[str, ...] = ()  # always given; may hold {placeholders}
     precision_notes: Mapping[str, str] = field(default_factory=dict)
     version_module: str | None = None
+    # The engine logs its start's phases as vLLM does (actors/backends/vllm_start.py): the
+    # load is broken down into them in the stages table.
+    logs_start_phases: bool = False
 
     def unsupported(self, precision: str, device: str, tensor_parallel: int) -> str | None:
         if device not in self.devices:
@@ -152,7 +155,7 @@ ENGINES: dict[str, ServerEngine] = {
             precision_flags={"fp16": _DTYPE["fp16"], "bf16": _DTYPE["bf16"],
                              "fp8": (*_DTYPE["bf16"], "--quantization", "fp8")},
             served_name_flag="--served-model-name", tensor_parallel_flag="--tensor-parallel-size",
-            seed_flag="--seed", synthetic_flags=("--load-format", "dummy"),
+            seed_flag="--seed", synthetic_flags=("--load-format", "dummy"), logs_start_phases=True,
             # As the in-process backend: random prompts share no prefix, but the cache's
             # bookkeeping is work the numbers should not carry unless asked (args can turn it on).
             extra_flags=("--no-enable-prefix-caching",),

@@ -32,7 +32,15 @@ _STAGES = (
     Stage("reference", "group", "the fidelity reference step (its own model, loaded and released)"),
     Stage("materialize", "group", "weights or a checkpoint built on the node's disk (synthetic weights, the "
                                   "bundled model's conversion), or waiting for another actor building them"),
-    Stage("load", "group", "the backend's model load (engine start, weights to the device), materialisation apart"),
+    Stage("load", "group", "the backend's model load (engine start, weights to the device), materialisation and "
+                           "the engine phases below apart"),
+    # A vLLM engine's start, read from its log (actors/backends/vllm_start.py), in the load:
+    Stage("engine_start", "group", "vLLM: engine processes spawned, imports, device and distributed init"),
+    Stage("weights", "group", "vLLM: the model built and its weights loaded (or dummy-initialised)"),
+    Stage("engine_compile", "group", "vLLM: torch.compile (Dynamo and Inductor, or graphs loaded from the "
+                                     "compile cache) in the engine's first profiling run"),
+    Stage("kv_cache", "group", "vLLM: the rest of the memory-profiling run, the KV cache sized and allocated"),
+    Stage("cuda_graphs", "group", "vLLM: CUDA-graph capture for the captured step sizes"),
     Stage("compile", "trial", "compilation or graph capture for the trial's shape"),
     Stage("warmup", "trial", "unrecorded warm-up calls"),
     Stage("idle_baseline", "trial", "the GPU settling after the warm-up, then its idle baseline window"),

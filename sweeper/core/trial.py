@@ -38,7 +38,7 @@ from sweeper.core.settings import (
 #    at their defaults left out of the identity.
 METHOD_VERSION = 2
 
-__all__ = ["LAYER_GRANULARITIES", "METHOD_VERSION", "LayerGranularity", "Trial", "variant_label"]
+__all__ = ["LAYER_GRANULARITIES", "METHOD_VERSION", "GroupLoad", "LayerGranularity", "Trial", "variant_label"]
 
 # Axes the label spells out in its own words; any other axis away from its default
 # is appended as name=value.
@@ -215,6 +215,19 @@ class Trial:
         return tuple(self.point[a.name] for a in AXES.load_key_axes() if a.name in self.point)
 
     @property
+    def reference_load_key(self) -> tuple[Any, ...] | None:
+        """The load key of the configuration this trial's fidelity reference runs as (the same
+        model at the reference precision, on the reference backend), or None: no fidelity pass.
+        Equal to ``load_key`` for the reference itself."""
+        settings = self.fidelity
+        if settings is None:
+            return None
+        name = settings.reference_backend or self.backend
+        choice = (self.backend_choice if name == self.backend
+                  else BackendChoice(name, BACKENDS[name].default_options()))
+        return self.with_axes(precision=settings.reference, **{BACKEND: choice}).load_key
+
+    @property
     def shape(self) -> tuple[Any, ...]:
         """The workload's shape beside the batch size (prompt and output lengths)."""
         return tuple(self.point[a.name] for a in AXES.shape_axes() if a.name in self.point)
@@ -274,6 +287,20 @@ class Trial:
                 + "".join(f" {e}" for e in extra)
                 + (f" r{self.repeat}" if self.repeat else "")
                 + (f" layers={self.layer_profile}" if self.layer_profile else ""))
+
+
+@dataclass(frozen=True)
+class GroupLoad:
+    """What a group's load is told about the group beyond its first trial."""
+
+    # One trial of each other group whose fidelity reference this group's model is: the
+    # load computes their references with its own model (``actors.quality.reference``).
+    serves_reference: tuple[Trial, ...] = ()
+    # The tokens of each engine step the group's trials run (a decode step: one per
+    # sequence of the batch; a prefill: the batch's prompt tokens), smallest first: what a
+    # vLLM engine captures CUDA graphs for. None: not known in advance (serving arrivals,
+    # dataset prompts, lengths that end at EOS).
+    step_tokens: tuple[int, ...] | None = None
 
 
 def variant_label(backend: str, options_json: str | None, tensor_parallel: int | None = 1) -> str:

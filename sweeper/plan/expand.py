@@ -25,7 +25,7 @@ from sweeper.core.datasets import (
 from sweeper.core.errors import ModelResolutionError, SweepFileError
 from sweeper.core.precisions import PRECISIONS
 from sweeper.core.settings import DatasetSettings, Device
-from sweeper.core.trial import Trial
+from sweeper.core.trial import GroupLoad, Trial
 from sweeper.plan.capabilities import Capabilities
 from sweeper.plan.models import resolve_model
 from sweeper.plan.spec import MAX_TOKENS, Sweep
@@ -48,6 +48,10 @@ class TrialGroup:
 
     load_key: tuple
     trials: tuple[Trial, ...]
+    # One trial of each other group whose fidelity reference this group's model is: the
+    # group computes their references right after its own load, so they start no load of
+    # their own for it (``actors.quality.reference``).
+    serves_reference: tuple[Trial, ...] = ()
 
     @property
     def num_gpus(self) -> int:
@@ -61,6 +65,21 @@ class TrialGroup:
     def label(self) -> str:
         t = self.trials[0]
         return f"{t.model} {t.backend}/{t.precision}"
+
+    @property
+    def load_request(self) -> GroupLoad:
+        """What the group's load is told beyond its first trial."""
+        return GroupLoad(serves_reference=self.serves_reference, step_tokens=self.step_tokens)
+
+    @property
+    def step_tokens(self) -> tuple[int, ...] | None:
+        steps: set[int] = set()
+        for t in self.trials:
+            if t.serving is not None or t.prompts is not None or t.stops_at_eos or t.batch_size is None \
+                    or t.input_len is None:
+                return None
+            steps |= {t.batch_size, t.batch_size * t.input_len}
+        return tuple(sorted(steps))
 
     @property
     def reuses_actor(self) -> bool:
@@ -97,13 +116,23 @@ class Plan:
         by_key: OrderedDict[tuple, list[Trial]] = OrderedDict()
         for t in self.runnable if trials is None else trials:
             by_key.setdefault(t.load_key, []).append(t)
+        # Which groups another group's fidelity reference runs as (same model, reference
+        # precision and backend): those compute it, and start first, so that the others
+        # read it instead of loading the reference precision themselves.
+        serves: dict[tuple, list[Trial]] = {}
+        for key, members in by_key.items():
+            ref = members[0].reference_load_key
+            if ref is not None and ref != key and ref in by_key:
+                serves.setdefault(ref, []).append(members[0])
         # Small batches (and light loads) first: if a batch runs out of memory, larger
         # ones of the same group can be predicted to as well.
-        return [
+        groups = [
             TrialGroup(k, tuple(sorted(v, key=lambda t: (t.batch_size or 0, t.request_rate or 0.0,
-                                                          t.max_concurrency or 0, t.shape, t.repeat))))
+                                                          t.max_concurrency or 0, t.shape, t.repeat))),
+                       serves_reference=tuple(serves.get(k, ())))
             for k, v in by_key.items()
         ]
+        return sorted(groups, key=lambda g: not g.serves_reference)  # stable: otherwise in table order
 
 
 def resolve_models(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True) -> list[ModelRef]:

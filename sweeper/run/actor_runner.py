@@ -11,7 +11,7 @@ import enum
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from sweeper.core.trial import Trial
+from sweeper.core.trial import GroupLoad, Trial
 
 # The data plane's actor class, named by string as the backend registry names
 # backends: the control plane never imports the data plane.
@@ -43,8 +43,8 @@ class ActorRunner(Protocol):
     def start(self, resources: dict[str, Any]) -> Any:
         """A new actor holding ``resources`` (it may wait for them); returns its handle."""
 
-    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None) -> Any:
-        """Submit ``ping``, ``load(trial)`` or ``run(trial)`` to ``actor``; returns a future."""
+    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None, group: GroupLoad | None = None) -> Any:
+        """Submit ``ping``, ``load(trial, group)`` or ``run(trial)`` to ``actor``; returns a future."""
 
     def wait(self, futures: Sequence[Any], timeout_s: float) -> list[Any]:
         """The futures among ``futures`` that are done (at least one unless ``timeout_s`` passes)."""
@@ -74,9 +74,10 @@ class RayActorRunner:
     def start(self, resources: dict[str, Any]) -> Any:
         return self._remote.options(**resources).remote()
 
-    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None) -> Any:
+    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None, group: GroupLoad | None = None) -> Any:
         method = getattr(actor, kind.value)
-        return method.remote() if trial is None else method.remote(trial)
+        args = () if trial is None else (trial,) if group is None else (trial, group)
+        return method.remote(*args)
 
     def wait(self, futures: Sequence[Any], timeout_s: float) -> list[Any]:
         ready, _ = self._ray.wait(list(futures), num_returns=1, timeout=timeout_s)

@@ -310,11 +310,15 @@ class SweepRun:
         # Actor calls run in order: the ping answers as soon as the actor is placed,
         # before its load, so the display shows where it is loading.
         self._submit(g, CallKind.PING)
-        self._submit(g, CallKind.LOAD, g.group.trials[0])
+        self._submit_load(g)
         self.summary.model_loads += 1
 
     def _submit(self, g: GroupRun, kind: CallKind, trial: Trial | None = None) -> None:
         self.calls[self.runner.call(g.actor, kind, trial)] = _Call(g, kind, g.attempt)
+
+    def _submit_load(self, g: GroupRun) -> None:
+        future = self.runner.call(g.actor, CallKind.LOAD, g.group.trials[0], g.group.load_request)
+        self.calls[future] = _Call(g, CallKind.LOAD, g.attempt)
 
     def _add(self, g: GroupRun) -> None:
         self.groups.append(g)
@@ -413,7 +417,7 @@ class SweepRun:
         h.load = None
         self.summary.actor_handovers += 1
         self.on_placed(h, g.placement)
-        self._submit(h, CallKind.LOAD, h.group.trials[0])
+        self._submit_load(h)
 
     def _record(self, g: GroupRun, trial: Trial, row: dict[str, Any], tables: dict[str, Any],
                 stages: list[StageSpan]) -> None:

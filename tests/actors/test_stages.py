@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from actors.host_memory import host_peak_bytes, reset_host_peak
-from actors.stages import MIN_SPAN_S, StageClock, stage
+from actors.stages import MIN_SPAN_S, StageClock, carve, stage
 from sweeper.core.stages import STAGES, StageSpan, stage_seconds
 
 
@@ -34,6 +34,27 @@ def test_a_nested_stage_pauses_the_one_around_it():
     assert sorted(offsets(clock, spans)) == [("load", 10.0, 1.0), ("load", 13.0, 0.5), ("materialize", 11.0, 2.0)]
     assert stage_seconds(spans) == {"materialize": 2.0, "load": 1.5}  # registry order, exclusive
     assert clock.take() == []  # handed over once
+
+
+def test_phases_timed_after_the_fact_are_carved_out_of_the_open_stage():
+    t = Clock()
+    clock = StageClock(clock=t)
+    with clock.current(), stage("load"):
+        t.now_s += 1
+        with stage("materialize"):
+            t.now_s += 2
+        t.now_s += 10  # the engine starts: 13 .. 23; its log says where the time went
+        carve("engine_start", 12.0, 15.0)  # clipped to the load's current piece (from 13)
+        carve("weights", 15.0, 17.0)
+        carve("cuda_graphs", 20.0, 30.0)  # clipped to now
+        t.now_s += 1
+    spans = clock.take()
+    assert sorted(offsets(clock, spans)) == [
+        ("cuda_graphs", 20.0, 3.0), ("engine_start", 13.0, 2.0), ("load", 10.0, 1.0), ("load", 17.0, 3.0),
+        ("load", 23.0, 1.0), ("materialize", 11.0, 2.0), ("weights", 15.0, 2.0)]
+    assert sum(s.duration_s for s in spans) == pytest.approx(14.0)  # exclusive: the whole load, once
+    with pytest.raises(KeyError):
+        carve("no-such-stage", 0.0, 1.0)
 
 
 def test_a_stage_too_short_to_matter_counts_in_the_stage_around_it():

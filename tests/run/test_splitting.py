@@ -51,7 +51,7 @@ class TimedRunner(ScriptedRunner):
     by_actor: dict[int, list[str]] = field(default_factory=dict)
     loads: list[int] = field(default_factory=list)
 
-    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None) -> _Future:
+    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None, group: Any = None) -> _Future:
         future = super().call(actor, kind, trial)
         future.kind, future.actor = kind, actor  # type: ignore[attr-defined]
         if kind is CallKind.RUN and trial is not None:

@@ -63,7 +63,7 @@ class ScriptedRunner:
         self.started.append(resources)
         return len(self.started)
 
-    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None) -> _Future:
+    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None, group: Any = None) -> _Future:
         if kind is CallKind.PING:
             value: Any = {"hostname": "fake", "ray_node_id": f"node{actor}", "ray_gpu_ids": None}
         elif kind is CallKind.LOAD:
@@ -262,7 +262,7 @@ class OneSlotRunner(ScriptedRunner):
     """A cluster of one slot: an actor is placed (its ping and load answer) only once every
     actor started before it has been closed or killed, as Ray queues actors for a GPU."""
 
-    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None) -> _Future:
+    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None, group: Any = None) -> _Future:
         future = super().call(actor, kind, trial)
         future.queued_behind = range(1, actor) if kind in (CallKind.PING, CallKind.LOAD) else range(0)
         return future

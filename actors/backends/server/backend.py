@@ -15,12 +15,14 @@ import json
 import logging
 import os
 import shlex
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from actors.backends import vllm_start
 from actors.backends.base import Backend, Generation, LoadInfo, ModelSpec
 from actors.backends.server.client import Endpoint, run_http
 from actors.backends.server.process import ServerError, ServerProcess, get_json
@@ -150,11 +152,16 @@ class ServerBackend(Backend):
             argv = list(options.launch.command)
         fields = {"model": model_path, "served_model": served, "dtype": dtype_of(spec.precision),
                   "tensor_parallel": str(spec.tensor_parallel), "seed": str(spec.seed), "device": device}
+        env = dict(os.environ)
+        timing = (vllm_start.install(server_log_dir(), spec.name, env)
+                  if engine is not None and engine.logs_start_phases else None)
+        started_s = time.time()
         self.process = ServerProcess.launch(argv, log_path=server_log_dir() / f"{spec.name}.log",
-                                            stop_timeout_s=options.stop_timeout_s, fields=fields)
+                                            stop_timeout_s=options.stop_timeout_s, fields=fields, env=env)
         limit_s = (READY_SHARE_OF_LOAD_TIMEOUT * spec.load_timeout_s if spec.load_timeout_s is not None
                    else DEFAULT_READY_TIMEOUT_S)
         self.process.wait_ready(limit_s)
+        vllm_start.carve_phases(vllm_start.read_phases(timing, 0, started_s, time.time()))
         self.base_url = self.process.base_url
         self.served_model = served if engine is not None else ""
         return model_path

@@ -202,6 +202,62 @@ def test_engine_kwargs_fp8_tensor_parallel_and_set_options():
     assert "load_format" not in kw and "max_num_batched_tokens" not in kw and "hf_overrides" not in kw
 
 
+def test_the_engine_captures_cuda_graphs_for_the_group_s_steps_only():
+    from actors.backends.vllm import capture_sizes
+    from sweeper.plan.expand import TrialGroup, make_plan
+    from sweeper.plan.spec import parse_sweep
+
+    # The plan knows each offline group's steps: decode at each batch, and each batch's prefill.
+    plan = make_plan(parse_sweep({"name": "cg", "models": "tiny-llama", "backends": "vllm", "precisions": "bf16",
+                                  "batch_sizes": [1, 8, 32], "workload": {"input_len": 64, "output_len": 4}}), "cuda")
+    (group,) = plan.groups()
+    assert group.load_request.step_tokens == (1, 8, 32, 64, 512, 2048)
+    kw = engine_kwargs(model_path="/m", precision="bf16", options=VllmOptions(), tensor_parallel=1, seed=0,
+                       dummy_weights=True, step_tokens=group.load_request.step_tokens)
+    # 2048 tokens is above vLLM's largest default size: that prefill runs without a graph either way.
+    assert kw["compilation_config"] == {"cudagraph_capture_sizes": [1, 8, 32, 64, 512]}
+    # vLLM's own list; the sizes given; nothing to capture without graphs; steps not known in advance.
+    assert capture_sizes(VllmOptions(cudagraph_capture_sizes="engine"), (1, 8)) is None
+    assert capture_sizes(VllmOptions(cudagraph_capture_sizes=[16, 4, 4]), (1, 8)) == [4, 16]
+    assert capture_sizes(VllmOptions(enforce_eager=True), (1, 8)) is None
+    assert capture_sizes(VllmOptions(), None) is None and capture_sizes(VllmOptions(), (1024,)) is None
+    natural = make_plan(parse_sweep({"name": "cg", "models": "tiny-llama", "backends": "vllm", "precisions": "bf16",
+                                     "batch_sizes": [1, 8], "workload": {"input_len": 64, "output_len": "natural",
+                                                                         "max_output_len": 4}}), "cuda")
+    trials = tuple(p.trial for p in natural.trials)
+    assert TrialGroup(trials[0].load_key, trials).step_tokens is None  # batches shrink as sequences end
+    with pytest.raises(ValueError, match="cudagraph_capture_sizes"):
+        VllmOptions(cudagraph_capture_sizes=[0])
+    # The default leaves trial ids alone (it is no option away from its default).
+    assert VllmOptions() == VllmOptions(cudagraph_capture_sizes="trials")
+
+
+def test_the_actor_hands_the_group_s_steps_to_the_backend_s_load(monkeypatch):
+    import actors.actor as actor_module
+    from actors.actor import TrialRunner
+    from sweeper.plan.expand import make_plan
+    from sweeper.plan.spec import parse_sweep
+
+    plan = make_plan(parse_sweep({"name": "cg", "models": "tiny-llama", "backends": "noop", "precisions": "bf16",
+                                  "batch_sizes": [2, 4], "workload": {"input_len": 8, "output_len": 2},
+                                  "measure": {"idle_s": 0}}), "cpu")
+    (group,) = plan.groups()
+    specs = []
+    real_create = actor_module.create_backend
+
+    def recording(name: str):
+        backend = real_create(name)
+        real_load = backend.load
+        backend.load = lambda spec: specs.append(spec) or real_load(spec)
+        return backend
+
+    monkeypatch.setattr(actor_module, "create_backend", recording)
+    runner = TrialRunner()
+    assert runner.load(group.trials[0], group.load_request).ok
+    runner.close()
+    assert [s.step_tokens for s in specs] == [(2, 4, 16, 32)]
+
+
 def test_synthetic_configs_get_their_architecture(tmp_path):
     from actors.models import materialize_synthetic
 

@@ -16,6 +16,7 @@ from actors.quality.fidelity import compare, kl_per_position, top1_agreement
 from actors.quality.reference import fidelity_prompts, load_reference, reference_outputs
 from sweeper.core.backends import BACKENDS
 from sweeper.core.settings import FidelitySettings
+from sweeper.core.trial import GroupLoad
 from sweeper.plan.expand import expand
 from sweeper.plan.spec import parse_sweep
 from tests.conftest import run_cli
@@ -165,6 +166,84 @@ def test_actor_computes_once_per_group_and_marks_reference_rows(cache):
     assert len(list((cache / "fidelity").glob("*.npz"))) == 1
 
 
+def test_the_plan_starts_the_reference_group_first_and_hands_it_the_groups_it_serves():
+    from sweeper.plan.expand import make_plan
+
+    fidelity = {"reference": "fp32", "prompts": 2, "prompt_len": 4, "continuation_len": 3}
+    sweep = {"name": "fid", "models": "tiny-llama", "batch_sizes": [1, 2], "precisions": ["bf16", "fp16", "fp32"],
+             "workload": {"input_len": 4, "output_len": 2}, "fidelity": fidelity}
+    # fp32 first although the grid lists it last
+    groups = make_plan(parse_sweep(sweep), "cuda").groups()
+    assert [g.trials[0].precision for g in groups] == ["fp32", "bf16", "fp16"]
+    assert [t.precision for t in groups[0].serves_reference] == ["bf16", "fp16"]
+    assert all(not g.serves_reference for g in groups[1:])
+    # Naming the trials' own backend is the same reference.
+    named = {**fidelity, "reference": {"backend": "transformers", "precision": "fp32"}}
+    groups = make_plan(parse_sweep({**sweep, "fidelity": named}), "cuda").groups()
+    assert [t.precision for t in groups[0].serves_reference] == ["bf16", "fp16"]
+    # A reference precision outside the grid: nobody serves it.
+    other = {**sweep, "precisions": ["bf16", "fp16"]}
+    assert not any(g.serves_reference for g in make_plan(parse_sweep(other), "cuda").groups())
+    # Without the reference's group (done already, or not in the grid) nobody serves.
+    plan = make_plan(parse_sweep(sweep), "cuda")
+    assert not any(g.serves_reference for g in plan.groups([t for t in plan.runnable if t.precision != "fp32"]))
+
+
+@pytest.mark.slow
+def test_the_reference_group_computes_the_reference_the_others_read(cache, monkeypatch):
+    from actors.actor import TrialRunner
+
+    fidelity = {"reference": "fp32", "prompts": 2, "prompt_len": 4, "continuation_len": 3}
+    reference = _trials(precisions="fp32", fidelity=fidelity)
+    dependent = _trials(precisions="bf16", fidelity=fidelity)
+    first = TrialRunner()
+    loaded = first.load(reference[0], GroupLoad(serves_reference=(dependent[0],)))
+    assert loaded.ok
+    # Computed with the group's own model right after its load, in the reference stage.
+    assert [sp.stage for sp in loaded.stages].count("reference") == 1
+    assert [sp.stage for sp in loaded.stages].index("reference") > [sp.stage for sp in loaded.stages].index("load")
+    assert len(list((cache / "fidelity").glob("*.npz"))) == 1
+    own = first.run(reference[0]).row
+    first.close()
+    assert own["fidelity_status"] == "reference" and own["fidelity_reference_source"] is None
+
+    second = TrialRunner()
+    opened = []
+    import actors.actor as actor_module
+
+    real_create = actor_module.create_backend
+    monkeypatch.setattr(actor_module, "create_backend", lambda name: opened.append(name) or real_create(name))
+    assert second.load(dependent[0]).ok
+    row = second.run(dependent[0]).row
+    second.close()
+    assert opened == ["transformers"]  # its own model only: no reference load
+    assert row["fidelity_status"] == "ok" and row["fidelity_reference_source"] == "node cache"
+    assert row["fidelity_kl"] > 0
+
+
+def test_a_reference_another_actor_is_computing_is_left_to_it(cache):
+    from actors.quality.reference import ReferenceDuty, _cache_path, _lock_file
+
+    fidelity = {"reference": "fp32", "prompts": 2, "prompt_len": 4, "continuation_len": 3}
+    dependent = _trials(precisions="bf16", fidelity=fidelity)[0]
+    import fcntl
+
+    with _lock_file(_cache_path(dependent)) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        duty = ReferenceDuty([dependent, dependent])
+        duty.claim()
+        assert duty.claimed == 0  # never blocks: whoever holds the lock writes the file
+    duty = ReferenceDuty([dependent, dependent])
+    duty.claim()
+    assert duty.claimed == 1  # once per reference
+    # While claimed, nobody else can take the lock; released, they can.
+    with _lock_file(_cache_path(dependent)) as other:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        duty.release()
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 def test_a_reference_that_cannot_run_leaves_the_trial_ok():
     from actors.actor import TrialRunner
 
@@ -233,3 +312,11 @@ fidelity: {reference: fp32, prompts: 2, prompt_len: 8, continuation_len: 4}
     (_, _, _, kl, top1, status), second = rows[0], rows[1]
     assert status == "ok" and kl > 0 and 0 < top1 <= 1 and second[3:] == rows[0][3:]
     assert all(r[3] is None and r[4] is None and r[5] == "reference" for r in rows[2:])
+    # The fp32 group (the reference) started first and computed the reference right after its
+    # own load; the bf16 group read it from the node's cache instead of loading fp32 itself.
+    sources = duckdb.sql(f"SELECT precision, fidelity_reference_source FROM '{out}/trials.parquet' "
+                         "ORDER BY precision").fetchall()
+    assert sources == [("bf16", "node cache")] * 2 + [("fp32", None)] * 2
+    spans = duckdb.sql(f"SELECT t.precision, count(*) FROM '{out}/stages.parquet' s JOIN '{out}/trials.parquet' t "
+                       "USING (trial_id) WHERE s.stage = 'reference' GROUP BY 1 ORDER BY 1").fetchall()
+    assert ("fp32", 1) in spans
