@@ -186,7 +186,7 @@ def test_schema_names_carry_units():
                    # datasets and reply lengths: lengths are tokens (as input_len), shares are ratios
                    "dataset_sha256", "min_input_len", "max_input_len", "chat", "output_lengths",
                    "input_len_mean", "output_len_mean", "output_len_p50", "output_len_p90",
-                   "prompt_pad_share", "decode_idle_slot_share", "fidelity_method",
+                   "prompt_pad_share", "decode_idle_slot_share", "fidelity_method", "fidelity_reference_source",
                    # precision of the window: relative half-widths (ratios), a block count, a verdict
                    "target_rel_ci", "throughput_rel_ci95", "energy_per_token_rel_ci95", "ci_blocks",
                    "target_met",
@@ -242,8 +242,10 @@ def test_a_run_adds_to_the_aggregates_reading_only_new_shards(tmp_path, monkeypa
     _trial_rows(store, range(3, 4), 2.0)  # a re-run trial
     _trial_rows(store, range(40, 45), 3.0)  # new ones
     read: list[str] = []
-    real = ResultStore._read_batch
-    monkeypatch.setattr(ResultStore, "_read_batch",
+    from sweeper.run.shards import ShardFiles
+
+    real = ShardFiles._read_batch
+    monkeypatch.setattr(ShardFiles, "_read_batch",
                         lambda self, kind, paths, *a: read.extend(paths) or real(self, kind, paths, *a))
     counts = store.aggregate()
     assert counts["trials"] == 45 and counts["requests"] == 90
@@ -260,10 +262,13 @@ def test_aggregates_are_rebuilt_when_the_plan_changed_or_a_shard_is_gone(tmp_pat
     store.write_plan("s", [f"t{i:04d}" for i in range(10)])
     store.aggregate()
     stored = {f"t{i:04d}" for i in range(10)}
-    assert store._changed_since_aggregate(stored, stored) is not None
+    from sweeper.run.aggregation import Aggregation
+
+    aggregation = Aggregation(store.files, stored)
+    assert aggregation._changed_since_aggregate(stored, stored) is not None
     # a trial the aggregate holds whose shard went away (quarantined, moved): no update in place
-    assert store._changed_since_aggregate(stored - {"t0001"}, stored - {"t0001"}) is None
+    assert aggregation._changed_since_aggregate(stored - {"t0001"}, stored - {"t0001"}) is None
     time.sleep(0.01)
     store.write_plan("s", [f"t{i:04d}" for i in range(8)])  # another plan: another answer
-    assert store._changed_since_aggregate(stored, stored) is None
+    assert aggregation._changed_since_aggregate(stored, stored) is None
     assert store.aggregate()["trials"] == 8
