@@ -17,17 +17,51 @@ import numpy as np
 
 from actors.backends.base import Backend, Generation, LoadInfo
 from actors.convergence import ENERGY_SETTLE_S, WindowPrecision, window_precision
-from actors.method import Figures, Measurement, Window, measure
+from actors.method import (
+    WINDOW_ENERGY_COLUMNS,
+    Figures,
+    Measurement,
+    Window,
+    measure,
+    ratio,
+    window_energy_columns,
+)
 from actors.stability import Verdict
 from actors.telemetry.telemetry import MIN_STABILITY_BLOCK_S
 from actors.workload import PromptSource, prompt_source
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
+    from actors.telemetry import EnergyReport, TelemetryBase
     from actors.telemetry import Measurement as Handle
-    from actors.telemetry import TelemetryBase
 
 __all__ = ["Measurement", "OfflineWindow", "measure_trial"]
+
+
+# The offline window's energy columns beyond a window's own (``WINDOW_ENERGY_COLUMNS``).
+ENERGY_COLUMNS: tuple[str, ...] = (*WINDOW_ENERGY_COLUMNS, "energy_per_request_j", "prefill_energy_j",
+                                   "decode_energy_j", "decode_energy_per_token_j", "between_phases_energy_j",
+                                   "iteration_energy_cv", "cpu_energy_j", "dram_energy_j")
+
+
+def energy_columns(report: EnergyReport | None, *, idle_power_w: float | None, output_tokens: int,
+                   requests: int, decode_tokens: int) -> dict[str, Any]:
+    """An offline window's energy columns (``ENERGY_COLUMNS``) from its telemetry report: per
+    token and per request over the whole window, decode's per decoded token (every token but
+    each request's first). All None without a report (no GPUs, or no window)."""
+    cols: dict[str, Any] = dict.fromkeys(ENERGY_COLUMNS)
+    if report is None:
+        return cols
+    w, phases = report.window, report.phase_energy_j
+    cols.update(window_energy_columns(w, idle_power_w=idle_power_w, output_tokens=output_tokens))
+    cols.update(
+        energy_per_request_j=ratio(w.energy_j, requests),
+        prefill_energy_j=phases.get("prefill"), decode_energy_j=phases.get("decode"),
+        decode_energy_per_token_j=ratio(phases.get("decode"), decode_tokens),
+        between_phases_energy_j=report.between_phases_energy_j, iteration_energy_cv=report.iteration_energy_cv,
+        cpu_energy_j=report.cpu_energy_j, dram_energy_j=report.dram_energy_j,
+    )
+    return cols
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -234,11 +268,10 @@ class OfflineWindow(Window):
         }
         marks = [mark for g in generations for mark in g.marks]
         decode_tokens = sum(max(r.output_tokens - 1, 0) for g in generations for r in g.requests)
-        row.update(telemetry.trial_columns(
-            handle, idle_power_w=idle_power_w, marks=marks, output_tokens=output_tokens,
-            requests=n_requests, decode_tokens=decode_tokens,
-            iteration_bounds=[(g.t_start_s, g.t_end_s) for g in generations],
-        ))
+        report = telemetry.report(handle, marks=marks, iteration_bounds=[(g.t_start_s, g.t_end_s) for g in generations])
+        row.update(telemetry.environment())
+        row.update(energy_columns(report, idle_power_w=idle_power_w, output_tokens=output_tokens,
+                                  requests=n_requests, decode_tokens=decode_tokens))
         precision = window_precision(generations, telemetry)
         row.update(precision.columns(trial.measure.target_rel_ci, energy_expected=telemetry.active))
         throughput_cv = iteration_throughput_cv(generations)

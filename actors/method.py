@@ -29,9 +29,42 @@ from sweeper.core.trial import Trial
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from actors.telemetry import EnergyWindow, TelemetryBase
     from actors.telemetry import Measurement as Handle
-    from actors.telemetry import TelemetryBase
     from actors.telemetry.telemetry import Marks
+
+# A window's energy as the trial row states it: the same for offline windows and a serving
+# run's steady window (``window_energy_columns``).
+WINDOW_ENERGY_COLUMNS: tuple[str, ...] = (
+    "energy_j", "energy_per_token_j", "avg_power_w", "peak_power_w", "p99_power_w", "idle_power_w",
+    "active_energy_j", "energy_method", "energy_uncertainty_j", "energy_per_token_uncertainty_j",
+)
+
+
+def ratio(numerator: float | None, denominator: float | int | None) -> float | None:
+    """numerator / denominator, or None where either is missing (or the denominator 0)."""
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def window_energy_columns(window: EnergyWindow | None, *, idle_power_w: float | None,
+                          output_tokens: int) -> dict[str, Any]:
+    """The headline energy figures of a window that produced ``output_tokens``: its energy and
+    power as metered, per token, and above the idle baseline (``active_energy_j``: what the
+    work drew beyond the loaded, idle GPUs over the same time). All None without a window."""
+    cols: dict[str, Any] = dict.fromkeys(WINDOW_ENERGY_COLUMNS)
+    if window is None:
+        return cols
+    cols.update(
+        energy_j=window.energy_j, energy_per_token_j=ratio(window.energy_j, output_tokens),
+        avg_power_w=window.avg_power_w, peak_power_w=window.peak_power_w, p99_power_w=window.p99_power_w,
+        idle_power_w=idle_power_w,
+        active_energy_j=None if idle_power_w is None else window.energy_j - idle_power_w * window.duration_s,
+        energy_method=window.method, energy_uncertainty_j=window.uncertainty_j,
+        energy_per_token_uncertainty_j=ratio(window.uncertainty_j, output_tokens),
+    )
+    return cols
 
 
 @dataclass

@@ -275,22 +275,24 @@ def run(args: argparse.Namespace) -> None:
         dumps: list[dict] = []
         if args.dump:
             # Diagnostics: everything the meter saw around each window, to replay it offline.
-            orig_columns = tel.trial_columns
+            orig_report = tel.report
 
-            def columns_and_dump(handle, *a, _orig=orig_columns, _tel=tel, _dumps=dumps, **kw):
-                cols = _orig(handle, *a, **kw)
+            def report_and_dump(handle, *, marks, iteration_bounds, _orig=orig_report, _tel=tel, _dumps=dumps):
+                report = _orig(handle, marks=marks, iteration_bounds=iteration_bounds)
                 w = handle.window
                 lo, hi = w.t_start_s - 2.0, w.t_end_s + 2.0
                 _dumps.append({
                     "window": [w.t_start_s, w.t_end_s, w.energy_j, w.uncertainty_j],
-                    "marks": kw["marks"], "iteration_bounds": kw["iteration_bounds"],
+                    "marks": marks, "iteration_bounds": iteration_bounds,
                     "sampler_rows": [list(r[:5]) for r in _tel.sampler.raw_rows(lo, hi)],
                     **_tel.meter.diagnostics(lo, hi),  # meter_reads, anchors
-                    "phases": {k: cols[k] for k in ("prefill_energy_j", "decode_energy_j", "energy_j")},
+                    "phases": {"prefill_energy_j": report.phase_energy_j.get("prefill") if report else None,
+                               "decode_energy_j": report.phase_energy_j.get("decode") if report else None,
+                               "energy_j": w.energy_j},
                 })
-                return cols
+                return report
 
-            tel.trial_columns = columns_and_dump  # type: ignore[method-assign]
+            tel.report = report_and_dump  # type: ignore[method-assign]
         rows = []
         # Each repeat runs once per counter-read spacing, back to back, so that
         # drift between repeats touches every spacing alike.
@@ -325,7 +327,7 @@ def run(args: argparse.Namespace) -> None:
         tel.policy = SamplingPolicy(energy_every=args.energy_every_default)
         tel.measure = orig_measure  # type: ignore[method-assign]
         if args.dump:
-            tel.trial_columns = orig_columns  # type: ignore[method-assign]
+            tel.report = orig_report  # type: ignore[method-assign]
             write_record(args.dump, "energy", dumps, quiet=True)
 
         # Sampler on vs off on the same loaded model, in ABBA blocks (drift in clocks

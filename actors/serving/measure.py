@@ -20,7 +20,7 @@ import numpy as np
 
 from actors.backends.base import Backend, LoadInfo
 from actors.measure import reply_length_columns
-from actors.method import Figures, Measurement, Window, measure
+from actors.method import Figures, Measurement, Window, measure, ratio, window_energy_columns
 from actors.serving import attribution
 from actors.serving.arrivals import serving_requests
 from actors.serving.records import ServedRun
@@ -144,10 +144,6 @@ def _marks(run: ServedRun, window: SteadyWindow | None) -> list[tuple[str, float
             ("drain", window.t_end_s, run.t_end_s)]
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else a / b
-
-
 def _columns(trial: Trial, run: ServedRun, window: SteadyWindow | None, telemetry: TelemetryBase,
              handle: Any, idle_power_w: float | None, last_arrival_s: float
              ) -> tuple[dict[str, Any], list[float] | None]:
@@ -163,7 +159,7 @@ def _columns(trial: Trial, run: ServedRun, window: SteadyWindow | None, telemetr
         "n_requests": len(run.requests), "n_failed_requests": len(run.failed),
         "offered_rate_req_s": offered, "run_duration_s": run_s,
         "max_concurrency_reached": int(in_flight(run.requests, run.t_end_s).values.max(initial=0)),
-        "goodput_req_s": _ratio(good, run_s) if good is not None else None,
+        "goodput_req_s": ratio(good, run_s) if good is not None else None,
         "slo_attainment": good / len(run.requests) if good is not None and run.requests else None,
         **latency_columns(run.requests),
     }
@@ -215,13 +211,10 @@ def _energy_columns(telemetry: TelemetryBase, handle: Any, window: SteadyWindow,
     """The steady window's energy (the headline), the whole run's beside it."""
     from actors.telemetry import TelemetryError
 
-    cols: dict[str, Any] = dict.fromkeys(("energy_j", "energy_per_token_j", "avg_power_w", "peak_power_w",
-                                          "p99_power_w", "active_energy_j", "energy_method",
-                                          "energy_uncertainty_j", "energy_per_token_uncertainty_j",
-                                          "run_energy_j", "run_energy_uncertainty_j"))
-    cols.update(telemetry.environment())
-    cols["idle_power_w"] = idle_power_w
-    cols["cpu_energy_j"], cols["dram_energy_j"] = handle.cpu_energy_j, handle.dram_energy_j
+    cols: dict[str, Any] = {**window_energy_columns(None, idle_power_w=None, output_tokens=output_tokens),
+                            **telemetry.environment(), "idle_power_w": idle_power_w,
+                            "cpu_energy_j": handle.cpu_energy_j, "dram_energy_j": handle.dram_energy_j,
+                            "run_energy_j": None, "run_energy_uncertainty_j": None}
     if handle.window is None:
         return cols
     try:
@@ -229,14 +222,8 @@ def _energy_columns(telemetry: TelemetryBase, handle: Any, window: SteadyWindow,
     except TelemetryError as exc:
         log.warning("no energy for the steady window: %s", exc)
         return cols
-    cols.update(
-        energy_j=steady.energy_j, energy_per_token_j=_ratio(steady.energy_j, output_tokens),
-        avg_power_w=steady.avg_power_w, peak_power_w=steady.peak_power_w, p99_power_w=steady.p99_power_w,
-        active_energy_j=None if idle_power_w is None else steady.energy_j - idle_power_w * steady.duration_s,
-        energy_method=steady.method, energy_uncertainty_j=steady.uncertainty_j,
-        energy_per_token_uncertainty_j=_ratio(steady.uncertainty_j, output_tokens),
-        run_energy_j=handle.window.energy_j, run_energy_uncertainty_j=handle.window.uncertainty_j,
-    )
+    cols.update(window_energy_columns(steady, idle_power_w=idle_power_w, output_tokens=output_tokens))
+    cols.update(run_energy_j=handle.window.energy_j, run_energy_uncertainty_j=handle.window.uncertainty_j)
     return cols
 
 

@@ -36,7 +36,8 @@ from actors.telemetry.policy import DEFAULT_POLICY, EnergyRead, SamplingPolicy
 from actors.telemetry.rapl import RaplReader, RaplSnapshot
 from actors.telemetry.sampler import TIMELINE_SCHEMA, Sampler, SamplerStats
 from actors.telemetry.telemetry import (
-    TRIAL_COLUMNS,
+    GPU_COLUMNS,
+    EnergyReport,
     Measurement,
     NullTelemetry,
     Telemetry,
@@ -51,7 +52,8 @@ __all__ = [
     "METHOD_INTERPOLATED",
     "METHOD_POWER",
     "TIMELINE_SCHEMA",
-    "TRIAL_COLUMNS",
+    "GPU_COLUMNS",
+    "EnergyReport",
     "baseline_columns",
     "trial_baseline",
     "CounterCurve",

@@ -31,13 +31,8 @@ from actors.telemetry.sampler import TIMELINE_SCHEMA, Sampler
 
 log = logging.getLogger(__name__)
 
-TRIAL_COLUMNS: tuple[str, ...] = (
-    "energy_j", "energy_per_token_j", "energy_per_request_j", "avg_power_w", "peak_power_w",
-    "p99_power_w", "idle_power_w", "active_energy_j", "prefill_energy_j", "decode_energy_j",
-    "decode_energy_per_token_j", "between_phases_energy_j", "energy_method", "energy_uncertainty_j",
-    "energy_per_token_uncertainty_j", "iteration_energy_cv", "cpu_energy_j",
-    "dram_energy_j", "gpu_uuids", "gpu_names", "gpu_power_limit_w", "driver_version",
-)
+# The held GPUs' columns (``environment``), the same for every trial of a telemetry.
+GPU_COLUMNS: tuple[str, ...] = ("gpu_uuids", "gpu_names", "gpu_power_limit_w", "driver_version")
 
 
 def default_sync() -> None:
@@ -79,10 +74,20 @@ class Measurement:
 Marks = list[tuple[str, float, float]]  # (phase name, t0, t1) on the telemetry's clock
 
 
-def _ratio(numerator: float | None, denominator: float | int | None) -> float | None:
-    if numerator is None or not denominator:
-        return None
-    return numerator / denominator
+@dataclass(frozen=True)
+class EnergyReport:
+    """What the telemetry measured over one trial's window, as Zeus's ``end_window`` returns
+    its ``Measurement``: the window's energy and power, the energy of each phase of the work
+    in it, of the host's gaps between phases, and how evenly its iterations drew. Figures
+    only: per-token and per-request figures are the measurement method's to derive
+    (``actors.method``), and whether they can be trusted is ``actors.stability``'s verdict."""
+
+    window: EnergyWindow
+    phase_energy_j: dict[str, float]  # by phase name (prefill, decode); empty: not computable
+    between_phases_energy_j: float | None  # None: no phases
+    iteration_energy_cv: float | None  # None: fewer than two >= 1 s blocks
+    cpu_energy_j: float | None = None
+    dram_energy_j: float | None = None
 
 
 # NVML's energy counter moves about every 100 ms, so the energy of a 0.2 s
@@ -184,11 +189,11 @@ class TelemetryBase(ABC):
         ``TelemetryError`` without GPUs."""
 
     @abstractmethod
-    def trial_columns(self, handle: Measurement, *, idle_power_w: float | None, marks: Marks,
-                      output_tokens: int, requests: int, decode_tokens: int,
-                      iteration_bounds: list[tuple[float, float]]) -> dict[str, Any]:
-        """The trial row's energy columns (``TRIAL_COLUMNS``) for the window ``measure`` yielded:
-        figures only; whether they can be trusted is ``actors.stability``'s verdict."""
+    def report(self, handle: Measurement, *, marks: Marks,
+               iteration_bounds: list[tuple[float, float]]) -> EnergyReport | None:
+        """The energy of the window ``measure`` yielded, split by ``marks`` and judged over
+        ``iteration_bounds``; None where there is none (no GPUs, or the window failed:
+        ``handle.error`` says why)."""
 
     @abstractmethod
     def environment(self) -> dict[str, Any]:
@@ -320,41 +325,21 @@ class Telemetry(TelemetryBase):
 
     # -- reporting ----------------------------------------------------------------------
 
-    def trial_columns(self, handle: Measurement, *, idle_power_w: float | None, marks: Marks,
-                      output_tokens: int, requests: int, decode_tokens: int,
-                      iteration_bounds: list[tuple[float, float]]) -> dict[str, Any]:
+    def report(self, handle: Measurement, *, marks: Marks,
+               iteration_bounds: list[tuple[float, float]]) -> EnergyReport | None:
         w = handle.window
-        cols: dict[str, Any] = dict.fromkeys(TRIAL_COLUMNS)
-        cols.update(self._gpu_columns())
         if w is None:
-            return cols
-
-        cols.update(
-            energy_j=w.energy_j,
-            energy_per_token_j=_ratio(w.energy_j, output_tokens),
-            energy_per_request_j=_ratio(w.energy_j, requests),
-            avg_power_w=w.avg_power_w,
-            peak_power_w=w.peak_power_w,
-            p99_power_w=w.p99_power_w,
-            idle_power_w=idle_power_w,
-            active_energy_j=None if idle_power_w is None else w.energy_j - idle_power_w * w.duration_s,
-            energy_method=w.method,
-            energy_uncertainty_j=w.uncertainty_j,
-            energy_per_token_uncertainty_j=_ratio(w.uncertainty_j, output_tokens),
-            cpu_energy_j=handle.cpu_energy_j,
-            dram_energy_j=handle.dram_energy_j,
-        )
+            return None
         try:
             phases = self.phase_energy(marks)
         except TelemetryError as exc:
             log.warning("phase energy unavailable: %s", exc)
             phases = {}
-        cols["prefill_energy_j"] = phases.get("prefill")
-        cols["decode_energy_j"] = phases.get("decode")
-        cols["between_phases_energy_j"] = self._between_phases_energy(w, marks) if phases else None
-        cols["decode_energy_per_token_j"] = _ratio(phases.get("decode"), decode_tokens)
-        cols["iteration_energy_cv"] = self._iteration_energy_cv(iteration_bounds)
-        return cols
+        return EnergyReport(
+            window=w, phase_energy_j=phases,
+            between_phases_energy_j=self._between_phases_energy(w, marks) if phases else None,
+            iteration_energy_cv=self._iteration_energy_cv(iteration_bounds),
+            cpu_energy_j=handle.cpu_energy_j, dram_energy_j=handle.dram_energy_j)
 
     def _between_phases_energy(self, window: EnergyWindow, marks: Marks) -> float | None:
         """J in the window outside every phase mark: host time between generate calls, where the
@@ -453,13 +438,12 @@ class NullTelemetry(TelemetryBase):
     def interval(self, name: str, t0_s: float, t1_s: float) -> EnergyWindow:
         raise TelemetryError(f"no GPU telemetry: {self.reason}")
 
-    def trial_columns(self, handle: Measurement, *, idle_power_w: float | None, marks: Marks,
-                      output_tokens: int, requests: int, decode_tokens: int,
-                      iteration_bounds: list[tuple[float, float]]) -> dict[str, Any]:
-        return dict.fromkeys(TRIAL_COLUMNS)
+    def report(self, handle: Measurement, *, marks: Marks,
+               iteration_bounds: list[tuple[float, float]]) -> EnergyReport | None:
+        return None
 
     def environment(self) -> dict[str, Any]:
-        return {"gpu_uuids": None, "gpu_names": None, "gpu_power_limit_w": None, "driver_version": None}
+        return dict.fromkeys(GPU_COLUMNS)
 
     def timeline_table(self, trial_id: str, t0_s: float, t1_s: float, marks: Marks | None = None) -> pa.Table:
         return _with_trial_id(TIMELINE_SCHEMA.empty_table(), trial_id, marks)

@@ -17,13 +17,14 @@ import pyarrow as pa
 import pynvml
 import pytest
 
+from actors.measure import ENERGY_COLUMNS, energy_columns
 from actors.telemetry import (
     DEFAULT_POLICY,
+    GPU_COLUMNS,
     METHOD_COUNTER,
     METHOD_INTERPOLATED,
     METHOD_POWER,
     TIMELINE_SCHEMA,
-    TRIAL_COLUMNS,
     CounterCurve,
     DeviceMappingError,
     EnergyMeter,
@@ -725,6 +726,18 @@ def measured_trial(tel, clock, p0, *, iterations=12, iter_s=1.0, prefill_s=0.04)
     return handle, marks, bounds
 
 
+# The offline method's energy columns, then the GPUs' (``actors.measure``): what a trial row holds.
+TRIAL_COLUMNS = (*ENERGY_COLUMNS, *GPU_COLUMNS)
+
+
+def trial_energy_columns(tel, handle, *, idle_power_w, marks, output_tokens, requests, decode_tokens,
+                         iteration_bounds):
+    """The telemetry's typed report of the window, turned into columns by the measurement method."""
+    report = tel.report(handle, marks=marks, iteration_bounds=iteration_bounds)
+    return {**energy_columns(report, idle_power_w=idle_power_w, output_tokens=output_tokens, requests=requests,
+                             decode_tokens=decode_tokens), **tel.environment()}
+
+
 def test_telemetry_trial_columns(monkeypatch, clock, tmp_path):
     gpu = FakeGpu(uuid(0), name="NVIDIA H200", power=PowerTrace(60.0, [(START_S + 4.0, 500.0)]))
     tel, p0 = open_telemetry(monkeypatch, clock, [gpu], tmp_path)
@@ -735,7 +748,7 @@ def test_telemetry_trial_columns(monkeypatch, clock, tmp_path):
     w = handle.window
     assert handle.cpu_energy_j == pytest.approx(42.0) and handle.dram_energy_j is None
 
-    cols = tel.trial_columns(handle, idle_power_w=idle_w, marks=marks, output_tokens=1200,
+    cols = trial_energy_columns(tel, handle, idle_power_w=idle_w, marks=marks, output_tokens=1200,
                              requests=12, decode_tokens=1188, iteration_bounds=bounds)
     assert tuple(cols) == TRIAL_COLUMNS
     assert cols["energy_j"] == pytest.approx(500.0 * w.duration_s, rel=1e-3)
@@ -759,7 +772,10 @@ def test_telemetry_trial_columns(monkeypatch, clock, tmp_path):
     assert cols["gpu_uuids"] == uuid(0) and cols["gpu_names"] == "NVIDIA H200"
     assert cols["gpu_power_limit_w"] == 700.0 and cols["driver_version"] == "580.95.05"
     assert "unstable" not in cols  # figures only: actors.stability judges them
-    assert tel.trial_columns(handle, idle_power_w=idle_w, marks=marks, output_tokens=1200, requests=12,
+    report = tel.report(handle, marks=marks, iteration_bounds=bounds)
+    assert report is not None and report.window is handle.window and set(report.phase_energy_j) == {"prefill", "decode"}
+    assert report.cpu_energy_j == cols["cpu_energy_j"] and report.iteration_energy_cv == cols["iteration_energy_cv"]
+    assert trial_energy_columns(tel, handle, idle_power_w=idle_w, marks=marks, output_tokens=1200, requests=12,
                              decode_tokens=1188, iteration_bounds=bounds) == cols
     assert tel.environment() == {"gpu_uuids": uuid(0), "gpu_names": "NVIDIA H200",
                                  "gpu_power_limit_w": 700.0, "driver_version": "580.95.05"}
@@ -779,7 +795,7 @@ def test_iteration_energy_spread_is_measured_and_noted_as_host_noise(monkeypatch
     tel, p0 = open_telemetry(monkeypatch, clock, [FakeGpu(uuid(0), power=PowerTrace(100.0, steps))], tmp_path)
     tel.sampler.run_inline(START_S + 3.0, clock.sleep)
     handle, marks, bounds = measured_trial(tel, clock, p0, iterations=6)
-    cols = tel.trial_columns(handle, idle_power_w=None, marks=marks, output_tokens=60, requests=6,
+    cols = trial_energy_columns(tel, handle, idle_power_w=None, marks=marks, output_tokens=60, requests=6,
                              decode_tokens=54, iteration_bounds=bounds)
     assert cols["iteration_energy_cv"] > 0.05
     verdict = Verdict()
@@ -815,11 +831,12 @@ def test_null_telemetry_reports_none_for_every_energy_column(monkeypatch, clock,
     with tel.measure("trial") as handle:
         clock.sleep(12.5)
     assert handle.duration_s == pytest.approx(12.5)
-    cols = tel.trial_columns(handle, idle_power_w=None, marks=[("prefill", 0.0, 1.0)],
+    cols = trial_energy_columns(tel, handle, idle_power_w=None, marks=[("prefill", 0.0, 1.0)],
                              output_tokens=100, requests=1, decode_tokens=99,
                              iteration_bounds=[(0.0, 1.0)])
     assert tuple(cols) == TRIAL_COLUMNS
     assert all(cols[k] is None for k in TRIAL_COLUMNS)
+    assert tel.report(handle, marks=[], iteration_bounds=[]) is None
     assert set(tel.environment().values()) == {None}
     table = tel.timeline_table("t", 0.0, 1.0)
     assert table.num_rows == 0 and table.column_names == ["trial_id", *TIMELINE_SCHEMA.names]
@@ -921,7 +938,7 @@ def test_short_steady_iterations_are_not_flagged_for_the_counters_resolution(mon
         tel, p0 = open_telemetry(monkeypatch, clock, [gpu], root)
         tel.sampler.run_inline(START_S + 3.0, clock.sleep)
         handle, marks, bounds = measured_trial(tel, clock, p0, iterations=60, iter_s=0.2, prefill_s=0.03)
-        cols = tel.trial_columns(handle, idle_power_w=None, marks=marks, output_tokens=60, requests=60,
+        cols = trial_energy_columns(tel, handle, idle_power_w=None, marks=marks, output_tokens=60, requests=60,
                                  decode_tokens=0, iteration_bounds=bounds)
         tel.close()
         return cols["iteration_energy_cv"]
@@ -946,7 +963,7 @@ def test_steady_iterations_in_blocks_of_unequal_size_are_not_flagged(monkeypatch
     tel.sampler.run_inline(START_S + 3.0, clock.sleep)
     handle, marks, bounds = measured_trial(tel, clock, p0, iterations=iterations, iter_s=iter_s, prefill_s=prefill_s)
     assert [n for _, _, n in iteration_blocks(bounds, MIN_STABILITY_BLOCK_S)][-1] == 3
-    cols = tel.trial_columns(handle, idle_power_w=None, marks=marks, output_tokens=iterations, requests=iterations,
+    cols = trial_energy_columns(tel, handle, idle_power_w=None, marks=marks, output_tokens=iterations, requests=iterations,
                              decode_tokens=0, iteration_bounds=bounds)
     tel.close()
     assert cols["iteration_energy_cv"] < 0.05
@@ -1018,7 +1035,7 @@ def test_energy_between_generate_calls_is_its_own_column(monkeypatch, clock, tmp
             bounds.append((t, t + 0.9))
             t += 1.0
             tel.sampler.run_inline(t, clock.sleep)
-    cols = tel.trial_columns(handle, idle_power_w=None, marks=marks, output_tokens=100, requests=10,
+    cols = trial_energy_columns(tel, handle, idle_power_w=None, marks=marks, output_tokens=100, requests=10,
                              decode_tokens=90, iteration_bounds=bounds)
     gap_j = cols["between_phases_energy_j"]
     assert gap_j == pytest.approx(450.0 * 0.1 * 10, rel=0.05)  # the trace is 450 W throughout the window
