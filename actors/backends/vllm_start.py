@@ -15,9 +15,12 @@ lines of that file that mark the ends of phases cut the load into stages:
 - ``kv_cache``: until CUDA-graph capture begins (the rest of the memory-profiling run,
   the KV cache sized and allocated);
 - ``cuda_graphs``: until "Graph capturing finished in N secs" (its start is that line's
-  time less N, which vLLM rounds to a second).
+  time less N, which vLLM rounds to a second);
+- ``engine_warmup``: until "init engine (...) took": the engine's warm-up after capture
+  (kernels compiled or autotuned on their first use).
 
-What follows (warm-up, the engine's handshake) stays in ``load``. A phase whose closing
+What follows (the engine's handshake with the front end) stays in ``load``, and so does
+what precedes the call (vLLM's import in the actor). A phase whose closing
 line is missing (another vLLM version, ``enforce_eager`` without compilation or graphs)
 is counted in the next phase found; a start with no line at all stays one ``load`` span.
 A ``VLLM_LOGGING_CONFIG_PATH`` the user set is kept, and then there is no breakdown.
@@ -58,6 +61,7 @@ _PHASES = (
     _Phase("weights", re.compile(r"^Model loading took .* ([\d.]+) seconds")),
     _Phase("engine_compile", re.compile(r"^torch\.compile (?:and initial profiling/warmup run together )?took")),
     _Phase("cuda_graphs", re.compile(r"^Graph capturing finished in ([\d.]+) secs"), stated=True),
+    _Phase("engine_warmup", re.compile(r"^init engine \(profile, create kv cache, warmup model\) took")),
 )
 # The time between the phase before a stated one and its start: the KV cache's.
 _BEFORE_STATED = "kv_cache"

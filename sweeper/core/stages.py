@@ -41,6 +41,8 @@ _STAGES = (
                                      "compile cache) in the engine's first profiling run"),
     Stage("kv_cache", "group", "vLLM: the rest of the memory-profiling run, the KV cache sized and allocated"),
     Stage("cuda_graphs", "group", "vLLM: CUDA-graph capture for the captured step sizes"),
+    Stage("engine_warmup", "group", "vLLM: the engine's warm-up after capture (kernels compiled or autotuned on "
+                                    "first use), until it reports ready"),
     Stage("compile", "trial", "compilation or graph capture for the trial's shape"),
     Stage("warmup", "trial", "unrecorded warm-up calls"),
     Stage("idle_baseline", "trial", "the GPU settling after the warm-up, then its idle baseline window"),

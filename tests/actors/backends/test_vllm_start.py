@@ -27,15 +27,15 @@ START = [
 def test_the_phases_of_a_start_partition_it_in_order():
     assert phases(START, 99.0, 132.0) == [
         Span("engine_start", 99.0, 104.0), Span("weights", 104.0, 106.0), Span("engine_compile", 106.0, 121.0),
-        Span("kv_cache", 121.0, 125.0), Span("cuda_graphs", 125.0, 130.0)]
+        Span("kv_cache", 121.0, 125.0), Span("cuda_graphs", 125.0, 130.0), Span("engine_warmup", 130.0, 131.0)]
     # Lines of another engine's start (before this load, or after it) are not this one's.
     assert phases(START, 131.5, 200.0) == []
     # enforce_eager: no compilation and no graphs; what lies after the weights stays in the load.
     eager = [line for line in START if "compile" not in line[1] and "Graph" not in line[1]]
-    assert [s.stage for s in phases(eager, 99.0, 132.0)] == ["engine_start", "weights"]
+    assert [s.stage for s in phases(eager, 99.0, 132.0)] == ["engine_start", "weights", "engine_warmup"]
     # A version without the compile line counts its compilation in the KV-cache phase.
     assert phases([line for line in START if not line[1].startswith("torch.compile")], 99.0, 132.0)[2:] == [
-        Span("kv_cache", 106.0, 125.0), Span("cuda_graphs", 125.0, 130.0)]
+        Span("kv_cache", 106.0, 125.0), Span("cuda_graphs", 125.0, 130.0), Span("engine_warmup", 130.0, 131.0)]
     # A stated length longer than the time since the previous phase starts at that phase's end.
     assert phases([(1.0, "Starting to load model m"), (2.0, "Graph capturing finished in 9 secs")], 0.0, 3.0) == [
         Span("engine_start", 0.0, 1.0), Span("cuda_graphs", 1.0, 2.0)]
