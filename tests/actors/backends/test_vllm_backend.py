@@ -212,15 +212,17 @@ def test_the_engine_captures_cuda_graphs_for_the_group_s_steps_only():
                                   "batch_sizes": [1, 8, 32], "workload": {"input_len": 64, "output_len": 4}}), "cuda")
     (group,) = plan.groups()
     assert group.load_request.step_tokens == (1, 8, 32, 64, 512, 2048)
-    kw = engine_kwargs(model_path="/m", precision="bf16", options=VllmOptions(), tensor_parallel=1, seed=0,
+    trials = VllmOptions(cudagraph_capture_sizes="trials")
+    kw = engine_kwargs(model_path="/m", precision="bf16", options=trials, tensor_parallel=1, seed=0,
                        dummy_weights=True, step_tokens=group.load_request.step_tokens)
     # 2048 tokens is above vLLM's largest default size: that prefill runs without a graph either way.
     assert kw["compilation_config"] == {"cudagraph_capture_sizes": [1, 8, 32, 64, 512]}
     # vLLM's own list; the sizes given; nothing to capture without graphs; steps not known in advance.
     assert capture_sizes(VllmOptions(cudagraph_capture_sizes="engine"), (1, 8)) is None
     assert capture_sizes(VllmOptions(cudagraph_capture_sizes=[16, 4, 4]), (1, 8)) == [4, 16]
-    assert capture_sizes(VllmOptions(enforce_eager=True), (1, 8)) is None
-    assert capture_sizes(VllmOptions(), None) is None and capture_sizes(VllmOptions(), (1024,)) is None
+    assert capture_sizes(VllmOptions(cudagraph_capture_sizes="trials", enforce_eager=True), (1, 8)) is None
+    assert capture_sizes(trials, None) is None and capture_sizes(trials, (1024,)) is None
+    assert capture_sizes(VllmOptions(), (1, 8)) is None  # the default: vLLM's own list
     natural = make_plan(parse_sweep({"name": "cg", "models": "tiny-llama", "backends": "vllm", "precisions": "bf16",
                                      "batch_sizes": [1, 8], "workload": {"input_len": 64, "output_len": "natural",
                                                                          "max_output_len": 4}}), "cuda")
@@ -229,7 +231,9 @@ def test_the_engine_captures_cuda_graphs_for_the_group_s_steps_only():
     with pytest.raises(ValueError, match="cudagraph_capture_sizes"):
         VllmOptions(cudagraph_capture_sizes=[0])
     # The default leaves trial ids alone (it is no option away from its default).
-    assert VllmOptions() == VllmOptions(cudagraph_capture_sizes="trials")
+    assert VllmOptions() == VllmOptions(cudagraph_capture_sizes="engine")
+    assert "compilation_config" not in engine_kwargs(model_path="/m", precision="bf16", options=VllmOptions(),
+                                                     tensor_parallel=1, seed=0, dummy_weights=True, step_tokens=(1, 8))
 
 
 def test_the_actor_hands_the_group_s_steps_to_the_backend_s_load(monkeypatch):
