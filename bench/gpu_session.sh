@@ -200,12 +200,14 @@ for kind in ('trials', 'requests', 'timeline'):
                  for t in trials requests stages; do cp "$RESULTS/server/$t.parquet" "$OUT/${1}_$t.parquet"; done
                  if [ "$b" = server ]; then cp "$RESULTS"/server/servers/*.log "$OUT/"; fi ;;
         server_engines)
-                 /usr/bin/time -v python3 -m sweeper run bench/server_engines_gpu.yaml -o "$RESULTS/server_engines" 2>&1 \
-                     | tee "$OUT/${1}_run.log" | tail -30
+                 # Bounded inside the call, so that the logs below come back even from a run that hangs.
+                 timeout "${STEP_TIMEOUT_S:-480}" python3 -m sweeper run bench/server_engines_gpu.yaml \
+                     -o "$RESULTS/server_engines" > "$OUT/${1}_run.log" 2>&1
+                 tail -30 "$OUT/${1}_run.log"
                  pgrep -af "vllm|transformers.cli|reaper.py" >> "$OUT/${1}_run.log" 2>&1 || echo "none left" >> "$OUT/${1}_run.log"
-                 for t in trials requests; do cp "$RESULTS/server_engines/$t.parquet" "$OUT/${1}_$t.parquet"; done
-                 # the servers' logs and their start timing files; the stages (each server's start broken down)
-                 (cd "$RESULTS/server_engines" && tar czf "$OUT/${1}_servers.tgz" stages.parquet servers) ;;
+                 for t in trials requests; do cp "$RESULTS/server_engines/$t.parquet" "$OUT/${1}_$t.parquet" 2>/dev/null; done
+                 # the servers' logs (and their start timing files), the stages, whatever there is
+                 (cd "$RESULTS/server_engines" && tar czf "$OUT/${1}_servers.tgz" $(ls -d stages.parquet servers shards 2>/dev/null)) ;;
         server_peer) python3 -m bench server-peer --model llama-3.1-8b --rates "${RATES:-4,16,32,64,inf}" \
                          --repeats "${REPEATS:-1}" --out "$OUT/server_peer.json" ;;
         overlap) python3 -m bench overlap --model llama-3.2-1b --threads 1,4 --rounds 6 --materialize llama-3.1-8b \
