@@ -30,6 +30,7 @@ SUBCOMMANDS = (
     "plan-scale",
     "driver-scale",
     "overlap",
+    "warmup",
     "stability",
     "vllm-compare",
     "serving",

@@ -63,7 +63,10 @@
 #               same results directory; then checks that no vLLM process outlived the sweep (§16)
 #   server_peer bench server-peer: vllm bench serve and sweeper's base_url client on one server (§16)
 #   server_engines  bench/server_engines_gpu.yaml: vllm serve and transformers serve, launched by
-#               sweeper, same arrivals and SLO: energy per request of two serving engines (§16)
+#               sweeper, same arrivals and SLO: energy per request of two serving engines (§17);
+#               ENGINE=vllm or ENGINE=transformers runs one engine's rows (a call each)
+#   warmup      bench warmup: a transformers trial's first generate call against steady calls,
+#               after idle, after empty_cache, at a new shape; profiled (1B bf16/int8/nf4, batch 1 and 32)
 #   start_cold  bench/start_gpu.yaml (1B, transformers bf16/int8/nf4 + vLLM bf16/fp8, fidelity vs bf16) on an
 #               empty vLLM compile cache: engine starts broken down, reference reuse, measured share of the wall
 #   start_warm  the same sweep again, on the cache start_cold filled (warm engine starts)
@@ -201,7 +204,11 @@ for kind in ('trials', 'requests', 'timeline'):
                  if [ "$b" = server ]; then cp "$RESULTS"/server/servers/*.log "$OUT/"; fi ;;
         server_engines)
                  # Bounded inside the call, so that the logs below come back even from a run that hangs.
-                 timeout "${STEP_TIMEOUT_S:-480}" python3 -m sweeper run bench/server_engines_gpu.yaml \
+                 # ENGINE=vllm|transformers runs that engine's rows alone (one call each), into the
+                 # same results directory.
+                 python3 -c "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); e = sys.argv[3]; d['backend_options']['server'] = [o for o in d['backend_options']['server'] if not e or o.get('launch') == e]; yaml.safe_dump(d, open(sys.argv[2], 'w'))" \
+                     bench/server_engines_gpu.yaml /tmp/server_engines.yaml "${ENGINE:-}"
+                 timeout "${STEP_TIMEOUT_S:-540}" python3 -m sweeper run /tmp/server_engines.yaml \
                      -o "$RESULTS/server_engines" > "$OUT/${1}_run.log" 2>&1
                  tail -30 "$OUT/${1}_run.log"
                  pgrep -af "vllm|transformers.cli|reaper.py" >> "$OUT/${1}_run.log" 2>&1 || echo "none left" >> "$OUT/${1}_run.log"
@@ -209,7 +216,11 @@ for kind in ('trials', 'requests', 'timeline'):
                  # the servers' logs (and their start timing files), the stages, whatever there is
                  (cd "$RESULTS/server_engines" && tar czf "$OUT/${1}_servers.tgz" $(ls -d stages.parquet servers shards 2>/dev/null)) ;;
         server_peer) python3 -m bench server-peer --model llama-3.1-8b --rates "${RATES:-4,16,32,64,inf}" \
-                         --repeats "${REPEATS:-1}" --out "$OUT/server_peer.json" ;;
+                         --repeats "${REPEATS:-1}" ${MATCHED:+--matched} --out "$OUT/server_peer.json" ;;
+        warmup) python3 -m bench warmup --model llama-3.2-1b --precisions bf16,int8,nf4 --batches 1,32 \
+                    --output-len 64 --out "$OUT/warmup.json" 2>&1 | grep -v "^USDT\|profiler_st"
+                python3 -m bench warmup --model llama-3.2-1b --precisions bf16 --batches 1,32 --output-len 64 \
+                    --profile --out "$OUT/warmup_profiled.json" 2>&1 | grep -v "^USDT\|profiler_st" ;;
         overlap) python3 -m bench overlap --model llama-3.2-1b --threads 1,4 --rounds 6 --materialize llama-3.1-8b \
                      --out "$OUT/overlap.json" ;;
         start_cold|start_warm|start_pair|start_pair_warm|start_8b)

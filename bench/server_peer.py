@@ -10,6 +10,11 @@ each rate, in turn on that one server:
   sweeper  ``sweeper run`` of a sweep whose backend is ``server`` with this server's
            ``base_url``: the same lengths, rate and number of requests.
 
+With ``--matched``, a third client runs in every repeat: ``peer-matched``, ``vllm bench
+serve`` sending the fields sweeper's client adds to each request (``min_tokens``, greedy
+decoding, per-chunk usage: ``stream_options.continuous_usage_stats``) through ``--extra-body``, so that
+a difference between the clients that those fields make shows as peer vs peer-matched.
+
 Each rate runs ``--repeats`` times, peer then sweeper, the seed of both clients set to the
 repeat's index, so that the difference between the clients can be set against the spread
 of one client's repeats (Poisson arrivals of a few hundred requests differ run to run).
@@ -45,8 +50,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--args", default='{"max-num-seqs": 128}', help="engine flags, JSON")
     parser.add_argument("--repeats", type=int, default=1, help="runs per rate and client, alternating")
+    parser.add_argument("--matched", action="store_true",
+                        help="also run vllm bench serve with sweeper's request fields (min_tokens, per-chunk usage)")
     parser.add_argument("--results", default="/tmp/sweeper-results/server_peer", help="sweeper's results directory")
     parser.add_argument("--out", required=True)
+
+
+def _matched_body(output_len: int) -> dict[str, Any]:
+    """The fields sweeper's client adds to each vLLM request, from its vllm dialect itself:
+    ``min_tokens`` (with ``ignore_eos``), greedy decoding, per-chunk usage. ``include_usage``
+    is among them, which vllm bench serve reads too."""
+    from sweeper.core.servers import DIALECTS
+
+    dialect = DIALECTS["vllm"]
+    body = dialect.length_fields(output_len, exact=True, eos_token_id=None)
+    body.pop("max_tokens")  # vllm bench serve sets it from --random-output-len
+    return {**body, "stream_options": dialect.stream_options()}
 
 
 def _count(rate: float, duration_s: float, cap: int) -> int:
@@ -54,8 +73,8 @@ def _count(rate: float, duration_s: float, cap: int) -> int:
 
 
 def _peer(base: str, served: str, tokenizer: str, rate: float, n: int, seed: int, args: argparse.Namespace,
-          result_dir: Path) -> dict[str, Any]:
-    name = f"peer_{rate:g}_{seed}.json"
+          result_dir: Path, extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
+    name = f"peer_{rate:g}_{seed}{'_matched' if extra_body else ''}.json"
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
            "--base-url", base, "--endpoint", "/v1/completions", "--model", served, "--tokenizer", tokenizer,
            "--dataset-name", "random", "--random-input-len", str(args.input_len),
@@ -63,6 +82,8 @@ def _peer(base: str, served: str, tokenizer: str, rate: float, n: int, seed: int
            "--request-rate", "inf" if math.isinf(rate) else str(rate), "--ignore-eos", "--seed", str(seed),
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
            "--save-result", "--result-dir", str(result_dir), "--result-filename", name]
+    if extra_body:
+        cmd += ["--extra-body", json.dumps(extra_body)]
     t0 = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
@@ -132,10 +153,15 @@ def run(args: argparse.Namespace) -> int:
                     "peer": _peer(base, served, model, rate, n, seed, args, peer_dir),
                     "sweeper": _sweeper(base, served, rate, n, seed, args,
                                         Path(args.results) / f"rate_{text}_{seed}", log)}
+                if args.matched:
+                    entry["peer_matched"] = _peer(base, served, model, rate, n, seed, args, peer_dir,
+                                                  extra_body=_matched_body(args.output_len))
                 p, s = entry["peer"], entry["sweeper"]
                 for ours, theirs in (("ttft_p50_ms", "median_ttft_ms"), ("tpot_p50_ms", "median_tpot_ms")):
                     if s.get(ours) is not None and p.get(theirs):
                         entry[f"{ours}_ratio"] = s[ours] / p[theirs]
+                    if s.get(ours) is not None and entry.get("peer_matched", {}).get(theirs):
+                        entry[f"{ours}_ratio_matched"] = s[ours] / entry["peer_matched"][theirs]
                 runs.append(entry)
                 write_record(out, "server-peer", results)
     finally:
