@@ -235,7 +235,7 @@ for kind in ('trials', 'requests', 'timeline'):
                      set -- $r
                      python3 -m sweeper run "$1" -o "$RESULTS/start_$2" > "/tmp/start_$2.log" 2>&1
                      tail -12 "/tmp/start_$2.log"; cp "/tmp/start_$2.log" "$RESULTS/start_$2/run.log"
-                     cp /tmp/sweeper-vllm/*.timing "$RESULTS/start_$2/" 2>/dev/null
+                     cp "${SWEEPER_CACHE:-$HOME/.cache/sweeper}"/vllm-start/*.timing "$RESULTS/start_$2/" 2>/dev/null
                      du -sh "${VLLM_CACHE_ROOT:-$HOME/.cache/sweeper/vllm}" 2>/dev/null
                      (cd "$RESULTS" && tar czf "$OUT/start_$2.tgz" "start_$2/trials.parquet" "start_$2/stages.parquet" \
                          "start_$2/run.log" $(cd "$RESULTS" && ls start_$2/*.timing 2>/dev/null))

@@ -38,7 +38,6 @@ import gc
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -282,7 +281,7 @@ class VllmBackend(Backend):
     def load(self, spec: ModelSpec) -> LoadInfo:
         share_compile_cache()
         # Before vLLM's first import in this process: every vLLM process reads it then.
-        timing = vllm_start.install(Path(tempfile.gettempdir()) / "sweeper-vllm", f"engine-{os.getpid()}")
+        timing = vllm_start.install(vllm_start.engine_log_dir(), f"engine-{os.getpid()}")
         import vllm
 
         self.options = spec.options_as(VllmOptions)

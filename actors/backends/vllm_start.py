@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 
 # One record per line: wall time (s since the epoch), pid, message (first line only).
 _TIMING_FORMAT = "%(created).6f %(process)d %(message)s"
+# An in-process engine's files (actors/backends/vllm.py) live in the node's cache, one pair
+# per actor process; files no process has written to for this long are removed at the next
+# install, so that a node that runs sweeps for months keeps a bounded number of them.
+STALE_AFTER_S = 7 * 24 * 3600.0
+
 # vLLM's console format without its own formatter class (kept out of a config file that
 # must load in every vLLM version).
 _CONSOLE_FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
@@ -74,6 +79,28 @@ class Span:
     end_s: float
 
 
+def engine_log_dir() -> Path:
+    """Where in-process engines' logging configurations and timing files go: the node's cache."""
+    from actors.models import cache_root
+
+    return cache_root() / "vllm-start"
+
+
+def prune(directory: Path, older_than_s: float = STALE_AFTER_S, now_s: float | None = None) -> int:
+    """Remove the timing files and configurations in ``directory`` untouched for ``older_than_s``;
+    returns how many. A file another process removes first is not an error."""
+    now_s = time.time() if now_s is None else now_s
+    removed = 0
+    for path in [*directory.glob("*.timing"), *directory.glob("*.logging.json")]:
+        try:
+            if now_s - path.stat().st_mtime > older_than_s:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:
+            continue
+    return removed
+
+
 def install(directory: Path, name: str, env: dict[str, str] | None = None) -> Path | None:
     """Write a logging configuration that also sends vLLM's records to ``directory/name.timing``
     and point ``env`` (default: this process's environment) at it. Returns the timing file,
@@ -85,6 +112,7 @@ def install(directory: Path, name: str, env: dict[str, str] | None = None) -> Pa
     if (users and Path(users).parent != directory) or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
         return None  # the user's own logging configuration
     directory.mkdir(parents=True, exist_ok=True)
+    prune(directory)
     config.write_text(json.dumps({
         "version": 1, "disable_existing_loggers": False,
         "formatters": {"console": {"format": _CONSOLE_FORMAT, "datefmt": "%m-%d %H:%M:%S"},

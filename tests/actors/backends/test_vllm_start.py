@@ -4,10 +4,22 @@ logging configuration: a real child process logging vLLM's own messages, and the
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 
-from actors.backends.vllm_start import Span, install, phases, read_lines, read_phases, size
+from actors.backends.vllm_start import (
+    STALE_AFTER_S,
+    Span,
+    engine_log_dir,
+    install,
+    phases,
+    prune,
+    read_lines,
+    read_phases,
+    size,
+)
 
 # vLLM 0.26's messages, as its format strings render them (actors/backends/vllm_start.py).
 START = [
@@ -78,3 +90,27 @@ def test_a_logging_configuration_the_user_set_is_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_LOGGING_CONFIG_PATH", str(tmp_path / "mine.json"))
     assert install(tmp_path / "logs", "engine-1", {}) is None
     assert read_phases(None, 0, 0.0, 1.0) == []
+
+
+def test_engine_files_live_in_the_node_cache_and_stale_ones_are_pruned(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
+    monkeypatch.setenv("SWEEPER_CACHE", str(tmp_path / "cache"))
+    directory = engine_log_dir()
+    assert directory == tmp_path / "cache" / "vllm-start"
+    old = install(directory, "engine-1", {})
+    assert old is not None
+    old.write_text("1.0 1 Starting to load model m\n")
+    live = install(directory, "engine-2", {})
+    assert live is not None
+    live.write_text("")
+    stale_s = time.time() - STALE_AFTER_S - 60
+    for path in (old, directory / "engine-1.logging.json"):
+        os.utime(path, (stale_s, stale_s))
+    other = directory / "notes.txt"  # not sweeper's: never touched
+    other.write_text("x")
+    os.utime(other, (stale_s, stale_s))
+    # The next engine's install prunes what no process wrote to for a week, and nothing else.
+    assert install(directory, "engine-3", {}) is not None
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "engine-2.logging.json", "engine-2.timing", "engine-3.logging.json", "notes.txt"]
+    assert prune(directory, older_than_s=0.0, now_s=time.time() + 1) == 3  # engine-3 has no timing file yet
