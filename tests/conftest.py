@@ -14,11 +14,12 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the real ``sweeper`` command line in a fresh process."""
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the real ``sweeper`` command line in a fresh process (``env``: added to this one's)."""
     return subprocess.run(
         [sys.executable, "-m", "sweeper", *args], cwd=cwd or ROOT, capture_output=True,
-        text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"},
+        text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
 
 

@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="fault")
     p.add_argument("--ready-after-s", type=float, default=0.0, help="/v1/models answers 503 until then")
     p.add_argument("--never-ready", action="store_true")
+    p.add_argument("--models-error", type=int, default=None,
+                   help="/v1/models always answers this HTTP status (a server up but broken)")
     p.add_argument("--exit-before-ready", type=int, default=None, help="print a message and exit with this code")
     p.add_argument("--die-after", type=int, default=None, help="exit once this many requests have begun")
     p.add_argument("--http-error-every", type=int, default=None, help="every Nth request answers HTTP 500")
@@ -63,6 +65,8 @@ async def models(request: Any) -> Any:
     from aiohttp import web
 
     f: Faults = request.app["faults"]
+    if f.args.models_error is not None:
+        return web.json_response({"error": "Cache directory not found"}, status=f.args.models_error)
     if f.args.never_ready or time.monotonic() - f.started_s < f.args.ready_after_s:
         return web.json_response({"error": "loading"}, status=503)
     return web.json_response({"object": "list", "data": [{"id": f.args.model, "object": "model"}],

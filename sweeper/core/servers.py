@@ -102,6 +102,10 @@ class ServerEngine:
     # The engine logs its start's phases as vLLM does (actors/backends/vllm_start.py): the
     # load is broken down into them in the stages table.
     logs_start_phases: bool = False
+    # The server lists its models by scanning the Hugging Face Hub cache, and answers that list
+    # with an error where the directory does not exist (transformers serve 5.17, on a machine
+    # that never downloaded a model): the launcher creates it first.
+    lists_hub_cache: bool = False
 
     def unsupported(self, precision: str, device: str, tensor_parallel: int) -> str | None:
         if device not in self.devices:
@@ -184,6 +188,7 @@ ENGINES: dict[str, ServerEngine] = {
             served_name_flag=None, tensor_parallel_flag=None, seed_flag="--default-seed",
             # Continuous batching: a server batches the requests in flight, as the others do.
             extra_flags=("--continuous-batching", "--device", "{device}", "--log-level", "warning"),
+            lists_hub_cache=True,
             precision_notes={"fp8": "transformers serve has no fp8 flag",
                              "fp4": "transformers serve quantizes to bnb-4bit (nf4) or bnb-8bit only"},
             version_module="transformers",

@@ -53,8 +53,12 @@ def test_launched_transformers_servers_end_to_end(tmp_path, write_sweep, smollm2
                             "{model: tiny-llama, precision: fp32}]")
     sweep = write_sweep(text.replace("request_rate: [4, 16]", "request_rate: [8]"))
     out = tmp_path / "server"
-    proc = run_cli("run", str(sweep), "-o", str(out), "-q")
+    # A machine that never downloaded a model has no Hub cache directory, and transformers
+    # serve answers its model list with an error there: the launcher creates it.
+    hub = tmp_path / "no-hub-yet" / "hub"
+    proc = run_cli("run", str(sweep), "-o", str(out), "-q", env={"HF_HUB_CACHE": str(hub)})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert hub.is_dir()
     rows = duckdb.sql(f"SELECT * FROM '{out}/trials.parquet' ORDER BY model").df()
     launched = rows[rows["server_engine"] == "transformers"]
     assert len(launched) == 2 and set(launched["status"]) == {"ok"}, rows[["status", "error"]]

@@ -153,6 +153,10 @@ class ServerBackend(Backend):
         fields = {"model": model_path, "served_model": served, "dtype": dtype_of(spec.precision),
                   "tensor_parallel": str(spec.tensor_parallel), "seed": str(spec.seed), "device": device}
         env = dict(os.environ)
+        if engine is not None and engine.lists_hub_cache:
+            from huggingface_hub.constants import HF_HUB_CACHE
+
+            Path(HF_HUB_CACHE).mkdir(parents=True, exist_ok=True)
         timing = (vllm_start.install(server_log_dir(), spec.name, env)
                   if engine is not None and engine.logs_start_phases else None)
         started_s = time.time()

@@ -34,6 +34,11 @@ TAIL_LINES = 5
 # How often readiness is polled, and how long one poll may take.
 READY_POLL_S = 0.25
 READY_REQUEST_TIMEOUT_S = 5.0
+# A server that answers its model list with an HTTP error this long is not starting: it is
+# broken (transformers serve without a Hub cache directory answers 500 forever), and the
+# group fails now with the server's answer instead of at measure.load_timeout_s. Long enough
+# for a server that answers 503 while it warms up.
+READY_ERROR_GRACE_S = 60.0
 
 
 class ServerError(RuntimeError):
@@ -120,20 +125,33 @@ class ServerProcess:
     def pid(self) -> int:
         return self.popen.pid
 
-    def wait_ready(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> float:
+    def wait_ready(self, timeout_s: float, clock: Callable[[], float] = time.monotonic,
+                   error_grace_s: float = READY_ERROR_GRACE_S) -> float:
         """Block until ``GET /v1/models`` answers 200; returns the seconds since launch.
 
-        Raises ``ServerError`` with the log's last lines if the server exits first, or
-        if ``timeout_s`` passes (the server is then stopped).
+        Raises ``ServerError`` with the log's last lines if the server exits first, if it
+        answers with an HTTP error for ``error_grace_s`` on end, or if ``timeout_s`` passes
+        (the server is then stopped). Refused connections are a server still starting.
         """
         deadline = self.started_s + timeout_s
+        erring_since: float | None = None
         while True:
             code = self.popen.poll()
             if code is not None:
                 raise ServerError(f"the server exited with code {code} before it was ready "
                                   f"(log {self.log_path}): {log_tail(self.log_path)}")
-            with contextlib.suppress(OSError, ValueError):
+            try:
                 get_json(self.base_url + "/models", timeout_s=min(READY_REQUEST_TIMEOUT_S, max(deadline - clock(), 0.1)))
+            except urllib.error.HTTPError as exc:
+                erring_since = clock() if erring_since is None else erring_since
+                if clock() - erring_since >= error_grace_s:
+                    self.stop(timeout_s=5.0)
+                    raise ServerError(
+                        f"the server answered GET {self.base_url}/models with HTTP {exc.code} for "
+                        f"{error_grace_s:g} s (log {self.log_path}): {log_tail(self.log_path)}") from None
+            except (OSError, ValueError):
+                erring_since = None
+            else:
                 self.ready_s = clock() - self.started_s
                 return self.ready_s
             if clock() >= deadline:

@@ -214,6 +214,27 @@ def test_a_server_never_ready_is_stopped_at_the_bound(tmp_path):
     assert wait_gone(read_pids(pid_file, 1)) == []
 
 
+def test_a_server_that_answers_errors_fails_after_the_grace_not_the_load_bound(tmp_path):
+    """Up but broken (transformers serve without a Hub cache answers its model list with 500):
+    the wait ends after the grace with the status, not at measure.load_timeout_s."""
+    pid_file = tmp_path / "pids"
+    proc = launch(tmp_path, "--pid-file", str(pid_file), "--models-error", "500")
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match=r"answered GET .*/v1/models with HTTP 500 for 1 s") as err:
+        proc.wait_ready(600.0, error_grace_s=1.0)
+    assert time.monotonic() - t0 < 30.0
+    assert "\n" not in str(err.value)
+    assert wait_gone(read_pids(pid_file, 1)) == []
+
+
+def test_a_server_answering_503_while_it_warms_up_is_waited_for(tmp_path):
+    proc = launch(tmp_path, "--ready-after-s", "1.5")
+    try:
+        assert proc.wait_ready(60.0, error_grace_s=30.0) >= 1.5
+    finally:
+        proc.stop(2.0)
+
+
 def test_a_killed_launcher_takes_its_server_with_it(tmp_path):
     """SIGKILL to the process that launched the server (what Ray does to an actor): nothing of
     the launcher runs any more, and the watchdog ends the server's group."""
