@@ -159,10 +159,7 @@ ENGINES: dict[str, ServerEngine] = {
             precision_flags={"fp16": _DTYPE["fp16"], "bf16": _DTYPE["bf16"],
                              "fp8": (*_DTYPE["bf16"], "--quantization", "fp8")},
             served_name_flag="--served-model-name", tensor_parallel_flag="--tensor-parallel-size",
-            # Off until a GPU run shows it: the first `vllm serve` run with sweeper's logging
-            # configuration (server_engines, BENCHMARKS §17) hung before its first trial, with
-            # its log lost; the in-process engine's breakdown is measured.
-            seed_flag="--seed", synthetic_flags=("--load-format", "dummy"), logs_start_phases=False,
+            seed_flag="--seed", synthetic_flags=("--load-format", "dummy"), logs_start_phases=True,
             # As the in-process backend: random prompts share no prefix, but the cache's
             # bookkeeping is work the numbers should not carry unless asked (args can turn it on).
             extra_flags=("--no-enable-prefix-caching",),
