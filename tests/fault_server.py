@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--never-ready", action="store_true")
     p.add_argument("--models-error", type=int, default=None,
                    help="/v1/models always answers this HTTP status (a server up but broken)")
+    p.add_argument("--models-error-unless-dir", default=None,
+                   help="/v1/models answers 500 while this directory does not exist (transformers serve's Hub cache)")
     p.add_argument("--exit-before-ready", type=int, default=None, help="print a message and exit with this code")
     p.add_argument("--die-after", type=int, default=None, help="exit once this many requests have begun")
     p.add_argument("--http-error-every", type=int, default=None, help="every Nth request answers HTTP 500")
@@ -65,6 +67,8 @@ async def models(request: Any) -> Any:
     from aiohttp import web
 
     f: Faults = request.app["faults"]
+    if f.args.models_error_unless_dir is not None and not os.path.isdir(f.args.models_error_unless_dir):
+        return web.json_response({"error": "Cache directory not found"}, status=500)
     if f.args.models_error is not None:
         return web.json_response({"error": "Cache directory not found"}, status=f.args.models_error)
     if f.args.never_ready or time.monotonic() - f.started_s < f.args.ready_after_s:
@@ -137,7 +141,8 @@ async def completions(request: Any) -> Any:
 
 
 def main() -> None:
-    args = _parser().parse_args()
+    # Flags it does not know (an engine's command line, when it stands in for one) are ignored.
+    args, _ = _parser().parse_known_args()
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     pids = [os.getpid()]

@@ -102,10 +102,11 @@ class ServerEngine:
     # The engine logs its start's phases as vLLM does (actors/backends/vllm_start.py): the
     # load is broken down into them in the stages table.
     logs_start_phases: bool = False
-    # The server lists its models by scanning the Hugging Face Hub cache, and answers that list
-    # with an error where the directory does not exist (transformers serve 5.17, on a machine
-    # that never downloaded a model): the launcher creates it first.
-    lists_hub_cache: bool = False
+    # The server's model list is the Hugging Face Hub cache's, not the model it was started
+    # with (transformers serve 5.17): it answers the list with an error where that directory
+    # does not exist (a machine that never downloaded a model), so the launcher creates it,
+    # and a model served from a path is not in the list, so the list is not checked for it.
+    model_list_is_hub_cache: bool = False
 
     def unsupported(self, precision: str, device: str, tensor_parallel: int) -> str | None:
         if device not in self.devices:
@@ -185,7 +186,7 @@ ENGINES: dict[str, ServerEngine] = {
             served_name_flag=None, tensor_parallel_flag=None, seed_flag="--default-seed",
             # Continuous batching: a server batches the requests in flight, as the others do.
             extra_flags=("--continuous-batching", "--device", "{device}", "--log-level", "warning"),
-            lists_hub_cache=True,
+            model_list_is_hub_cache=True,
             precision_notes={"fp8": "transformers serve has no fp8 flag",
                              "fp4": "transformers serve quantizes to bnb-4bit (nf4) or bnb-8bit only"},
             version_module="transformers",

@@ -88,7 +88,8 @@ class ServerBackend(Backend):
         device = "cuda" if gpus else "cpu"
         self.metered_uuids = [g.uuid for g in gpus]
         model_path = self._launch(spec, options, device) if options.launch is not None else self._connect(spec, options)
-        self._check_served()
+        if options.engine is None or not options.engine.model_list_is_hub_cache:
+            self._check_served()
         config = _config(model_path)
         vocab = self._prepare_prompts(model_path, config)
         name = gpus[0].name if gpus else ("cpu" if options.launch is not None else "remote server")
@@ -153,7 +154,7 @@ class ServerBackend(Backend):
         fields = {"model": model_path, "served_model": served, "dtype": dtype_of(spec.precision),
                   "tensor_parallel": str(spec.tensor_parallel), "seed": str(spec.seed), "device": device}
         env = dict(os.environ)
-        if engine is not None and engine.lists_hub_cache:
+        if engine is not None and engine.model_list_is_hub_cache:
             from huggingface_hub.constants import HF_HUB_CACHE
 
             Path(HF_HUB_CACHE).mkdir(parents=True, exist_ok=True)

@@ -263,6 +263,44 @@ def test_a_killed_launcher_takes_its_server_with_it(tmp_path):
         launcher.kill()
 
 
+def test_an_engine_whose_model_list_is_the_hub_cache_is_not_held_to_it(tmp_path, monkeypatch):
+    """transformers serve 5.17 lists the Hub cache's models, not the one it was started with
+    (on the GPU machine: an empty list), and answers the list with HTTP 500 where the cache
+    directory does not exist. The fault server stands in for it through the engine's own
+    command line: the launcher creates the directory and serves the model it started."""
+    import dataclasses
+
+    import huggingface_hub.constants
+
+    from actors.actor import TrialRunner
+    from sweeper.core import servers
+    from sweeper.plan.expand import make_plan
+    from sweeper.plan.spec import parse_sweep
+
+    hub = tmp_path / "never-downloaded" / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    stand_in = dataclasses.replace(servers.ENGINES["transformers"], program=(
+        "python", str(FAULT_SERVER), "--model", "some-cached-model", "--models-error-unless-dir", str(hub)))
+    monkeypatch.setitem(servers.ENGINES, "transformers", stand_in)
+    trial = make_plan(parse_sweep({
+        "name": "hub", "models": ["tiny-llama"], "backends": "server", "precisions": "fp32",
+        "backend_options": {"server": {"launch": "transformers"}},
+        "workload": {"mode": "serving", "input_len": 8, "output_len": 4, "request_rate": 50, "num_prompts": 10},
+        "measure": {"warmup_iters": 1, "idle_s": 0, "min_window_s": 0.05, "load_timeout_s": 60},
+    }), "cpu").runnable[0]
+    runner = TrialRunner()
+    try:
+        loaded = runner.load(trial)
+        assert loaded.ok, loaded.error
+        assert hub.is_dir()
+        row = runner.run(trial).row
+    finally:
+        runner.close()
+    assert row["status"] == "ok", row.get("error")
+    assert row["n_requests"] == 10 and row["n_failed_requests"] == 0
+    assert "some-cached-model" in row["server_command"]
+
+
 # -- an external server's energy site ------------------------------------------------------
 
 def test_an_energy_site_meters_the_named_gpus_and_lists_their_processes(tmp_path, monkeypatch):
