@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pid-file", default=None, help="append this process's pid (and its child's)")
     p.add_argument("--child", action="store_true", help="start a child process in the same process group")
     p.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (only SIGKILL ends it)")
+    p.add_argument("--env-out", default=None, help="write this process's environment (JSON) to this file at start")
     p.add_argument("--log-requests", default=None, help="append each request's JSON body to this file")
     return p
 
@@ -143,6 +144,9 @@ async def completions(request: Any) -> Any:
 def main() -> None:
     # Flags it does not know (an engine's command line, when it stands in for one) are ignored.
     args, _ = _parser().parse_known_args()
+    if args.env_out:
+        with open(args.env_out, "w") as f:
+            json.dump(dict(os.environ), f)
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     pids = [os.getpid()]

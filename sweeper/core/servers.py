@@ -107,6 +107,11 @@ class ServerEngine:
     # does not exist (a machine that never downloaded a model), so the launcher creates it,
     # and a model served from a path is not in the list, so the list is not checked for it.
     model_list_is_hub_cache: bool = False
+    # Environment variables naming the engine's caches, each pointed (unless the user set it) at
+    # a directory under sweeper's node cache: a launched server then finds what an earlier
+    # start compiled, the in-process engine's starts included, and wiping sweeper's cache
+    # wipes them too.
+    cache_dirs: Mapping[str, str] = field(default_factory=dict)
 
     def unsupported(self, precision: str, device: str, tensor_parallel: int) -> str | None:
         if device not in self.devices:
@@ -161,6 +166,8 @@ ENGINES: dict[str, ServerEngine] = {
                              "fp8": (*_DTYPE["bf16"], "--quantization", "fp8")},
             served_name_flag="--served-model-name", tensor_parallel_flag="--tensor-parallel-size",
             seed_flag="--seed", synthetic_flags=("--load-format", "dummy"), logs_start_phases=True,
+            # The directory the in-process vllm backend uses (actors/backends/vllm.py share_compile_cache).
+            cache_dirs={"VLLM_CACHE_ROOT": "vllm"},
             # As the in-process backend: random prompts share no prefix, but the cache's
             # bookkeeping is work the numbers should not carry unless asked (args can turn it on).
             extra_flags=("--no-enable-prefix-caching",),

@@ -154,6 +154,11 @@ class ServerBackend(Backend):
         fields = {"model": model_path, "served_model": served, "dtype": dtype_of(spec.precision),
                   "tensor_parallel": str(spec.tensor_parallel), "seed": str(spec.seed), "device": device}
         env = dict(os.environ)
+        if engine is not None:
+            from actors.models import cache_root
+
+            for variable, directory in engine.cache_dirs.items():
+                env.setdefault(variable, str(cache_root() / directory))
         if engine is not None and engine.model_list_is_hub_cache:
             from huggingface_hub.constants import HF_HUB_CACHE
 

@@ -9,6 +9,7 @@ after a failed start and after its launcher is SIGKILLed.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -263,28 +265,23 @@ def test_a_killed_launcher_takes_its_server_with_it(tmp_path):
         launcher.kill()
 
 
-def test_an_engine_whose_model_list_is_the_hub_cache_is_not_held_to_it(tmp_path, monkeypatch):
-    """transformers serve 5.17 lists the Hub cache's models, not the one it was started with
-    (on the GPU machine: an empty list), and answers the list with HTTP 500 where the cache
-    directory does not exist. The fault server stands in for it through the engine's own
-    command line: the launcher creates the directory and serves the model it started."""
+def _stand_in_group(monkeypatch, engine: str, *flags: str, **fields: Any) -> dict[str, Any]:
+    """Launch one group of ``launch: engine`` in this process (``TrialRunner``, no Ray) with the
+    fault server standing in for the engine's program, through the engine's own command line
+    (the flags it does not know, it ignores); returns the group's one trial row."""
     import dataclasses
-
-    import huggingface_hub.constants
 
     from actors.actor import TrialRunner
     from sweeper.core import servers
     from sweeper.plan.expand import make_plan
     from sweeper.plan.spec import parse_sweep
 
-    hub = tmp_path / "never-downloaded" / "hub"
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
-    stand_in = dataclasses.replace(servers.ENGINES["transformers"], program=(
-        "python", str(FAULT_SERVER), "--model", "some-cached-model", "--models-error-unless-dir", str(hub)))
-    monkeypatch.setitem(servers.ENGINES, "transformers", stand_in)
+    stand_in = dataclasses.replace(servers.ENGINES[engine], program=("python", str(FAULT_SERVER), *flags),
+                                   devices=frozenset({"cpu", "cuda"}), module="json", **fields)
+    monkeypatch.setitem(servers.ENGINES, engine, stand_in)
     trial = make_plan(parse_sweep({
-        "name": "hub", "models": ["tiny-llama"], "backends": "server", "precisions": "fp32",
-        "backend_options": {"server": {"launch": "transformers"}},
+        "name": "stand-in", "models": ["tiny-llama"], "backends": "server", "precisions": "bf16",
+        "backend_options": {"server": {"launch": engine}},
         "workload": {"mode": "serving", "input_len": 8, "output_len": 4, "request_rate": 50, "num_prompts": 10},
         "measure": {"warmup_iters": 1, "idle_s": 0, "min_window_s": 0.05, "load_timeout_s": 60},
     }), "cpu").runnable[0]
@@ -292,13 +289,46 @@ def test_an_engine_whose_model_list_is_the_hub_cache_is_not_held_to_it(tmp_path,
     try:
         loaded = runner.load(trial)
         assert loaded.ok, loaded.error
-        assert hub.is_dir()
-        row = runner.run(trial).row
+        return runner.run(trial).row
     finally:
         runner.close()
+
+
+def test_an_engine_whose_model_list_is_the_hub_cache_is_not_held_to_it(tmp_path, monkeypatch):
+    """transformers serve 5.17 lists the Hub cache's models, not the one it was started with
+    (on the GPU machine: an empty list), and answers the list with HTTP 500 where the cache
+    directory does not exist: the launcher creates the directory, and serves the model it
+    started although the list does not name it."""
+    import huggingface_hub.constants
+
+    hub = tmp_path / "never-downloaded" / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    row = _stand_in_group(monkeypatch, "transformers", "--model", "some-cached-model",
+                          "--models-error-unless-dir", str(hub))
+    assert hub.is_dir()
     assert row["status"] == "ok", row.get("error")
     assert row["n_requests"] == 10 and row["n_failed_requests"] == 0
     assert "some-cached-model" in row["server_command"]
+
+
+def test_a_launched_vllm_server_shares_the_node_s_compile_cache(tmp_path, monkeypatch):
+    """``vllm serve`` finds what in-process engines compiled (and they what it compiled): its
+    VLLM_CACHE_ROOT is sweeper's node cache, as the in-process backend's; one the user set stays."""
+    from actors.backends.vllm import share_compile_cache
+
+    monkeypatch.setenv("SWEEPER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    env_out = tmp_path / "env.json"
+    row = _stand_in_group(monkeypatch, "vllm", "--model", "tiny-llama", "--env-out", str(env_out))
+    assert row["status"] == "ok", row.get("error")
+    seen = json.loads(env_out.read_text())
+    assert seen["VLLM_CACHE_ROOT"] == str(tmp_path / "cache" / "vllm")
+    assert "VLLM_CACHE_ROOT" not in os.environ  # the server's environment, not the actor's
+    assert share_compile_cache() == seen["VLLM_CACHE_ROOT"]  # the in-process engine's directory
+
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "mine"))
+    _stand_in_group(monkeypatch, "vllm", "--model", "tiny-llama", "--env-out", str(env_out))
+    assert json.loads(env_out.read_text())["VLLM_CACHE_ROOT"] == str(tmp_path / "mine")
 
 
 # -- an external server's energy site ------------------------------------------------------
