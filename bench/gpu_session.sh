@@ -204,17 +204,18 @@ for kind in ('trials', 'requests', 'timeline'):
                  if [ "$b" = server ]; then cp "$RESULTS"/server/servers/*.log "$OUT/"; fi ;;
         server_engines)
                  # Bounded inside the call, so that the logs below come back even from a run that hangs.
-                 # ENGINE=vllm|transformers runs that engine's rows alone (one call each), into the
-                 # same results directory.
+                 # ENGINE=vllm|transformers runs that engine's rows alone (one call each), into a
+                 # results directory of its own (a sweep file with other rows would set the first
+                 # engine's results aside as superseded).
                  python3 -c "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); e = sys.argv[3]; d['backend_options']['server'] = [o for o in d['backend_options']['server'] if not e or o.get('launch') == e]; yaml.safe_dump(d, open(sys.argv[2], 'w'))" \
                      bench/server_engines_gpu.yaml /tmp/server_engines.yaml "${ENGINE:-}"
                  timeout "${STEP_TIMEOUT_S:-540}" python3 -m sweeper run /tmp/server_engines.yaml \
-                     -o "$RESULTS/server_engines" > "$OUT/${1}_run.log" 2>&1
+                     -o "$RESULTS/server_engines${ENGINE:+_$ENGINE}" > "$OUT/${1}_run.log" 2>&1
                  tail -30 "$OUT/${1}_run.log"
                  pgrep -af "vllm|transformers.cli|reaper.py" >> "$OUT/${1}_run.log" 2>&1 || echo "none left" >> "$OUT/${1}_run.log"
-                 for t in trials requests; do cp "$RESULTS/server_engines/$t.parquet" "$OUT/${1}_$t.parquet" 2>/dev/null; done
+                 for t in trials requests; do cp "$RESULTS/server_engines${ENGINE:+_$ENGINE}/$t.parquet" "$OUT/${1}_$t.parquet" 2>/dev/null; done
                  # the servers' logs (and their start timing files), the stages, whatever there is
-                 (cd "$RESULTS/server_engines" && tar czf "$OUT/${1}_servers.tgz" $(ls -d stages.parquet servers shards 2>/dev/null)) ;;
+                 (cd "$RESULTS/server_engines${ENGINE:+_$ENGINE}" && tar czf "$OUT/${1}_servers.tgz" $(ls -d stages.parquet servers shards 2>/dev/null)) ;;
         server_peer) python3 -m bench server-peer --model llama-3.1-8b --rates "${RATES:-4,16,32,64,inf}" \
                          --repeats "${REPEATS:-1}" ${MATCHED:+--matched} --out "$OUT/server_peer.json" ;;
         warmup) python3 -m bench warmup --model llama-3.2-1b --precisions bf16,int8,nf4 --batches 1,32 \
