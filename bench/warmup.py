@@ -83,61 +83,62 @@ def _stage_seconds(outcome: Any) -> dict[str, float]:
     return out
 
 
-def run(args: argparse.Namespace) -> None:
+def _probe(runner: Any, backend: Any, sources: Any, trial: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """One batch size: (profiled first call,) the real trial, steady calls, then one call each
+    after idle, after ``empty_cache`` and at a new shape."""
     import torch
 
+    b = trial.batch_size
+    source = sources.for_trial(trial)
+    entry: dict[str, Any] = {"precision": trial.precision, "batch": b}
+    if args.profile:
+        # The shape's first call, under the profiler, instead of the trial's warm-up.
+        entry["first_profiled"] = _profiled(backend, source.batch(-100, b))
+    outcome = runner.run(trial)
+    row = outcome.row
+    entry["trial"] = {"status": row.get("status"), "error": row.get("error"),
+                      "iteration_s": row["duration_s"] / row["n_iterations"] if row.get("n_iterations") else None,
+                      "stages_s": _stage_seconds(outcome)}
+    entry["calls_s"] = [_timed(backend, source.batch(-200 - i, b)) for i in range(args.calls)]
+    entry["steady_s"] = median(entry["calls_s"][1:]) or entry["calls_s"][0]
+    time.sleep(args.idle_s)
+    entry["idle_s"] = _timed(backend, source.batch(-300, b))
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    entry["emptied_s"] = _timed(backend, source.batch(-301, b))
+    entry["newshape_batch"] = b + 1
+    entry["newshape_s"] = _timed(backend, source.batch(-302, b + 1))
+    entry["newshape_again_s"] = _timed(backend, source.batch(-303, b + 1))
+    if args.profile:
+        entry["steady_profiled"] = _profiled(backend, source.batch(-304, b))
+    return entry
+
+
+def run(args: argparse.Namespace) -> None:
     from actors.actor import TrialRunner
     from actors.workload import PromptSources
 
-    cuda = torch.cuda.is_available()
     results: list[dict[str, Any]] = []
     for precision in args.precisions.split(","):
-        batches = [int(b) for b in args.batches.split(",")]
-        trials = {b: make_trial(args.model, batch=b, input_len=args.input_len, output_len=args.output_len,
-                                compile=False, precision=precision, window_s=args.window_s, idle_s=1.0)
-                  for b in batches}
+        trials = [make_trial(args.model, batch=int(b), input_len=args.input_len, output_len=args.output_len,
+                             compile=False, precision=precision, window_s=args.window_s, idle_s=1.0)
+                  for b in args.batches.split(",")]
         runner = TrialRunner()
-        load = runner.load(trials[batches[0]])
+        load = runner.load(trials[0])
         if not load.ok:
             results.append({"precision": precision, "load_error": load.error})
             continue
         backend, load_info = runner._loaded()
-        sources = PromptSources(load_info.vocab_size, trials[batches[0]].model_ref.max_positions)
+        sources = PromptSources(load_info.vocab_size, trials[0].model_ref.max_positions)
         try:
-            for b in batches:
-                trial = trials[b]
-                source = sources.for_trial(trial)
-                entry: dict[str, Any] = {"precision": precision, "batch": b}
-                if args.profile:
-                    # The shape's first call, under the profiler, instead of the trial's warm-up.
-                    entry["first_profiled"] = _profiled(backend, source.batch(-100, b))
-                outcome = runner.run(trial)
-                row = outcome.row
-                entry["trial"] = {"status": row.get("status"), "error": row.get("error"),
-                                  "iteration_s": (row["duration_s"] / row["n_iterations"]
-                                                  if row.get("n_iterations") else None),
-                                  "stages_s": _stage_seconds(outcome)}
-                entry["calls_s"] = [_timed(backend, source.batch(-200 - i, b)) for i in range(args.calls)]
-                steady = median(entry["calls_s"][1:]) or entry["calls_s"][0]
-                time.sleep(args.idle_s)
-                entry["idle_s"] = _timed(backend, source.batch(-300, b))
-                if cuda:
-                    torch.cuda.empty_cache()
-                entry["emptied_s"] = _timed(backend, source.batch(-301, b))
-                new_shape = trials[b].batch_size + 1
-                entry["newshape_batch"] = new_shape
-                entry["newshape_s"] = _timed(backend, sources.for_trial(trial).batch(-302, new_shape))
-                entry["newshape_again_s"] = _timed(backend, sources.for_trial(trial).batch(-303, new_shape))
-                entry["steady_s"] = steady
-                if args.profile:
-                    entry["steady_profiled"] = _profiled(backend, source.batch(-304, b))
-                warm = entry["trial"]["stages_s"].get("warmup")
-                print(f"{precision} batch {b}: steady {steady:.3f} s; trial warm-up {warm or float('nan'):.3f} s; "
-                      f"after idle {entry['idle_s']:.3f}; after empty_cache {entry['emptied_s']:.3f}; "
-                      f"new shape {entry['newshape_s']:.3f} then {entry['newshape_again_s']:.3f}"
-                      + (f"; profiled first {entry['first_profiled']['seconds']:.3f}" if args.profile else ""),
-                      flush=True)
-                results.append(entry)
+            for trial in trials:
+                e = _probe(runner, backend, sources, trial, args)
+                print(f"{precision} batch {e['batch']}: steady {e['steady_s']:.3f} s; trial warm-up "
+                      f"{e['trial']['stages_s'].get('warmup', float('nan')):.3f} s; after idle {e['idle_s']:.3f}; "
+                      f"after empty_cache {e['emptied_s']:.3f}; new shape {e['newshape_s']:.3f} then "
+                      f"{e['newshape_again_s']:.3f}"
+                      + (f"; profiled first {e['first_profiled']['seconds']:.3f}" if args.profile else ""), flush=True)
+                results.append(e)
         finally:
             runner.close()
     write_record(args.out, "warmup", {"environment": environment(), "args": vars(args), "results": results})

@@ -59,3 +59,20 @@ def test_record_says_what_produced_it(tmp_path, monkeypatch):
     old = tmp_path / "old.json"  # written before the record format: read whole
     old.write_text(json.dumps({"batches": {}}))
     assert benchkit.read_results(old) == {"batches": {}}
+
+
+def test_warmup_bench_times_first_steady_and_new_shape_calls_of_a_real_trial(tmp_path):
+    """``bench warmup`` on a tiny real model (CPU): a real trial per batch size, then the
+    calls it times, written as one record."""
+    out = tmp_path / "warmup.json"
+    done = subprocess.run([sys.executable, "-m", "bench", "warmup", "--model", "tiny-llama", "--precisions", "fp32",
+                           "--batches", "1,2", "--input-len", "8", "--output-len", "4", "--calls", "3",
+                           "--idle-s", "0", "--window-s", "0.2", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(out.read_text())["results"]["results"]
+    assert [(r["precision"], r["batch"], r["newshape_batch"]) for r in results] == [("fp32", 1, 2), ("fp32", 2, 3)]
+    for r in results:
+        assert r["trial"]["status"] == "ok" and r["trial"]["stages_s"]["warmup"] > 0
+        assert len(r["calls_s"]) == 3 and all(s > 0 for s in r["calls_s"])
+        assert min(r["idle_s"], r["emptied_s"], r["newshape_s"], r["newshape_again_s"]) > 0

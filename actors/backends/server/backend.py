@@ -27,7 +27,7 @@ from actors.backends.base import Backend, Generation, LoadInfo, ModelSpec
 from actors.backends.server.client import Endpoint, run_http
 from actors.backends.server.process import ServerError, ServerProcess, get_json
 from actors.serving.records import ServedRun, ServingRequest
-from sweeper.core.servers import RequestDialect, ServerOptions, dtype_of
+from sweeper.core.servers import RequestDialect, ServerEngine, ServerOptions, dtype_of
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,21 @@ def server_log_dir() -> Path:
     from actors.models import cache_root
 
     return Path(os.environ.get("SWEEPER_SERVER_LOGS") or cache_root() / "servers")
+
+
+def _prepare_engine(engine: ServerEngine, name: str, env: dict[str, str]) -> Path | None:
+    """What a registered engine needs before its launch (its registry entry says which): its
+    caches under sweeper's node cache, the Hub cache directory it lists, the logging
+    configuration its start's phases are read through. Returns that timing file, if any."""
+    from actors.models import cache_root
+
+    for variable, directory in engine.cache_dirs.items():
+        env.setdefault(variable, str(cache_root() / directory))
+    if engine.model_list_is_hub_cache:
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        Path(HF_HUB_CACHE).mkdir(parents=True, exist_ok=True)
+    return vllm_start.install(server_log_dir(), name, env) if engine.logs_start_phases else None
 
 
 def _visible_gpus() -> list[Any]:
@@ -88,8 +103,7 @@ class ServerBackend(Backend):
         device = "cuda" if gpus else "cpu"
         self.metered_uuids = [g.uuid for g in gpus]
         model_path = self._launch(spec, options, device) if options.launch is not None else self._connect(spec, options)
-        if options.engine is None or not options.engine.model_list_is_hub_cache:
-            self._check_served()
+        self._check_served(options)
         config = _config(model_path)
         vocab = self._prepare_prompts(model_path, config)
         name = gpus[0].name if gpus else ("cpu" if options.launch is not None else "remote server")
@@ -105,7 +119,9 @@ class ServerBackend(Backend):
         self.base_url, self.served_model = options.base_url.rstrip("/"), options.model
         return _model_dir(spec)
 
-    def _check_served(self) -> None:
+    def _check_served(self, options: ServerOptions) -> None:
+        if options.engine is not None and options.engine.model_list_is_hub_cache:
+            return  # its list names the Hub cache's models, not the one it was started with
         served = _served_models(self.base_url)
         if not self.served_model and len(served) == 1:  # a command's server: whatever it serves
             self.served_model = served[0]
@@ -140,31 +156,20 @@ class ServerBackend(Backend):
             raise BackendUnavailable(f"launch: {engine.name} needs the Python module {engine.module!r}, "
                                      "which is not installed on this worker")
         model_path = _model_dir(spec)
-        synthetic = spec.source == "synthetic"
         # The model is served under the sweep's name for it (a path would leak the cache's layout);
         # an engine that names it by its path serves the path; a command, whatever it serves.
         served = spec.location if engine is not None and engine.served_name_flag else model_path
         if engine is not None:
             argv = engine.command(model=model_path, served_model=served, precision=spec.precision,
-                                  tensor_parallel=spec.tensor_parallel, seed=spec.seed, synthetic=synthetic,
-                                  args=options.args)
+                                  tensor_parallel=spec.tensor_parallel, seed=spec.seed,
+                                  synthetic=spec.source == "synthetic", args=options.args)
         else:
             assert options.launch is not None and not isinstance(options.launch, str)
             argv = list(options.launch.command)
         fields = {"model": model_path, "served_model": served, "dtype": dtype_of(spec.precision),
                   "tensor_parallel": str(spec.tensor_parallel), "seed": str(spec.seed), "device": device}
         env = dict(os.environ)
-        if engine is not None:
-            from actors.models import cache_root
-
-            for variable, directory in engine.cache_dirs.items():
-                env.setdefault(variable, str(cache_root() / directory))
-        if engine is not None and engine.model_list_is_hub_cache:
-            from huggingface_hub.constants import HF_HUB_CACHE
-
-            Path(HF_HUB_CACHE).mkdir(parents=True, exist_ok=True)
-        timing = (vllm_start.install(server_log_dir(), spec.name, env)
-                  if engine is not None and engine.logs_start_phases else None)
+        timing = _prepare_engine(engine, spec.name, env) if engine is not None else None
         started_s = time.time()
         self.process = ServerProcess.launch(argv, log_path=server_log_dir() / f"{spec.name}.log",
                                             stop_timeout_s=options.stop_timeout_s, fields=fields, env=env)
