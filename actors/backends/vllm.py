@@ -60,6 +60,7 @@ from actors.quality.divergence import TopK
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.backends import VllmOptions
 from sweeper.core.precisions import PRECISIONS
+from sweeper.core.servers import VLLM_CACHE_DIR
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +265,7 @@ def share_compile_cache() -> str:
     processes inherit the environment, so it is set before the engine starts."""
     from actors.models import cache_root
 
-    return os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_root() / "vllm"))
+    return os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_root() / VLLM_CACHE_DIR))
 
 
 class VllmBackend(Backend):

@@ -25,6 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 EngineName = Literal["vllm", "sglang", "transformers"]
 Dialect = Literal["vllm", "sglang", "transformers", "openai"]
 
+# vLLM's cache directory (its compiled graphs) under sweeper's node cache: one per node, shared
+# by every vLLM start there, in-process (actors/backends/vllm.py) and launched `vllm serve`
+# (ENGINES below), so that each finds what another compiled.
+VLLM_CACHE_DIR = "vllm"
+
 # Placeholders a launch command may hold; each is replaced by the trial's value.
 COMMAND_FIELDS = ("port", "host", "model", "served_model", "dtype", "tensor_parallel", "seed", "device")
 
@@ -166,8 +171,7 @@ ENGINES: dict[str, ServerEngine] = {
                              "fp8": (*_DTYPE["bf16"], "--quantization", "fp8")},
             served_name_flag="--served-model-name", tensor_parallel_flag="--tensor-parallel-size",
             seed_flag="--seed", synthetic_flags=("--load-format", "dummy"), logs_start_phases=True,
-            # The directory the in-process vllm backend uses (actors/backends/vllm.py share_compile_cache).
-            cache_dirs={"VLLM_CACHE_ROOT": "vllm"},
+            cache_dirs={"VLLM_CACHE_ROOT": VLLM_CACHE_DIR},
             # As the in-process backend: random prompts share no prefix, but the cache's
             # bookkeeping is work the numbers should not carry unless asked (args can turn it on).
             extra_flags=("--no-enable-prefix-caching",),
