@@ -320,4 +320,5 @@ def measure_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Tel
     group's prompt source, built once per loaded model (else built here)."""
     if source is None:
         source = prompt_source(trial, load.vocab_size, trial.model_ref.max_positions)
-    return measure(trial, OfflineWindow(backend, trial, load, source, clock), telemetry, clock)
+    return measure(trial, OfflineWindow(backend, trial, load, source, clock), telemetry, clock,
+                   owner_pid=backend.process_owner())

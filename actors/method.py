@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from actors.stability import Verdict
 from actors.stages import stage
 from actors.telemetry.baseline import trial_baseline
+from actors.telemetry.occupancy import GpuOccupancy
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 WINDOW_ENERGY_COLUMNS: tuple[str, ...] = (
     "energy_j", "energy_per_token_j", "avg_power_w", "peak_power_w", "p99_power_w", "idle_power_w",
     "active_energy_j", "energy_method", "energy_uncertainty_j", "energy_per_token_uncertainty_j",
+    *(f"gpu_{name}" for name in ("energy_j", "avg_power_w", "peak_power_w", "peak_memory_bytes")),
 )
 
 
@@ -63,6 +65,10 @@ def window_energy_columns(window: EnergyWindow | None, *, idle_power_w: float | 
         active_energy_j=None if idle_power_w is None else window.energy_j - idle_power_w * window.duration_s,
         energy_method=window.method, energy_uncertainty_j=window.uncertainty_j,
         energy_per_token_uncertainty_j=ratio(window.uncertainty_j, output_tokens),
+        # Each metered GPU's part, in the order of gpu_uuids; the energies sum to energy_j.
+        gpu_energy_j=[g.energy_j for g in window.gpus], gpu_avg_power_w=[g.avg_power_w for g in window.gpus],
+        gpu_peak_power_w=[g.peak_power_w for g in window.gpus],
+        gpu_peak_memory_bytes=[g.peak_memory_bytes for g in window.gpus],
     )
     return cols
 
@@ -110,8 +116,10 @@ class Window(ABC):
 
 
 def measure(trial: Trial, window: Window, telemetry: TelemetryBase,
-            clock: Callable[[], float] = time.monotonic) -> Measurement:
-    """Run ``window`` through the method's steps (module docstring)."""
+            clock: Callable[[], float] = time.monotonic, *, owner_pid: int | None = None) -> Measurement:
+    """Run ``window`` through the method's steps (module docstring). ``owner_pid``: the process
+    whose descendants are the trial's own on its GPUs (``actors.telemetry.occupancy``; None:
+    not known, as for an external server)."""
     with stage("compile"):
         window.prepare()
     with stage("warmup"):
@@ -120,11 +128,14 @@ def measure(trial: Trial, window: Window, telemetry: TelemetryBase,
     # After the warm-up, the GPUs first settle (its power tail is not idle), then the baseline.
     with stage("idle_baseline"):
         baseline, baseline_cols = trial_baseline(telemetry, trial.measure)
+    occupancy = GpuOccupancy(owner_pid)
+    occupancy.observe(telemetry.gpu_processes())  # outside the window, as the read after it
     with stage("measure"), telemetry.measure(trial.trial_id) as handle:
         window.run(telemetry)
+    occupancy.observe(telemetry.gpu_processes())
     figures = window.figures(handle, telemetry, baseline.power_w if baseline is not None else None)
     figures.verdict.baseline(baseline)
-    row = {**figures.row, **baseline_cols, **figures.verdict.columns()}
+    row = {**figures.row, **baseline_cols, **occupancy.columns(), **figures.verdict.columns()}
     return Measurement(row=row, requests=figures.requests,
                        timeline=_timeline(telemetry, trial.trial_id, t_idle, figures))
 

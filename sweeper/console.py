@@ -143,11 +143,12 @@ def print_summary(err: Console, name: str, result: RunResult) -> None:
         _print_busy(err, result)
     if len(summary.placements) > 1:
         where = Table(title="per node and GPU", title_justify="left")
-        for col in ("node", "GPUs", "trials", "busy s", "model loads"):
-            where.add_column(col, justify="left" if col in ("node", "GPUs") else "right")
+        for col in ("node", "GPU", "trials", "busy s", "busy", "model loads"):
+            where.add_column(col, justify="left" if col in ("node", "GPU") else "right")
         for slot, use in sorted(summary.placements.items()):
-            node, _, gpus = slot.partition(" ")
-            where.add_row(node, gpus, str(use.trials), f"{use.busy_s:,.1f}", str(use.model_loads))
+            node, _, gpu = slot.partition(" ")
+            share = f"{use.busy_s / summary.wall_s:.0%}" if summary.wall_s > 0 else "-"
+            where.add_row(node, gpu, str(use.trials), f"{use.busy_s:,.1f}", share, str(use.model_loads))
         err.print(where)
     for line in summary.failures[:10]:
         err.print(f"  [red]failed[/] {line}", highlight=False)

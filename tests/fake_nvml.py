@@ -165,6 +165,7 @@ class FakeNvml:
         self.init_error = init_error
         self.initialized = False
         self.calls: dict[str, int] = {}
+        self.reads_by_uuid: dict[str, set[str]] = {}  # per GPU, the functions called on its handle
 
     def __getattr__(self, name: str):
         # Exception classes (NVMLError, NVMLError_NotSupported, ...) are the real ones.
@@ -180,6 +181,7 @@ class FakeNvml:
         n = self.calls[fn] = self.calls.get(fn, 0) + 1
         if handle is None:
             return
+        self.reads_by_uuid.setdefault(handle.gpu.uuid, set()).add(fn)
         if fn in handle.gpu.crash:
             raise handle.gpu.crash[fn]
         every = handle.gpu.fail_every.get(fn)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -217,11 +218,11 @@ class Backend(ABC):
         ``deadline_s`` (the actor's monotonic clock). Greedy, exactly ``output_len`` tokens."""
         raise NotImplementedError(f"{type(self).__name__} has no serving mode")
 
-    def run_columns(self) -> dict[str, Any]:
-        """Columns the backend adds to a trial's row after its run (declared in
-        sweeper.core.schema): what it saw that the method does not, e.g. which processes
-        shared the metered GPUs."""
-        return {}
+    def process_owner(self) -> int | None:
+        """The process whose descendants are this backend's on the metered GPUs (the actor's
+        own: engine workers and launched servers are its children); None where whose
+        processes run there cannot be told (``actors.telemetry.occupancy``)."""
+        return os.getpid()
 
     @staticmethod
     def is_out_of_memory(exc: BaseException) -> bool:

@@ -110,7 +110,6 @@ class ServingWindow(Window):
         assert run is not None, "figures() before run()"
         window = steady_window(run)
         row, request_energy = _columns(trial, run, window, telemetry, handle, idle_power_w, self.last_arrival_s)
-        row.update(self.backend.run_columns())
         if self.source.varies():
             done = [r for r in run.requests if r.ok]
             row.update(reply_length_columns([r.prompt_tokens for r in done], [r.output_tokens for r in done]))
@@ -134,7 +133,8 @@ def measure_serving_trial(backend: Backend, trial: Trial, load: LoadInfo, teleme
     the group's prompt source, built once per loaded model (else built here)."""
     if source is None:
         source = prompt_source(trial, load.vocab_size, trial.model_ref.max_positions)
-    return measure(trial, ServingWindow(backend, trial, source, clock), telemetry, clock)
+    return measure(trial, ServingWindow(backend, trial, source, clock), telemetry, clock,
+                   owner_pid=backend.process_owner())
 
 
 def _marks(run: ServedRun, window: SteadyWindow | None) -> list[tuple[str, float, float]]:

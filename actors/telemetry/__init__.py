@@ -23,6 +23,7 @@ from actors.telemetry.meter import (
     METHOD_POWER,
     EnergyMeter,
     EnergyWindow,
+    GpuShare,
     IdleBaseline,
 )
 from actors.telemetry.nvml import (
@@ -62,6 +63,7 @@ __all__ = [
     "EnergyRead",
     "EnergyWindow",
     "GpuInfo",
+    "GpuShare",
     "IdleBaseline",
     "Measurement",
     "NullTelemetry",

@@ -68,6 +68,9 @@ def trial_baseline(telemetry: TelemetryBase, m: MeasureSettings) -> tuple[IdleBa
 def baseline_columns(baseline: IdleBaseline | None) -> dict[str, Any]:
     """The trial row's baseline columns (besides ``idle_power_w``, which the energy columns carry)."""
     if baseline is None:
-        return dict.fromkeys(("idle_settle_s", "idle_baseline_reused", "idle_baseline_age_s", "idle_recheck_power_w"))
+        return dict.fromkeys(("idle_settle_s", "idle_baseline_reused", "idle_baseline_age_s", "idle_recheck_power_w",
+                              "gpu_idle_power_w"))
     return {"idle_settle_s": baseline.settle_s, "idle_baseline_reused": baseline.reused,
-            "idle_baseline_age_s": baseline.age_s, "idle_recheck_power_w": baseline.recheck_power_w}
+            "idle_baseline_age_s": baseline.age_s, "idle_recheck_power_w": baseline.recheck_power_w,
+            # Each GPU's own, in the order of gpu_uuids: they sum to idle_power_w.
+            "gpu_idle_power_w": [g.avg_power_w for g in baseline.window.gpus]}

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from actors.telemetry.curves import CounterCurve, PowerCurve
 from actors.telemetry.nvml import DeviceReader, GpuInfo, TelemetryError, unique_by_uuid
 from actors.telemetry.policy import DEFAULT_POLICY, SamplingPolicy
-from actors.telemetry.sampler import ENERGY_MJ, GPU_UUID, POWER_W, T_S, Sampler
+from actors.telemetry.sampler import ENERGY_MJ, GPU_UUID, MEMORY_USED_BYTES, POWER_W, T_S, Sampler
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +75,25 @@ def _no_sync() -> None:
 
 
 @dataclass(frozen=True)
+class GpuShare:
+    """One metered GPU's part of a window: its own counter's energy over the window's
+    boundaries, and what its own samples there read."""
+
+    uuid: str
+    energy_j: float
+    avg_power_w: float  # energy_j / the window's duration
+    peak_power_w: float | None  # the highest sampled power reading in the window (None: no sample)
+    peak_memory_bytes: int | None  # the highest sampled device memory in use (None: no sample)
+
+
+@dataclass(frozen=True)
 class EnergyWindow:
     name: str
     t_start_s: float
     t_end_s: float
     duration_s: float
-    energy_j: float  # total over GPUs
-    energy_j_per_gpu: dict[str, float]  # by uuid
+    energy_j: float  # total over GPUs: the sum of ``gpus``' energies
+    gpus: tuple[GpuShare, ...]  # one per metered GPU, in the telemetry's GPU order
     method: str
     uncertainty_j: float
     avg_power_w: float
@@ -89,6 +101,10 @@ class EnergyWindow:
     # driver has one, NVML's own ~100 ms average; else the 1 s trailing mean) within the window:
     peak_power_w: float | None  # the highest such sum: one reading can set it
     p99_power_w: float | None = None  # their 99th percentile: what a single reading cannot dominate
+
+    @property
+    def energy_j_per_gpu(self) -> dict[str, float]:
+        return {g.uuid: g.energy_j for g in self.gpus}
 
 
 @dataclass(frozen=True)
@@ -289,7 +305,8 @@ class EnergyMeter:
         there, and the work runs on both sides), with their uncertainty as for any window."""
         lo, hi = t0_s - self._margin_s, t1_s + self._margin_s
         counters, powers = self._series(lo, hi)
-        energy_j, terms, methods = 0.0, [], []
+        energies: dict[str, float] = {}
+        terms, methods = [], []
         for g in self.gpus:
             power = PowerCurve.from_samples(powers[g.uuid])
             curve = (CounterCurve.from_samples(counters[g.uuid], self._anchors_between(g.uuid, lo, hi), power)
@@ -298,14 +315,15 @@ class EnergyMeter:
                 and curve.covers(t1_s) else power
             if best is None:
                 raise TelemetryError(f"GPU {g.uuid}: no counter updates and no power samples for [{t0_s}, {t1_s}]")
-            energy_j += best.at(t1_s) - best.at(t0_s)
+            energies[g.uuid] = best.at(t1_s) - best.at(t0_s)
             terms += [best.boundary_uncertainty_j(t0_s), best.boundary_uncertainty_j(t1_s)]
             methods.append(METHOD_INTERPOLATED if best is curve else METHOD_POWER)
         duration_s = t1_s - t0_s
+        energy_j = sum(energies.values())
         sums = self._power_sums(t0_s, t1_s)
         return EnergyWindow(
             name=name, t_start_s=t0_s, t_end_s=t1_s, duration_s=duration_s, energy_j=energy_j,
-            energy_j_per_gpu={}, method=max(methods, key=_METHOD_RANK.__getitem__, default=METHOD_INTERPOLATED),
+            gpus=self._shares(energies, t0_s, t1_s), method=max(methods, key=_METHOD_RANK.__getitem__, default=METHOD_INTERPOLATED),
             uncertainty_j=math.sqrt(sum(u * u for u in terms)),
             avg_power_w=energy_j / duration_s if duration_s > 0 else 0.0,
             peak_power_w=max(sums) if sums else None,
@@ -456,7 +474,7 @@ class EnergyMeter:
         return EnergyWindow(
             name=name, t_start_s=t0, t_end_s=t1, duration_s=duration_s,
             energy_j=energy_j,
-            energy_j_per_gpu={uuid: e.energy_j for uuid, e in estimates.items()},
+            gpus=self._shares({uuid: e.energy_j for uuid, e in estimates.items()}, t0, t1),
             method=max((e.method for e in estimates.values()), key=_METHOD_RANK.__getitem__,
                        default=METHOD_INTERPOLATED),
             uncertainty_j=math.sqrt(sum(u * u for u in terms)),
@@ -496,6 +514,24 @@ class EnergyMeter:
             raise TelemetryError(f"GPU {gpu.uuid}: no energy counter and no power samples for [{t0}, {t1}]")
         return _GpuEstimate(power.at(t1) - power.at(t0), METHOD_POWER,
                             (power.boundary_uncertainty_j(t0), power.boundary_uncertainty_j(t1)))
+
+    def _shares(self, energies: dict[str, float], t0: float, t1: float) -> tuple[GpuShare, ...]:
+        """Each GPU's part of the window [t0, t1]: its energy (``energies``, by uuid) and the
+        peaks of its own samples there. Memory is read on the sampler's slow fields, so a
+        window shorter than their period may hold no memory reading (None)."""
+        peak_w: dict[str, float] = {}
+        peak_bytes: dict[str, int] = {}
+        for row in self._sampler.raw_rows(t0, t1):
+            uuid, power, memory = row[GPU_UUID], row[POWER_W], row[MEMORY_USED_BYTES]
+            if power is not None:
+                peak_w[uuid] = max(peak_w.get(uuid, power), power)
+            if memory is not None:
+                peak_bytes[uuid] = max(peak_bytes.get(uuid, memory), memory)
+        duration_s = t1 - t0
+        return tuple(GpuShare(uuid=g.uuid, energy_j=energies[g.uuid],
+                              avg_power_w=energies[g.uuid] / duration_s if duration_s > 0 else 0.0,
+                              peak_power_w=peak_w.get(g.uuid), peak_memory_bytes=peak_bytes.get(g.uuid))
+                     for g in self.gpus)
 
     def _power_sums(self, t0: float, t1: float) -> list[float]:
         """Per sample in [t0, t1], the power summed over the metered GPUs."""

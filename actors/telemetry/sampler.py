@@ -54,6 +54,7 @@ GPU_INDEX: Final = 1
 GPU_UUID: Final = 2
 POWER_W: Final = 3
 ENERGY_MJ: Final = 4
+MEMORY_USED_BYTES: Final = 6
 
 
 @dataclass(frozen=True)

@@ -199,6 +199,11 @@ class TelemetryBase(ABC):
     def environment(self) -> dict[str, Any]:
         """The held GPUs' columns: uuids, names, summed power limit, driver version."""
 
+    def gpu_processes(self) -> list[tuple[int, str]] | None:
+        """(pid, name) of the compute processes on the metered GPUs now; None where that
+        cannot be known (no GPU, or NVML would not say)."""
+        return None
+
     @abstractmethod
     def timeline_table(self, trial_id: str, t0_s: float, t1_s: float, marks: Marks | None = None) -> pa.Table:
         """Timeline rows in [t0, t1] with ``trial_id`` first; with ``marks``, a ``phase`` column last."""
@@ -393,6 +398,15 @@ class Telemetry(TelemetryBase):
 
     def environment(self) -> dict[str, Any]:
         return self._gpu_columns()
+
+    def gpu_processes(self) -> list[tuple[int, str]] | None:
+        from actors.telemetry.nvml import gpu_processes
+
+        try:
+            return gpu_processes([g.uuid for g in self.gpus])
+        except TelemetryError as exc:
+            log.warning("%s", exc)
+            return None
 
     def timeline_table(self, trial_id: str, t0_s: float, t1_s: float, marks: Marks | None = None) -> pa.Table:
         return _with_trial_id(self.sampler.table(t0_s, t1_s), trial_id, marks)

@@ -27,6 +27,7 @@ def _c(name: str, type_: pa.DataType, doc: str) -> Column:
 
 S, I, F, B = pa.string(), pa.int64(), pa.float64(), pa.bool_()  # noqa: E741 - short type aliases keep the table readable
 TS = pa.timestamp("us", tz="UTC")
+FL, IL = pa.list_(F), pa.list_(I)  # per-GPU figures, one element per GPU
 
 _IDENTITY: tuple[Column, ...] = (
     _c("trial_id", S, "content hash of the trial's configuration (stable across runs)"),
@@ -158,11 +159,13 @@ _RESULT: tuple[Column, ...] = (
     _c("server_log", S, "server backend: the launched server's log file, on the node that ran it"),
     _c("server_ready_s", F, "server backend: seconds from the launch until the server first answered GET /v1/models "
                             "(part of load_s)"),
-    _c("gpu_processes", S, "server backend: the compute processes NVML saw on the metered GPUs at the run's start "
+    _c("gpu_processes", S, "the compute processes NVML saw on the metered GPUs at the measured window's start "
                            "and end (pid name, ...)"),
-    _c("energy_exclusive", B, "server backend: every process on the metered GPUs belonged to the launched server's "
-                              "process group, so the energy is the server's alone; null for an external server "
-                              "(its energy is its own only if gpu_processes are all its processes)"),
+    _c("energy_exclusive", B, "every process on the metered GPUs at the window's start and end was the trial's "
+                              "own (the actor's process or one it started: engine workers, a launched server), "
+                              "so the energy is the trial's alone; false: another process used its GPUs; null: "
+                              "not known (an external server, whose processes sweeper cannot tell, no GPU, or a "
+                              "process whose parent could not be read)"),
     _c("energy_unmetered_reason", S, "why every energy column is null (no GPU; an external server whose GPUs the "
                                      "sweep does not locate); null where energy was metered"),
     _c("goodput_req_s", F, "serving: requests meeting every SLO bound / run_duration_s (vLLM's definition); null without an slo"),
@@ -190,6 +193,14 @@ _RESULT: tuple[Column, ...] = (
     _c("avg_power_w", F, "energy_j / duration_s"),
     _c("peak_power_w", F, "highest per-sample power (summed over the trial's GPUs) in the window; each sample is NVML's instantaneous power field where the driver has one (the mean of its ~100 ms update period), else nvmlDeviceGetPowerUsage (a 1 s trailing mean): one reading can set it, and a sub-second transient may exceed the power limit"),
     _c("p99_power_w", F, "99th percentile of the same per-sample power: what a few readings cannot dominate"),
+    # per GPU: list columns in the order of gpu_uuids (docs/SCHEMA.md says why lists)
+    _c("gpu_energy_j", FL, "per GPU of gpu_uuids: its own counter's energy over the window's boundaries; they sum "
+                           "to energy_j"),
+    _c("gpu_avg_power_w", FL, "per GPU: gpu_energy_j / duration_s"),
+    _c("gpu_peak_power_w", FL, "per GPU: its highest sampled power reading in the window (as peak_power_w, one GPU)"),
+    _c("gpu_peak_memory_bytes", IL, "per GPU: the highest device memory in use NVML read in the window (every "
+                                    "process on the GPU; the sampler's slow fields, every few samples)"),
+    _c("gpu_idle_power_w", FL, "per GPU: its mean power over the idle-baseline window; they sum to idle_power_w"),
     _c("idle_power_w", F, "mean power over the idle-baseline window, summed over the trial's GPUs: taken after the warm-up, with the model loaded and the power settled (idle_settle_s); what active_energy_j subtracts"),
     _c("idle_settle_s", F, "seconds the power took to stop falling after the warm-up, before the baseline window began (at most 10; longer is flagged unstable); null: no baseline, or a row from a version that did not settle"),
     _c("idle_baseline_reused", B, "idle_power_w is the group's baseline, taken for an earlier trial and re-checked for this one (idle_recheck_power_w within idle_reuse_tolerance_w of it); false: taken for this trial; null: no baseline"),
@@ -447,6 +458,11 @@ if __name__ == "__main__":  # python -m sweeper.core.schema > docs/SCHEMA.md
     print("Generated from `sweeper/core/schema.py` (`python -m sweeper.core.schema > docs/SCHEMA.md`); "
           "a test keeps the two in step. Units are in the column names: `_s` seconds, `_j` joules, "
           "`_w` watts, `_bytes` bytes, `_mj` millijoules, `_mhz` MHz, `_c` degrees Celsius, `_pct` per cent.\n")
+    print("Per-GPU figures (`gpu_energy_j`, `gpu_avg_power_w`, `gpu_peak_power_w`, `gpu_peak_memory_bytes`, "
+          "`gpu_idle_power_w`) are list columns of the trials table, one element per GPU in the order of "
+          "`gpu_uuids`, not a child table: a trial holds the GPUs of one node (a handful), so its row stays "
+          "whole and needs no join. In DuckDB, `list_sum(gpu_energy_j)` gives back `energy_j` and "
+          "`unnest(gpu_energy_j)` one row per GPU; in pandas each cell is a list.\n")
     print(schema_markdown())
     from sweeper.core.budget import BUDGET_COLUMNS
 

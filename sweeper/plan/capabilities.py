@@ -87,16 +87,17 @@ class Capabilities:
     def too_wide(self, device: str, num_gpus: int) -> str | None:
         """Why a trial of ``num_gpus`` can never be placed, or None.
 
-        Only the embedded cluster gives a verdict: it never grows, so a trial wider
-        than the machine would wait forever, while a real cluster may autoscale
-        (there the trial waits for a node). A machine with no GPU at all is planning
-        for some other machine: no verdict either.
+        A trial's GPUs are one node's (a tensor-parallel group spans no network), so a
+        trial wider than the widest node would wait forever. A cluster with no GPU node
+        at all gives no verdict: it is one that autoscales from zero (its GPU nodes come
+        with the demand), or the plan is for some other machine.
         """
-        if device != "cuda" or self.source != LOCAL:
+        if device != "cuda":
             return None
         gpus = max((n.gpus for n in self.nodes), default=0)
         if 0 < gpus < num_gpus:
-            return f"needs {num_gpus} GPUs on one node; this machine has {gpus}"
+            where = "this machine has" if self.source == LOCAL else f"the widest node of the cluster ({self.source}) has"
+            return f"{num_gpus} GPUs per trial on one node, but {where} {gpus}"
         return None
 
     def versions(self, library: str, device: str, num_gpus: int) -> list[str]:

@@ -262,8 +262,6 @@ def compatibility(trial: Trial, device: Device, capabilities: Capabilities | Non
     """
     precision = PRECISIONS[trial.precision]
     reason = _registry_reason(trial, device)
-    if not reason and capabilities is not None:
-        reason = capabilities.too_wide(device, trial.num_gpus)
     if reason or capabilities is None:
         return reason or precision.unsupported_reason(device, precision.library_version())
     return _installed_reason(trial, device, capabilities)
@@ -313,6 +311,14 @@ def _too_long(trial: Trial) -> str | None:
 _NOT_IN_VERDICT = frozenset({"batch_size", "request_rate", "max_concurrency", "repeat"})
 
 
+def _check_width(planned: list[PlannedTrial], device: Device, capabilities: Capabilities, sweep_path: str) -> None:
+    """A runnable trial wider than every node can never start: the sweep asks for the
+    impossible, so it is the sweep file's error, not a trial's skip."""
+    widest = max((p.trial for p in planned if p.runnable), key=lambda t: t.num_gpus, default=None)
+    if widest is not None and (reason := capabilities.too_wide(device, widest.num_gpus)):
+        raise SweepFileError(sweep_path, "tensor_parallel", reason)
+
+
 def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", check_hub: bool = True,
               capabilities: Capabilities | None = None, expanded: tuple[list[Trial], int] | None = None) -> Plan:
     """The sweep's trials for ``device``, each runnable or skipped with the reason.
@@ -327,6 +333,8 @@ def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", chec
         if key not in verdicts:
             verdicts[key] = compatibility(t, device, capabilities)
         planned.append(PlannedTrial(t, verdicts[key]))
+    if capabilities is not None:
+        _check_width(planned, device, capabilities, sweep_path)
     plan = Plan(sweep=sweep, device=device, trials=planned, excluded=excluded,
                 warnings=steady_window_warnings(p.trial for p in planned if p.runnable))
     if capabilities is not None:

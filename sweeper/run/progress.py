@@ -59,6 +59,13 @@ class Placement:
     def gpus(self) -> str:
         return f"GPU {self.gpu_ids}" if self.gpu_ids else "CPU"
 
+    @property
+    def slots(self) -> tuple[str, ...]:
+        """One name per GPU held (``node GPU i``), or the node's ``CPU``: what the run's
+        per-GPU accounting counts a group's time and loads against."""
+        ids = [i.strip() for i in (self.gpu_ids or "").split(",") if i.strip()]
+        return tuple(f"{self.node} GPU {i}" for i in ids) or (f"{self.node} CPU",)
+
     def __str__(self) -> str:
         return f"{self.node} {self.gpus}"
 
@@ -180,6 +187,10 @@ class ProgressView:
     def group_waiting(self, key: object, label: str, num_gpus: int = 0) -> None:
         """The group's actor is requested: it waits for free resources, then loads."""
         self.groups[key] = _GroupState(label, num_gpus, since=self.clock())
+        if self.quiet and num_gpus:
+            # Plain lines for logs: a group that waits for GPUs (a tensor-parallel group while
+            # narrower ones hold them) shows as waiting there too, until its "placed" line.
+            self._line(f"waiting {label} for {num_gpus} free GPU(s) on one node")
         self.refresh()
 
     def group_placed(self, key: object, placement: Placement) -> None:

@@ -27,14 +27,15 @@ class RunSummary:
     retries: int = 0  # trial attempts re-run after their actor died
     actor_handovers: int = 0  # groups loaded by a finished group's actor instead of a new one
     group_splits: int = 0  # long groups that gave trials to a second copy of their model on an idle slot
-    busy_s: float = 0.0  # sum over trials of the time an actor spent running them
+    busy_s: float = 0.0  # slot-seconds of trials: each trial's time x the GPUs its actor held
     write_s: float = 0.0  # the driver's time writing shards
     # Seconds per stage summed over every slot (sweeper.core.stages), as the actors timed them.
     stage_s: dict[str, float] = field(default_factory=dict)
     slots: int = 1  # GPUs (or, CPU-only, nodes) the sweep could use at once
     slot_unit: str = "GPU(s)"
     failures: list[str] = field(default_factory=list)
-    # Per node and GPU set (as placed): trials run there and their busy seconds.
+    # Per node and GPU (``node GPU i``; a CPU-only node's ``node CPU``): trials that held it, their
+    # busy seconds and the model loads placed there (a tensor-parallel group counts on each of its GPUs).
     placements: dict[str, PlacementUse] = field(default_factory=dict)
 
     @property
@@ -44,9 +45,11 @@ class RunSummary:
             return None
         return self.busy_s / (max(self.slots, 1) * self.wall_s)
 
-    def add_stages(self, spans: list[StageSpan]) -> None:
+    def add_stages(self, spans: list[StageSpan], slots: int = 1) -> None:
+        """Add an actor's spans, once per slot it holds (a tensor-parallel actor's load holds
+        each of its GPUs): the breakdown is over slot-seconds."""
         for name, seconds in stage_seconds(spans).items():
-            self.stage_s[name] = self.stage_s.get(name, 0.0) + seconds
+            self.stage_s[name] = self.stage_s.get(name, 0.0) + seconds * slots
 
     def stage_breakdown(self) -> dict[str, float]:
         """Seconds per stage over the slots' wall time, ``idle`` the remainder (see sweeper.core.stages)."""

@@ -422,7 +422,7 @@ class SweepRun:
     def _record(self, g: GroupRun, trial: Trial, row: dict[str, Any], tables: dict[str, Any],
                 stages: list[StageSpan]) -> None:
         spans, g.load_stages = g.load_stages + stages, []
-        self.summary.add_stages(spans)
+        self.summary.add_stages(spans, slots=self._width(g))
         self.recorder.record(trial, row, tables, spans, g.placement)
 
     def finish(self, g: GroupRun, row: dict[str, Any], tables: dict[str, Any],
@@ -460,13 +460,19 @@ class SweepRun:
             self._view.trial_finished(t, Status.FAILED, text)
 
     def add_busy(self, g: GroupRun, busy_s: float) -> None:
-        self.summary.busy_s += busy_s
+        # Slot-seconds: a tensor-parallel trial keeps each of its GPUs busy for its time.
+        self.summary.busy_s += busy_s * self._width(g)
         g.trials_timed += 1
         g.trial_s_total += busy_s
-        if g.placement is not None:
-            use = self.summary.placements.setdefault(str(g.placement), PlacementUse())
+        for slot in g.placement.slots if g.placement is not None else ():
+            use = self.summary.placements.setdefault(slot, PlacementUse())
             use.trials += 1
             use.busy_s += busy_s
+
+    @staticmethod
+    def _width(g: GroupRun) -> int:
+        """Slots the group's actor holds: its GPUs, or one (a CPU-only node's slot)."""
+        return max(int(g.resources["num_gpus"]), 1)
 
     # -- replies -------------------------------------------------------------------------
     def _answer_ping(self, g: GroupRun, future: Any, attempt: int) -> None:
@@ -506,8 +512,8 @@ class SweepRun:
             where = Placement(where["hostname"], where["ray_node_id"] or "", where.get("ray_gpu_ids"))
         g.placement = where
         g.state, g.placed_s = GroupState.LOADING, self.clock()
-        use = self.summary.placements.setdefault(str(g.placement), PlacementUse())
-        use.model_loads += 1
+        for slot in g.placement.slots if g.placement is not None else ():
+            self.summary.placements.setdefault(slot, PlacementUse()).model_loads += 1
         if g.placement is not None:
             self._view.group_placed(g, g.placement)
 

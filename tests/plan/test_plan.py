@@ -140,16 +140,22 @@ def test_library_too_old_for_a_device_is_a_plan_time_skip():
     assert "FP8 tensor cores" in PRECISIONS["fp8"].unsupported_reason("cpu")
 
 
-def test_embedded_cluster_skips_trials_wider_than_the_machine():
-    from sweeper.plan.capabilities import local_capabilities
+def test_a_trial_wider_than_every_node_is_the_sweep_files_error():
+    from sweeper.plan.capabilities import Capabilities, NodeCapabilities, local_capabilities
 
     sweep = parse_sweep({**BASE, "models": "tiny-llama", "backends": "noop", "precisions": "bf16",
-                         "batch_sizes": 1, "repeats": 1, "tensor_parallel": [1, 2],
+                         "batch_sizes": 1, "repeats": 1, "tensor_parallel": [1, 2, 4],
                          "workload": {"input_len": 8, "output_len": 4}})
-    plan = make_plan(sweep, "cuda", capabilities=local_capabilities(gpus=1))
-    reasons = {p.trial.tensor_parallel: p.skip_reason for p in plan.trials}
-    assert reasons[1] is None
-    assert reasons[2] == "needs 2 GPUs on one node; this machine has 1"
+    with pytest.raises(SweepFileError) as info:
+        make_plan(sweep, "cuda", capabilities=local_capabilities(gpus=2))
+    assert str(info.value) == "<sweep>: tensor_parallel: 4 GPUs per trial on one node, but this machine has 2"
+    # A cluster: judged by its widest node (a GPU can't lend itself to another node's group).
+    nodes = tuple(NodeCapabilities(f"n{i}", f"h{i}", gpus, {}) for i, gpus in enumerate((2, 2)))
+    with pytest.raises(SweepFileError, match="the widest node of the cluster .* has 2"):
+        make_plan(sweep, "cuda", capabilities=Capabilities(nodes, "cluster (2 nodes probed)"))
+    # A cluster with no GPU node yet autoscales from zero: its trials wait for their nodes.
+    idle = Capabilities((NodeCapabilities("h", "head", 0, {}),), "cluster (1 node probed)")
+    assert all(p.runnable for p in make_plan(sweep, "cuda", capabilities=idle).trials)
 
 
 def test_every_model_that_resolves_to_nothing_is_named_at_once(tmp_path):

@@ -50,8 +50,11 @@ def _node_ports() -> list[str]:
 class Fleet:
     """A head and worker nodes of `ray start`, sharing one token; stopped on close."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, gpus: tuple[int, ...] = ()) -> None:
+        """``gpus``: logical GPUs per node, head first (Ray schedules on them as on real ones;
+        no NVML behind them); none: CPU-only nodes."""
         self.token = token
+        self.gpus = list(gpus)
         # Short: Ray's Unix sockets live under it, and their paths are limited to 107 bytes.
         self.temp_dir = tempfile.mkdtemp(prefix="swr", dir="/tmp")
         self.home = Path(self.temp_dir) / "home"  # no ~/.ray/auth_token of the machine's user
@@ -71,8 +74,10 @@ class Fleet:
     def _start(self, args: list[str]) -> subprocess.Popen:
         """A node as a `ray start --block` in its own process session: stopping it stops its
         processes alone (never `ray stop`, which stops every Ray on the machine)."""
+        gpus = self.gpus[len(self.nodes)] if len(self.nodes) < len(self.gpus) else 0
+        # A CPU slot per GPU: every group's actor asks for one CPU beside its GPUs.
         proc = subprocess.Popen(
-            ["ray", "start", "--block", "--num-cpus=1", "--num-gpus=0", *_node_ports(), *args],
+            ["ray", "start", "--block", f"--num-cpus={max(gpus, 1)}", f"--num-gpus={gpus}", *_node_ports(), *args],
             env=self.env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token), start_new_session=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.nodes.append(proc)
@@ -274,3 +279,71 @@ def _sid(pid: int) -> int | None:
         return os.getsid(pid)
     except OSError:
         return None
+
+
+@pytest.fixture(scope="module")
+def gpu_fleet():
+    """A head and a worker of two logical GPUs each, as `ray start --num-gpus` declares them."""
+    f = Fleet(secrets.token_hex(32), gpus=(2, 2))
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def test_tensor_parallel_groups_hold_one_nodes_gpus_alone_and_survive_a_lost_node(gpu_fleet, tmp_path):
+    """Three TP2 groups on two nodes of two GPUs: each placed group holds both GPUs of one
+    node, the third waits for a node's two (and says so), and the worker node, killed while
+    its TP2 group is held inside its first trial, costs a retry on the head: nothing lost,
+    nothing doubled."""
+    fleet = gpu_fleet
+    worker = fleet.add_worker()
+    fleet.wait_for_nodes(2)
+    gate = tmp_path / "open"
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(SWEEP.format(gate=gate).replace("[tiny-llama, tiny-qwen2]", "[tiny-llama, tiny-qwen2, tiny-mistral]")
+                     .replace("precisions: fp32", "precisions: fp32\ntensor_parallel: 2"))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper", "run", str(sweep), "--address", fleet.address,
+                             "-o", str(out), "-q"], cwd=ROOT, env={**fleet.env(RAY_AUTH_TOKEN=fleet.token),
+                                                                "COLUMNS": "200"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    placed_re = re.compile(r"^placed  (.+) on (\S+) GPU (\S+)$")
+    try:
+        deadline = time.monotonic() + 180
+        while sum(bool(placed_re.match(line.rstrip())) for line in list(lines)) < 2:
+            assert proc.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.2)
+        time.sleep(1.0)  # the first trials are submitted behind the loads; nothing else is placed
+        first = [m.groups() for line in list(lines) if (m := placed_re.match(line.rstrip()))]
+        assert len(first) == 2 and len({node for _, node, _ in first}) == 2, first  # one group a node
+        assert all(sorted(gpus.split(",")) == ["0", "1"] for _, _, gpus in first), first  # both of its GPUs
+        waiting = [line.rstrip() for line in list(lines) if line.startswith("waiting ")]
+        assert len(waiting) == 3 and all(w.endswith(" for 2 free GPU(s) on one node") for w in waiting), waiting
+        fleet.kill(worker)
+        gate.touch()
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(timeout=10)
+    text = "".join(lines)
+    assert proc.returncode == 0, text[-3000:]
+    assert re.search(r"retry 1/2: .*actor died", text), text[-3000:]
+    trials = pq.read_table(out / "trials.parquet").to_pylist()
+    assert len(trials) == 6 and len({t["trial_id"] for t in trials}) == 6
+    assert {t["status"] for t in trials} == {"ok"}
+    assert all(sorted(t["ray_gpu_ids"].split(",")) == ["0", "1"] for t in trials), trials
+    # The worker finished nothing (its group was held at the gate): every row is the head's.
+    assert len({t["ray_node_id"] for t in trials}) == 1
+    # The closing table counts each GPU on its own: the head's two ran all six trials, the lost
+    # node's two held the one attempt that died with it.
+    rows = re.findall(r"│ (\S+)\s+│ GPU (\d) +│ +(\d+) │", text)
+    by_node: dict[str, list[tuple[str, int]]] = {}
+    for node, gpu, n in rows:
+        by_node.setdefault(node, []).append((gpu, int(n)))
+    assert sorted(by_node.values()) == [[("0", 1), ("1", 1)], [("0", 6), ("1", 6)]], text[-3000:]

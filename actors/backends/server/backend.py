@@ -83,7 +83,6 @@ class ServerBackend(Backend):
         self.stop_timeout_s = 30.0
         self.options: ServerOptions | None = None
         self.metered_uuids: list[str] = []
-        self.seen_processes: list[tuple[int, str]] = []
 
     # -- load ------------------------------------------------------------------------------
     def load(self, spec: ModelSpec) -> LoadInfo:
@@ -187,35 +186,12 @@ class ServerBackend(Backend):
         chat = self.chat
         endpoint = Endpoint(url=f"{self.base_url}/{'chat/completions' if chat else 'completions'}",
                             body=self._body, continuous_usage=self._dialect.continuous_usage)
-        seen = self._gpu_processes()
-        run = run_http(endpoint, requests, max_concurrency=max_concurrency, deadline_s=deadline_s)
-        self.seen_processes = sorted(set(seen) | set(self._gpu_processes()))
-        return run
+        return run_http(endpoint, requests, max_concurrency=max_concurrency, deadline_s=deadline_s)
 
-    def _gpu_processes(self) -> list[tuple[int, str]]:
-        if not self.metered_uuids:
-            return []
-        from actors.telemetry.nvml import TelemetryError, gpu_processes
-
-        try:
-            return gpu_processes(self.metered_uuids)
-        except TelemetryError as exc:
-            log.warning("%s", exc)
-            return []
-
-    def run_columns(self) -> dict[str, Any]:
-        """Which processes the metered GPUs carried during the run: energy is the server's own
-        only if they were all the server's."""
-        if not self.metered_uuids:
-            return {"gpu_processes": None, "energy_exclusive": None}
-        seen = self.seen_processes
-        text = ", ".join(f"{pid} {name}" for pid, name in seen)
-        if self.process is None:  # an external server: which of them are its processes is not known here
-            return {"gpu_processes": text, "energy_exclusive": None}
-        groups = [_pgid(pid) for pid, _ in seen]
-        # A pid this process cannot see (NVML reports host pids into a container) leaves it unknown.
-        exclusive = None if None in groups else all(g == self.process.pid for g in groups)
-        return {"gpu_processes": text, "energy_exclusive": exclusive}
+    def process_owner(self) -> int | None:
+        # A launched server is this actor's child (in a session of its own); an external
+        # server's processes cannot be told from others on its GPUs.
+        return os.getpid() if self.process is not None else None
 
     @property
     def _dialect(self) -> RequestDialect:
@@ -272,13 +248,6 @@ def _site_gpus(options: ServerOptions) -> list[Any]:
     except Exception as exc:  # noqa: BLE001 - any failure: the site is wrong, say so
         raise ServerError(f"backend_options.server.energy: GPUs {', '.join(options.energy.gpu_uuids)} "
                           f"are not metered on node {options.energy.node}: {exc}") from None
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except OSError:  # gone, or in another PID namespace
-        return None
 
 
 def _model_dir(spec: ModelSpec) -> str:

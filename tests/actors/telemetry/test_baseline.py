@@ -120,7 +120,7 @@ def test_trial_columns_say_whether_the_baseline_was_reused(monkeypatch, clock):
     baseline, cols = trial_baseline(tel, m)
     assert baseline is not None
     assert cols == {"idle_settle_s": baseline.settle_s, "idle_baseline_reused": False, "idle_baseline_age_s": 0.0,
-                    "idle_recheck_power_w": None}
+                    "idle_recheck_power_w": None, "gpu_idle_power_w": [baseline.power_w]}
     busy(tel, clock, 3.0, [gpu], 250.0, 90.0)
     _, cols = trial_baseline(tel, m)
     assert cols["idle_baseline_reused"] is True and cols["idle_baseline_age_s"] > 3.0
