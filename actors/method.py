@@ -15,6 +15,7 @@ is long and precise enough (``actors.measure``); serving, a schedule of requests
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -141,13 +142,14 @@ def measure(trial: Trial, window: Window, telemetry: TelemetryBase,
 
 
 def _timeline(telemetry: TelemetryBase, trial_id: str, t_idle_s: float, figures: Figures) -> pa.Table | None:
-    """The samples from the baseline to the window's end, on the window's clock (t = 0 where
-    its requests' times start), each tagged with the phase it fell in."""
+    """The samples from the baseline to the window's end and the few after it that closed it
+    (the counter updates its end was placed by: with them, each GPU's raw counter brackets
+    both boundaries), on the window's clock (t = 0 where its requests' times start), each
+    tagged with the phase it fell in."""
     if not telemetry.active:
         return None
     import pyarrow.compute as pc
 
-    table = telemetry.timeline_table(trial_id, t_idle_s, figures.t_end_s, marks=figures.marks)
+    table = telemetry.timeline_table(trial_id, t_idle_s, math.inf, marks=figures.marks)
     return table.set_column(table.schema.get_field_index("t_s"), "t_s",
                             pc.subtract(table.column("t_s"), figures.t_zero_s))
-

@@ -37,6 +37,7 @@ SUBCOMMANDS = (
     "server-peer",
     "http-client",
     "trials-table",
+    "tp-energy",
     "readme-plot",
 )
 

@@ -58,6 +58,10 @@ PRESETS: dict[str, ModelPreset] = {
         _preset("llama-3.1-8b", "meta-llama/Llama-3.1-8B", **_LLAMA3, hidden_size=4096,
                 intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                 num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+        # 70.6 B parameters: 141 GB of bf16 weights, so tensor parallel 2 at the least on 80 GB GPUs.
+        _preset("llama-3.1-70b", "meta-llama/Llama-3.1-70B", **_LLAMA3, hidden_size=8192,
+                intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
         _preset("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", **_QWEN25, vocab_size=151936,
                 hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                 num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),

@@ -54,7 +54,8 @@ def _run(workload: dict) -> dict:
     finally:
         runner.close()
     assert outcome.row["status"] == "ok", outcome.row.get("error")
-    return {**outcome.row, "_requests": outcome.tables["requests"]}
+    timeline = outcome.tables["timeline"].to_pylist()
+    return {**outcome.row, "_requests": outcome.tables["requests"], "_timeline": timeline}
 
 
 def _per_gpu_figures_hold(row: dict, fake: FakeNvml) -> None:
@@ -82,6 +83,12 @@ def test_an_offline_tp2_trial_meters_its_two_gpus_and_nothing_else(monkeypatch):
     row = _run({})
     _per_gpu_figures_hold(row, fake)
     assert row["energy_exclusive"] is True  # the actor's own process on both
+    # bench tp-energy's independent check: each GPU's raw counter off the timeline alone.
+    from bench.tp_energy import check_trial
+
+    check = check_trial(row, row["_timeline"], row["_requests"])
+    assert abs(check["gpu_sum_rel_diff"]) < 1e-12
+    assert check["independent_gpu_energy_j"] == pytest.approx(row["gpu_energy_j"], rel=0.05)
 
 
 def test_a_serving_tp2_trial_sums_per_gpu_and_per_request(monkeypatch):

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# The fleet on real GPUs, step by step, on one machine of four GPUs (nvidia-h100-x4 or
+# nvidia-h200-x4); each step fits one device call (< 10 minutes).
+#
+# Before the steps, carry the wheels (bench/device_wheels.txt) in back-to-back calls, as for
+# bench/gpu_session.sh; the last call installs them and runs the first steps:
+#   bash .stage/c6/install.sh --install && SWEEPER_COMMIT=<rev> bash bench/fleet_gpu.sh check tp8b
+# Later calls on the warm machine: `SWEEPER_COMMIT=<rev> bash bench/fleet_gpu.sh STEP [STEP ...]`.
+#
+# Steps (docs/BENCHMARKS.md, "The fleet on real GPUs"):
+#   check         the GPUs, the driver, and that NVLink multicast is off in this environment
+#   tp8b          bench/fleet_tp_gpu.yaml: llama-3.1-8b at TP 1, 2, 4, offline; per-GPU energy checked
+#   tp8b_serving  bench/fleet_tp_serving_gpu.yaml: the same widths serving three rates under one SLO
+#   tp70b         bench/fleet_tp70b_gpu.yaml: llama-3.1-70b bf16 at TP4 and fp8 at TP2
+#   packed4       bench/fleet_packed_gpu.yaml on all four GPUs: per-GPU busy seconds, wall time
+#   packed2       the same grid on GPUs 0,1 alone (the fewest that hold its TP2 group)
+#   twonode       two `ray start` nodes (head: GPUs 0,1; worker: GPUs 2,3; token authentication),
+#                 bench/fleet_twonode_gpu.yaml over both; the worker's raylet SIGKILLed while its
+#                 `vllm serve` measures; then what is left running (pgrep, nvidia-smi)
+# TWONODE_SWEEP names another sweep file for the twonode procedure (a CPU rehearsal with the
+# noop backend: bench/fleet_twonode_cpu.yaml).
+# Every step's results and log are packed into $OUT/fleet-<step>.tgz (the device tool returns
+# at most 8 files); its summary lines go to $OUT/fleet.txt.
+set -uo pipefail
+[ -f /tmp/site/env.sh ] && source /tmp/site/env.sh
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
+# NVLink multicast stays off in every process started here (it can take a host's GPUs out of
+# service), and vLLM's all-reduce never reaches for symmetric memory: Ray nodes, workers, vLLM
+# engines and launched servers all inherit this environment.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+RESULTS=/tmp/sweeper-results  # survives between calls while the machine stays warm
+SUMMARY="$OUT/fleet.txt"
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+pack() {  # step name, files and directories to pack
+    local name=$1; shift
+    tar czf "$OUT/fleet-$name.tgz" --ignore-failed-read "$@" 2>/dev/null
+}
+
+sweep() {  # step name, sweep file, results directory, extra sweeper arguments...
+    local name=$1 file=$2 dir=$3; shift 3
+    local t0=$SECONDS
+    python3 -m sweeper run "$file" -o "$dir" -q "$@" 2>&1 | tee "$RESULTS/$name.log"
+    note "$name: sweeper run exited ${PIPESTATUS[0]} after $((SECONDS - t0)) s of wall"
+    grep -E "busy fraction|where the slot time went" "$RESULTS/$name.log" | tee -a "$SUMMARY"
+}
+
+ray_cli() { python3 -c 'import sys; from ray.scripts.scripts import main; sys.argv[0] = "ray"; sys.exit(main())' "$@"; }
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+node_ports() {
+    for flag in --node-manager-port --object-manager-port --dashboard-agent-listen-port \
+                --dashboard-agent-grpc-port --metrics-export-port --runtime-env-agent-port; do
+        printf '%s=%s ' "$flag" "$(free_port)"
+    done
+}
+
+twonode() {
+    local token port tmp head worker raylet t0 dir=$RESULTS/twonode
+    token=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
+    port=$(free_port)
+    tmp=$(mktemp -d /tmp/rayXXXX)
+    export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$token
+    local health='{"health_check_initial_delay_ms": 0, "health_check_period_ms": 500, "health_check_failure_threshold": 6}'
+    # Each node in a process session of its own, so that it can be lost alone.
+    # shellcheck disable=SC2046  # node_ports is a list of flags
+    CUDA_VISIBLE_DEVICES=0,1 setsid python3 -c 'import sys; from ray.scripts.scripts import main; sys.argv[0] = "ray"; sys.exit(main())' \
+        start --head --block --port="$port" --num-gpus=2 --num-cpus=8 --include-dashboard=false \
+        --ray-client-server-port="$(free_port)" --temp-dir="$tmp" --system-config="$health" $(node_ports) \
+        > "$RESULTS/twonode-head.log" 2>&1 &
+    head=$!
+    sleep 8
+    # shellcheck disable=SC2046
+    CUDA_VISIBLE_DEVICES=2,3 setsid python3 -c 'import sys; from ray.scripts.scripts import main; sys.argv[0] = "ray"; sys.exit(main())' \
+        start --address="127.0.0.1:$port" --block --num-gpus=2 --num-cpus=8 $(node_ports) \
+        > "$RESULTS/twonode-worker.log" 2>&1 &
+    worker=$!
+    sleep 8
+    ray_cli status --address "127.0.0.1:$port" 2>&1 | tee "$RESULTS/twonode-status-before.txt" | head -20
+    t0=$SECONDS
+    python3 -m sweeper run "${TWONODE_SWEEP:-bench/fleet_twonode_gpu.yaml}" --address "127.0.0.1:$port" -o "$dir" -q \
+        > "$RESULTS/twonode.log" 2>&1 &
+    local driver=$!
+    # Wait for both servers to be placed, one per node, and a first trial to finish; then lose
+    # the worker: SIGKILL its raylet (the node's scheduler: the node is gone for the cluster,
+    # its actors die with it, and the launched server must then be stopped by its watchdog).
+    until [ "$(grep -c '^placed ' "$RESULTS/twonode.log")" -ge 2 ] && grep -qE '^\[[0-9]+/[0-9]+\] ok' "$RESULTS/twonode.log"; do
+        if ! kill -0 "$driver" 2>/dev/null || [ $((SECONDS - t0)) -gt 420 ]; then break; fi
+        sleep 2
+    done
+    grep '^placed ' "$RESULTS/twonode.log" | tee -a "$SUMMARY"
+    raylet=$(pgrep -s "$(ps -o sid= -p "$worker" | tr -d ' ')" -x raylet)
+    note "twonode: $((SECONDS - t0)) s into the sweep, SIGKILL of the worker's raylet (pid $raylet)"
+    pgrep -af 'vllm|raylet|EngineCore' > "$RESULTS/twonode-pgrep-before-kill.txt"
+    nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory --format=csv > "$RESULTS/twonode-gpu-apps-before-kill.txt"
+    kill -9 "$raylet"
+    sleep 10  # a server's watchdog stops it within a second of its actor's death
+    note "twonode: 10 s after the kill, processes of vllm/raylet/EngineCore:"
+    pgrep -af 'vllm|raylet|EngineCore' | cut -c1-160 | tee "$RESULTS/twonode-pgrep-after-kill.txt" | tee -a "$SUMMARY"
+    nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory --format=csv | tee "$RESULTS/twonode-gpu-apps-after-kill.txt" | tee -a "$SUMMARY"
+    wait "$driver"
+    note "twonode: sweeper run exited $? after $((SECONDS - t0)) s"
+    cat "$RESULTS/twonode.log"
+    grep -E "retry|busy fraction" "$RESULTS/twonode.log" | tee -a "$SUMMARY"
+    note "twonode: after the sweep, processes of vllm/EngineCore and the GPUs' compute apps:"
+    pgrep -af 'vllm|EngineCore' | cut -c1-160 | tee "$RESULTS/twonode-pgrep-after.txt" | tee -a "$SUMMARY"
+    nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory --format=csv | tee -a "$SUMMARY"
+    kill -9 "$head" 2>/dev/null; pkill -9 -s "$(ps -o sid= -p "$head" 2>/dev/null | tr -d ' ')" 2>/dev/null
+    python3 -m bench tp-energy "$dir" --out "$RESULTS/twonode-tp.json" | tee -a "$SUMMARY"
+    pack twonode "$RESULTS"/twonode*.log "$RESULTS"/twonode*.txt "$RESULTS"/twonode*.json "$dir"/*.parquet "$dir"/plan.json
+    unset RAY_AUTH_MODE RAY_AUTH_TOKEN
+}
+
+step() {
+    case "$1" in
+        check) nvidia-smi -L | tee -a "$SUMMARY"
+               nvidia-smi --query-gpu=index,name,power.limit,driver_version --format=csv | tee -a "$SUMMARY"
+               nvidia-smi topo -m 2>&1 | head -8 | tee -a "$SUMMARY"
+               env | grep -E '^(NCCL_NVLS_ENABLE|TORCH_SYMM_MEM_DISABLE_MULTICAST|NVSHMEM_DISABLE_NVLS|VLLM_ALLREDUCE_USE_SYMM_MEM)=' | tee -a "$SUMMARY"
+               python3 -c 'import torch, vllm, ray; print("torch", torch.__version__, "vllm", vllm.__version__, "ray", ray.__version__, "GPUs", torch.cuda.device_count())' 2>&1 | tail -1 | tee -a "$SUMMARY" ;;
+        tp8b) sweep tp8b bench/fleet_tp_gpu.yaml "$RESULTS/tp8b"
+              python3 -m bench tp-energy "$RESULTS/tp8b" --out "$RESULTS/tp8b.json" | tee -a "$SUMMARY"
+              # Which all-reduce vLLM chose for its tensor-parallel groups, from its own log lines.
+              grep -rhoiE "[^ ]*(all.?reduce|symm_mem|nvls)[^\"]{0,100}" /tmp/ray/session_latest/logs/ 2>/dev/null \
+                  | sort | uniq -c | sort -rn | head -8 | tee -a "$SUMMARY"
+              pack tp8b "$RESULTS/tp8b.log" "$RESULTS/tp8b.json" "$RESULTS/tp8b"/*.parquet "$RESULTS/tp8b/plan.json" ;;
+        tp8b_serving) sweep tp8b_serving bench/fleet_tp_serving_gpu.yaml "$RESULTS/tp8b_serving"
+              python3 -m bench tp-energy "$RESULTS/tp8b_serving" --out "$RESULTS/tp8b_serving.json" | tee -a "$SUMMARY"
+              pack tp8b_serving "$RESULTS/tp8b_serving.log" "$RESULTS/tp8b_serving.json" "$RESULTS/tp8b_serving"/*.parquet ;;
+        tp70b) sweep tp70b bench/fleet_tp70b_gpu.yaml "$RESULTS/tp70b"
+               python3 -m bench tp-energy "$RESULTS/tp70b" --out "$RESULTS/tp70b.json" | tee -a "$SUMMARY"
+               pack tp70b "$RESULTS/tp70b.log" "$RESULTS/tp70b.json" "$RESULTS/tp70b"/*.parquet ;;
+        packed4) sweep packed4 bench/fleet_packed_gpu.yaml "$RESULTS/packed4"
+                 pack packed4 "$RESULTS/packed4.log" "$RESULTS/packed4"/trials.parquet "$RESULTS/packed4"/stages.parquet ;;
+        packed2) CUDA_VISIBLE_DEVICES=0,1 sweep packed2 bench/fleet_packed_gpu.yaml "$RESULTS/packed2"
+                 pack packed2 "$RESULTS/packed2.log" "$RESULTS/packed2"/trials.parquet "$RESULTS/packed2"/stages.parquet ;;
+        twonode) twonode ;;
+        *) echo "unknown step: $1 (see the header of $0)"; return 2 ;;
+    esac
+}
+
+mkdir -p "$RESULTS"
+for s in "$@"; do
+    note "== $s ($(date -u +%FT%TZ), commit ${SWEEPER_COMMIT:-unknown})"
+    step "$s"
+done
