@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The fleet on real GPUs, step by step, on one machine of four GPUs (nvidia-h100-x4 or
-# nvidia-h200-x4); each step fits one device call (< 10 minutes).
+# The fleet on real GPUs, step by step, on one machine of several GPUs (four: nvidia-h100-x4,
+# nvidia-h200-x4; two: nvidia-h100-x2, nvidia-h200-x2); each step fits one device call.
 #
 # Before the steps, carry the wheels (bench/device_wheels.txt) in back-to-back calls, as for
 # bench/gpu_session.sh; the last call installs them and runs the first steps:
@@ -14,6 +14,9 @@
 #   tp70b         bench/fleet_tp70b_gpu.yaml: llama-3.1-70b bf16 at TP4 and fp8 at TP2
 #   packed4       bench/fleet_packed_gpu.yaml on all four GPUs: per-GPU busy seconds, wall time
 #   packed2       the same grid on GPUs 0,1 alone (the fewest that hold its TP2 group)
+#   packed1       its TP1 groups on GPU 0 alone
+# A sweep's tensor_parallel values wider than the machine are left out (a 2-GPU machine runs
+# TP 1 and 2); twonode gives each node half the GPUs and its servers that tensor parallel.
 #   twonode       two `ray start` nodes (head: GPUs 0,1; worker: GPUs 2,3; token authentication),
 #                 bench/fleet_twonode_gpu.yaml over both; the worker's raylet SIGKILLed while its
 #                 `vllm serve` measures; then what is left running (pgrep, nvidia-smi)
@@ -35,13 +38,36 @@ SUMMARY="$OUT/fleet.txt"
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
 
+gpus() {  # GPUs this process may use
+    if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .
+    else nvidia-smi -L | grep -c '^GPU'; fi
+}
+
+fit() {  # sweep file, destination, GPUs: the sweep's tensor_parallel values that fit that many GPUs
+    python3 - "$1" "$2" "$3" <<'PY'
+import sys, yaml
+d = yaml.safe_load(open(sys.argv[1]))
+n = int(sys.argv[3])
+tp = d.get("tensor_parallel", 1)
+tp = [t for t in (tp if isinstance(tp, list) else [tp]) if t <= n]
+d["tensor_parallel"] = tp
+d["exclude"] = [r for r in d.get("exclude", []) if r.get("tensor_parallel", 0) in tp or "tensor_parallel" not in r]
+if not d["exclude"]:
+    d.pop("exclude")
+yaml.safe_dump(d, open(sys.argv[2], "w"))
+print(f"{sys.argv[1]}: tensor_parallel {tp} on {n} GPU(s)")
+PY
+}
+
 pack() {  # step name, files and directories to pack
     local name=$1; shift
     tar czf "$OUT/fleet-$name.tgz" --ignore-failed-read "$@" 2>/dev/null
 }
 
 sweep() {  # step name, sweep file, results directory, extra sweeper arguments...
-    local name=$1 file=$2 dir=$3; shift 3
+    local name=$1 file=/tmp/fleet-$1.yaml dir=$3; shift 3
+    # The widths this machine holds (a 2-GPU machine runs TP 1 and 2 of a TP 1/2/4 sweep).
+    fit "$2" "$file" "$(gpus)" | tee -a "$SUMMARY"
     local t0=$SECONDS
     python3 -m sweeper run "$file" -o "$dir" -q "$@" 2>&1 | tee "$RESULTS/$name.log"
     note "$name: sweeper run exited ${PIPESTATUS[0]} after $((SECONDS - t0)) s of wall"
@@ -58,7 +84,13 @@ node_ports() {
 }
 
 twonode() {
-    local token port tmp head worker raylet t0 dir=$RESULTS/twonode
+    local token port tmp head worker raylet t0 dir=$RESULTS/twonode n half first second
+    n=$(gpus); half=$((n / 2))
+    first=$(seq -s, 0 $((half - 1))); second=$(seq -s, "$half" $((n - 1)))
+    # One server group per node, as wide as a node: tensor parallel = the node's GPUs.
+    python3 -c 'import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); d["tensor_parallel"] = int(sys.argv[3]); yaml.safe_dump(d, open(sys.argv[2], "w"))' \
+        "${TWONODE_SWEEP:-bench/fleet_twonode_gpu.yaml}" /tmp/fleet-twonode.yaml "$half"
+    note "twonode: head GPUs $first, worker GPUs $second, tensor_parallel $half"
     token=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
     port=$(free_port)
     tmp=$(mktemp -d /tmp/rayXXXX)
@@ -66,21 +98,21 @@ twonode() {
     local health='{"health_check_initial_delay_ms": 0, "health_check_period_ms": 500, "health_check_failure_threshold": 6}'
     # Each node in a process session of its own, so that it can be lost alone.
     # shellcheck disable=SC2046  # node_ports is a list of flags
-    CUDA_VISIBLE_DEVICES=0,1 setsid python3 -c 'import sys; from ray.scripts.scripts import main; sys.argv[0] = "ray"; sys.exit(main())' \
-        start --head --block --port="$port" --num-gpus=2 --num-cpus=8 --include-dashboard=false \
+    CUDA_VISIBLE_DEVICES=$first setsid python3 -c 'import sys; from ray.scripts.scripts import main; sys.argv[0] = "ray"; sys.exit(main())' \
+        start --head --block --port="$port" --num-gpus="$half" --num-cpus=8 --include-dashboard=false \
         --ray-client-server-port="$(free_port)" --temp-dir="$tmp" --system-config="$health" $(node_ports) \
         > "$RESULTS/twonode-head.log" 2>&1 &
     head=$!
     sleep 8
     # shellcheck disable=SC2046
-    CUDA_VISIBLE_DEVICES=2,3 setsid python3 -c 'import sys; from ray.scripts.scripts import main; sys.argv[0] = "ray"; sys.exit(main())' \
-        start --address="127.0.0.1:$port" --block --num-gpus=2 --num-cpus=8 $(node_ports) \
+    CUDA_VISIBLE_DEVICES=$second setsid python3 -c 'import sys; from ray.scripts.scripts import main; sys.argv[0] = "ray"; sys.exit(main())' \
+        start --address="127.0.0.1:$port" --block --num-gpus="$((n - half))" --num-cpus=8 $(node_ports) \
         > "$RESULTS/twonode-worker.log" 2>&1 &
     worker=$!
     sleep 8
     ray_cli status --address "127.0.0.1:$port" 2>&1 | tee "$RESULTS/twonode-status-before.txt" | head -20
     t0=$SECONDS
-    python3 -m sweeper run "${TWONODE_SWEEP:-bench/fleet_twonode_gpu.yaml}" --address "127.0.0.1:$port" -o "$dir" -q \
+    python3 -m sweeper run /tmp/fleet-twonode.yaml --address "127.0.0.1:$port" -o "$dir" -q \
         > "$RESULTS/twonode.log" 2>&1 &
     local driver=$!
     # Wait for both servers to be placed, one per node, and a first trial to finish; then lose
@@ -134,6 +166,8 @@ step() {
                pack tp70b "$RESULTS/tp70b.log" "$RESULTS/tp70b.json" "$RESULTS/tp70b"/*.parquet ;;
         packed4) sweep packed4 bench/fleet_packed_gpu.yaml "$RESULTS/packed4"
                  pack packed4 "$RESULTS/packed4.log" "$RESULTS/packed4"/trials.parquet "$RESULTS/packed4"/stages.parquet ;;
+        packed1) CUDA_VISIBLE_DEVICES=0 sweep packed1 bench/fleet_packed_gpu.yaml "$RESULTS/packed1"
+                 pack packed1 "$RESULTS/packed1.log" "$RESULTS/packed1"/trials.parquet "$RESULTS/packed1"/stages.parquet ;;
         packed2) CUDA_VISIBLE_DEVICES=0,1 sweep packed2 bench/fleet_packed_gpu.yaml "$RESULTS/packed2"
                  pack packed2 "$RESULTS/packed2.log" "$RESULTS/packed2"/trials.parquet "$RESULTS/packed2"/stages.parquet ;;
         twonode) twonode ;;
