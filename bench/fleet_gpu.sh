@@ -65,9 +65,9 @@ pack() {  # step name, files and directories to pack
 }
 
 sweep() {  # step name, sweep file, results directory, extra sweeper arguments...
-    local name=$1 file=/tmp/fleet-$1.yaml dir=$3; shift 3
+    local name=$1 src=$2 file=/tmp/fleet-$1.yaml dir=$3; shift 3
     # The widths this machine holds (a 2-GPU machine runs TP 1 and 2 of a TP 1/2/4 sweep).
-    fit "$2" "$file" "$(gpus)" | tee -a "$SUMMARY"
+    fit "$src" "$file" "$(gpus)" | tee -a "$SUMMARY"
     local t0=$SECONDS
     python3 -m sweeper run "$file" -o "$dir" -q "$@" 2>&1 | tee "$RESULTS/$name.log"
     note "$name: sweeper run exited ${PIPESTATUS[0]} after $((SECONDS - t0)) s of wall"
