@@ -154,9 +154,9 @@ step() {
                python3 -c 'import torch, vllm, ray; print("torch", torch.__version__, "vllm", vllm.__version__, "ray", ray.__version__, "GPUs", torch.cuda.device_count())' 2>&1 | tail -1 | tee -a "$SUMMARY" ;;
         tp8b) sweep tp8b bench/fleet_tp_gpu.yaml "$RESULTS/tp8b"
               python3 -m bench tp-energy "$RESULTS/tp8b" --out "$RESULTS/tp8b.json" | tee -a "$SUMMARY"
-              # Which all-reduce vLLM chose for its tensor-parallel groups, from its own log lines.
-              grep -rhoiE "[^ ]*(all.?reduce|symm_mem|nvls)[^\"]{0,100}" /tmp/ray/session_latest/logs/ 2>/dev/null \
-                  | sort | uniq -c | sort -rn | head -8 | tee -a "$SUMMARY"
+              # Which all-reduce vLLM chose for its tensor-parallel groups, its own log lines whole.
+              grep -rhE "all-reduce backends|custom_all_reduce|symm_mem" /tmp/ray/session_latest/logs/ 2>/dev/null \
+                  | cut -c1-800 | sort | uniq -c | sort -rn | head -6 | tee -a "$SUMMARY"
               pack tp8b "$RESULTS/tp8b.log" "$RESULTS/tp8b.json" "$RESULTS/tp8b"/*.parquet "$RESULTS/tp8b/plan.json" ;;
         tp8b_serving) sweep tp8b_serving bench/fleet_tp_serving_gpu.yaml "$RESULTS/tp8b_serving"
               python3 -m bench tp-energy "$RESULTS/tp8b_serving" --out "$RESULTS/tp8b_serving.json" | tee -a "$SUMMARY"
