@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (only SIGKILL ends it)")
     p.add_argument("--env-out", default=None, help="write this process's environment (JSON) to this file at start")
     p.add_argument("--log-requests", default=None, help="append each request's JSON body to this file")
+    p.add_argument("--api-key", default=None, help="answer 401 to /v1 requests without 'Authorization: Bearer KEY'")
+    p.add_argument("--api-key-env", default=None, help="the same, the key read from this environment variable")
     return p
 
 
@@ -163,7 +165,17 @@ def main() -> None:
         sys.exit(args.exit_before_ready)
     from aiohttp import web
 
-    app = web.Application()
+    # As vLLM does, say what it was started with: its secrets too, which the launcher must redact.
+    key = args.api_key or (os.environ.get(args.api_key_env) if args.api_key_env else None)
+    print(f"fault server args: {sys.argv[1:]} key: {key}", flush=True)
+
+    @web.middleware
+    async def keyed(request: Any, handler: Any) -> Any:
+        if key and request.path.startswith("/v1") and request.headers.get("Authorization") != f"Bearer {key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    app = web.Application(middlewares=[keyed])
     app["faults"] = Faults(args)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)

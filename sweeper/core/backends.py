@@ -186,6 +186,12 @@ class BackendSpec:
         """Whether the trial's actor holds GPUs (a client of an external server does not)."""
         return bool(getattr(options, "holds_gpus", True))
 
+    def actor_env(self, options: BaseModel) -> tuple[str, ...]:
+        """Names of the driver's environment variables the trial's actor needs (passed through
+        Ray's runtime environment, never stored): an external server's key."""
+        names = getattr(options, "actor_env", None)
+        return names() if names is not None else ()
+
     def ray_resources(self, options: BaseModel) -> dict[str, float]:
         """Extra Ray resources the trial's actor needs (e.g. a node to run on)."""
         extra = getattr(options, "ray_resources", None)

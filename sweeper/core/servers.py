@@ -20,7 +20,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
+
+from sweeper.core.secrets import REDACTED, is_secret_flag, secret_positions
 
 EngineName = Literal["vllm", "sglang", "transformers"]
 Dialect = Literal["vllm", "sglang", "transformers", "openai"]
@@ -84,6 +93,23 @@ DIALECTS: dict[str, RequestDialect] = {
 }
 
 
+class ApiKeyPassing(BaseModel):
+    """How a launched server is given the fresh key it must demand of every request: as a
+    command-line flag, or (kept off the process table, which any local user can read) in an
+    environment variable it reads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    flag: str | None = Field(None, pattern=r"^--?[A-Za-z0-9][A-Za-z0-9_-]*$")
+    env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> ApiKeyPassing:
+        if (self.flag is None) == (self.env is None):
+            raise ValueError("give exactly one of flag (--api-key) and env (a variable the server reads)")
+        return self
+
+
 @dataclass(frozen=True)
 class ServerEngine:
     """One serving engine sweeper launches: its command line and what it runs."""
@@ -117,6 +143,9 @@ class ServerEngine:
     # start compiled, the in-process engine's starts included, and wiping sweeper's cache
     # wipes them too.
     cache_dirs: Mapping[str, str] = field(default_factory=dict)
+    # How the server takes the key it demands of every request (None: it has no such option
+    # and answers anyone who reaches its loopback port).
+    api_key: ApiKeyPassing | None = None
 
     def unsupported(self, precision: str, device: str, tensor_parallel: int) -> str | None:
         if device not in self.devices:
@@ -171,7 +200,7 @@ ENGINES: dict[str, ServerEngine] = {
                              "fp8": (*_DTYPE["bf16"], "--quantization", "fp8")},
             served_name_flag="--served-model-name", tensor_parallel_flag="--tensor-parallel-size",
             seed_flag="--seed", synthetic_flags=("--load-format", "dummy"), logs_start_phases=True,
-            cache_dirs={"VLLM_CACHE_ROOT": VLLM_CACHE_DIR},
+            cache_dirs={"VLLM_CACHE_ROOT": VLLM_CACHE_DIR}, api_key=ApiKeyPassing(env="VLLM_API_KEY"),
             # As the in-process backend: random prompts share no prefix, but the cache's
             # bookkeeping is work the numbers should not carry unless asked (args can turn it on).
             extra_flags=("--no-enable-prefix-caching",),
@@ -186,6 +215,7 @@ ENGINES: dict[str, ServerEngine] = {
                              "fp8": (*_DTYPE["bf16"], "--quantization", "fp8")},
             served_name_flag="--served-model-name", tensor_parallel_flag="--tp-size",
             seed_flag="--random-seed", synthetic_flags=("--load-format", "dummy"),
+            api_key=ApiKeyPassing(flag="--api-key"),
             precision_notes={"int8": _NO_BNB, "nf4": _NO_BNB, "fp4": _NO_BNB},
             version_module="sglang",
         ),
@@ -214,6 +244,44 @@ class LaunchCommand(BaseModel):
     command: list[str] = Field(min_length=1)
     # How to talk to it (what it accepts beyond standard OpenAI requests).
     dialect: Dialect = "openai"
+    # How it takes a key to demand of every request, if it can: sweeper then starts it with a
+    # fresh one that only the trial's actor knows.
+    api_key: ApiKeyPassing | None = None
+    # The values of secret flags in ``command`` (by position), which ``command`` itself holds
+    # as REDACTED: never serialized, so never stored, hashed into a trial id or printed.
+    secret_values: dict[int, str] = Field(default_factory=dict, exclude=True, repr=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _set_secrets_apart(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("command"), list) and not data.get("secret_values"):
+            command = [str(w) for w in data["command"]]
+            secrets: dict[int, str] = {}
+            for i in secret_positions(command):
+                name, eq, value = command[i].partition("=")
+                if eq and command[i].startswith("-"):
+                    secrets[i], command[i] = value, f"{name}={REDACTED}"
+                else:
+                    secrets[i], command[i] = command[i], REDACTED
+            data = {**data, "command": command, "secret_values": secrets}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _key_only_when_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A command's options are in its trials' ids whole: one that gives no key way keeps
+        # the id it had before servers could be given keys.
+        data = handler(self)
+        if self.api_key is None:
+            data.pop("api_key", None)
+        return data
+
+    def argv(self) -> list[str]:
+        """The command line to start, its secret values restored."""
+        out = list(self.command)
+        for i, value in self.secret_values.items():
+            name, eq, _ = out[i].partition("=")
+            out[i] = f"{name}={value}" if eq and out[i].startswith("-") else value
+        return out
 
     @model_validator(mode="after")
     def _placeholders_known(self) -> LaunchCommand:
@@ -252,8 +320,24 @@ class ServerOptions(BaseModel):
     # What an external server is, for the request fields it accepts (base_url only).
     dialect: Dialect = "openai"
     energy: EnergySite | None = None
+    # The environment variable holding the external server's key (base_url only): read where
+    # the requests are sent, sent as "Authorization: Bearer <key>"; only its name is stored.
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     # A launched server gets this long to stop after SIGTERM before its process group is killed.
     stop_timeout_s: float = Field(30.0, gt=0, le=600)
+    # ``args`` whose flag names a secret (--hf-token, ...), set apart: never serialized, so never
+    # stored, hashed into a trial id or printed; the launch passes them on.
+    secret_args: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _set_secret_args_apart(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("args"), dict) and not data.get("secret_args"):
+            args = dict(data["args"])
+            secrets = {k: str(args.pop(k)) for k in list(args) if is_secret_flag(str(k))}
+            if secrets:
+                data = {**data, "args": args, "secret_args": secrets}
+        return data
 
     @model_validator(mode="after")
     def _one_way_in(self) -> ServerOptions:
@@ -264,6 +348,9 @@ class ServerOptions(BaseModel):
                 if getattr(self, key) is not None:
                     raise ValueError(f"{key}: applies to a base_url server; a launched server serves the sweep's "
                                      "model on its actor's GPUs")
+            if self.api_key_env is not None:
+                raise ValueError("api_key_env: applies to a base_url server; a launched server is given a fresh "
+                                 "key of its own, which only its actor knows")
             if isinstance(self.launch, LaunchCommand) and self.args:
                 raise ValueError("args: a launch command carries its own flags; put them in the command")
         else:
@@ -289,6 +376,19 @@ class ServerOptions(BaseModel):
         if isinstance(self.launch, LaunchCommand):
             return DIALECTS[self.launch.dialect]
         return DIALECTS[self.dialect]
+
+    @property
+    def api_key_passing(self) -> ApiKeyPassing | None:
+        """How a launched server takes the key sweeper generates for it (None: it has no key)."""
+        if isinstance(self.launch, LaunchCommand):
+            return self.launch.api_key
+        engine = self.engine
+        return engine.api_key if engine is not None else None
+
+    def actor_env(self) -> tuple[str, ...]:
+        """Environment variables the trial's actor needs from the driver's environment: the
+        external server's key, which reaches the actor's node through Ray's runtime environment."""
+        return (self.api_key_env,) if self.api_key_env is not None else ()
 
     @property
     def holds_gpus(self) -> bool:

@@ -9,6 +9,7 @@ naming the sweep field instead, within seconds (each server gets ``TIMEOUT_S``).
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 
@@ -19,13 +20,22 @@ from sweeper.plan.spec import Sweep
 TIMEOUT_S = 5.0
 
 
-def served_models(base_url: str, timeout_s: float = TIMEOUT_S) -> list[str]:
-    """The model ids ``GET {base_url}/models`` lists; raises ``ValueError`` saying what went wrong."""
+class KeyRefused(ValueError):
+    """The server answered 401 or 403: it wants a key, or not the one it was sent."""
+
+
+def served_models(base_url: str, timeout_s: float = TIMEOUT_S, api_key: str | None = None) -> list[str]:
+    """The model ids ``GET {base_url}/models`` lists (sent with ``api_key`` as a bearer token
+    where given); raises ``ValueError`` saying what went wrong (``KeyRefused`` for 401/403)."""
     url = base_url.rstrip("/") + "/models"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - the sweep's http(s) URL
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - the sweep's http(s) URL
             answer = json.loads(response.read().decode())
     except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            raise KeyRefused(f"GET {url} answered HTTP {exc.code} {exc.reason}") from None
         raise ValueError(f"GET {url} answered HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
         raise ValueError(f"GET {url} failed: {exc.reason}") from None
@@ -64,8 +74,20 @@ def check_servers(sweep: Sweep, sweep_path: str = "<sweep>") -> None:
     for where, options in _server_variants(sweep):
         if options.base_url is None:
             continue
+        key = None
+        if options.api_key_env is not None:
+            key = os.environ.get(options.api_key_env)
+            if not key:
+                raise SweepFileError(sweep_path, f"{where}.api_key_env",
+                                     f"{options.api_key_env} is not set in this environment (the server's key is "
+                                     "read from it here and passed on to the trial's actor)")
         try:
-            models = served_models(options.base_url)
+            models = served_models(options.base_url, api_key=key)
+        except KeyRefused as exc:
+            field, why = ((f"{where}.api_key_env", f"the server refused the key in {options.api_key_env}")
+                          if key else (f"{where}.base_url", "the server demands a key: name the environment "
+                                                            "variable holding it in api_key_env"))
+            raise SweepFileError(sweep_path, field, f"{exc}: {why}") from None
         except ValueError as exc:
             raise SweepFileError(sweep_path, f"{where}.base_url", str(exc)) from None
         if options.model not in models:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -290,7 +291,13 @@ class SweepRun:
         # a whole node's CPUs, so no two measured trials share a device.
         t = group.trials[0]
         extra = BACKENDS[t.backend].ray_resources(t.backend_options)
-        placed = {"resources": extra} if extra else {}
+        placed: dict[str, Any] = {"resources": extra} if extra else {}
+        # Variables the actor needs from the driver's environment (an external server's key):
+        # in the actor's runtime environment, so they reach whichever node it lands on.
+        needed = {name: os.environ[name] for name in BACKENDS[t.backend].actor_env(t.backend_options)
+                  if name in os.environ}
+        if needed:
+            placed["runtime_env"] = {"env_vars": needed}
         if self.cluster.device == "cuda":
             return {"num_gpus": group.num_gpus, "num_cpus": 1, **placed}
         return {"num_gpus": 0, "num_cpus": self.cluster.min_node_cpus, **placed}

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import logging
 import os
+import secrets
 import shlex
 import time
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from actors.backends.base import Backend, Generation, LoadInfo, ModelSpec
 from actors.backends.server.client import Endpoint, run_http
 from actors.backends.server.process import ServerError, ServerProcess, get_json
 from actors.serving.records import ServedRun, ServingRequest
-from sweeper.core.servers import RequestDialect, ServerEngine, ServerOptions, dtype_of
+from sweeper.core.servers import RequestDialect, ServerEngine, ServerOptions, dtype_of, engine_args
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,9 @@ class ServerBackend(Backend):
         self.stop_timeout_s = 30.0
         self.options: ServerOptions | None = None
         self.metered_uuids: list[str] = []
+        # Sent with every request: the key a launched server was started with, or the external
+        # server's (from the environment). Never written anywhere.
+        self.headers: dict[str, str] = {}
 
     # -- load ------------------------------------------------------------------------------
     def load(self, spec: ModelSpec) -> LoadInfo:
@@ -116,12 +120,19 @@ class ServerBackend(Backend):
         (for its config and tokenizer) is the sweep's model."""
         assert options.base_url is not None and options.model is not None  # the options' own check
         self.base_url, self.served_model = options.base_url.rstrip("/"), options.model
+        if options.api_key_env is not None:
+            key = os.environ.get(options.api_key_env)
+            if not key:
+                raise ServerError(f"backend_options.server.api_key_env: {options.api_key_env} is not set where the "
+                                  "requests are sent (this actor's node); the driver passes it on from its own "
+                                  "environment through Ray's runtime environment")
+            self.headers = {"Authorization": f"Bearer {key}"}
         return _model_dir(spec)
 
     def _check_served(self, options: ServerOptions) -> None:
         if options.engine is not None and options.engine.model_list_is_hub_cache:
             return  # its list names the Hub cache's models, not the one it was started with
-        served = _served_models(self.base_url)
+        served = _served_models(self.base_url, self.headers)
         if not self.served_model and len(served) == 1:  # a command's server: whatever it serves
             self.served_model = served[0]
         if self.served_model not in served:
@@ -141,7 +152,7 @@ class ServerBackend(Backend):
         engine, process = options.engine, self.process
         return {
             "server_engine": options.label(), "server_url": self.base_url,
-            "server_version": _server_version(self.base_url, engine.version_module if engine else None),
+            "server_version": _server_version(self.base_url, engine.version_module if engine else None, self.headers),
             "server_command": shlex.join(process.argv) if process else None,
             "server_log": str(process.log_path) if process else None,
             "server_ready_s": process.ready_s if process else None,
@@ -162,16 +173,31 @@ class ServerBackend(Backend):
             argv = engine.command(model=model_path, served_model=served, precision=spec.precision,
                                   tensor_parallel=spec.tensor_parallel, seed=spec.seed,
                                   synthetic=spec.source == "synthetic", args=options.args)
+            argv += engine_args(options.secret_args)
+            secret_values = list(options.secret_args.values())
         else:
             assert options.launch is not None and not isinstance(options.launch, str)
-            argv = list(options.launch.command)
+            argv = options.launch.argv()
+            secret_values = list(options.launch.secret_values.values())
         fields = {"model": model_path, "served_model": served, "dtype": dtype_of(spec.precision),
                   "tensor_parallel": str(spec.tensor_parallel), "seed": str(spec.seed), "device": device}
         env = dict(os.environ)
         timing = _prepare_engine(engine, spec.name, env) if engine is not None else None
+        # A fresh key that only this actor knows: no other process of the node can send the
+        # server requests while its energy is measured (it listens on loopback only, too).
+        passing = options.api_key_passing
+        if passing is not None:
+            key = secrets.token_urlsafe(32)
+            secret_values.append(key)
+            if passing.env is not None:
+                env[passing.env] = key
+            else:
+                argv += [str(passing.flag), key]
+            self.headers = {"Authorization": f"Bearer {key}"}
         started_s = time.time()
         self.process = ServerProcess.launch(argv, log_path=server_log_dir() / f"{spec.name}.log",
-                                            stop_timeout_s=options.stop_timeout_s, fields=fields, env=env)
+                                            stop_timeout_s=options.stop_timeout_s, fields=fields, env=env,
+                                            secrets=secret_values, headers=self.headers)
         limit_s = (READY_SHARE_OF_LOAD_TIMEOUT * spec.load_timeout_s if spec.load_timeout_s is not None
                    else DEFAULT_READY_TIMEOUT_S)
         self.process.wait_ready(limit_s)
@@ -185,7 +211,7 @@ class ServerBackend(Backend):
               deadline_s: float) -> ServedRun:
         chat = self.chat
         endpoint = Endpoint(url=f"{self.base_url}/{'chat/completions' if chat else 'completions'}",
-                            body=self._body, continuous_usage=self._dialect.continuous_usage)
+                            body=self._body, continuous_usage=self._dialect.continuous_usage, headers=self.headers)
         return run_http(endpoint, requests, max_concurrency=max_concurrency, deadline_s=deadline_s)
 
     def process_owner(self) -> int | None:
@@ -278,20 +304,20 @@ def _first_int(value: Any) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def _served_models(base_url: str) -> list[str]:
+def _served_models(base_url: str, headers: dict[str, str]) -> list[str]:
     try:
-        answer = get_json(base_url + "/models")
+        answer = get_json(base_url + "/models", headers=headers)
     except (OSError, ValueError) as exc:
         raise ServerError(f"{base_url}/models did not answer: {exc}") from None
     data = answer.get("data", []) if isinstance(answer, dict) else []
     return [str(m.get("id")) for m in data if isinstance(m, dict)]
 
 
-def _server_version(base_url: str, module: str | None) -> str | None:
+def _server_version(base_url: str, module: str | None, headers: dict[str, str]) -> str | None:
     """The version the server reports (vLLM: ``GET /version``), else the engine's installed one."""
     root = base_url.removesuffix("/v1")
     try:
-        answer = get_json(root + "/version", timeout_s=2.0)
+        answer = get_json(root + "/version", timeout_s=2.0, headers=headers)
         if isinstance(answer, dict) and answer.get("version"):
             return str(answer["version"])
     except (OSError, ValueError):

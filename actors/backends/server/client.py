@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,7 @@ class Endpoint:
     url: str  # .../v1/completions or .../v1/chat/completions
     body: Callable[[ServingRequest], dict[str, Any]]
     continuous_usage: bool  # chunks carry the running usage
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # on every request: its key
 
 
 def run_http(endpoint: Endpoint, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
@@ -93,7 +94,7 @@ async def _run(endpoint: Endpoint, requests: Sequence[ServingRequest], max_concu
     slots = asyncio.Semaphore(max_concurrency) if max_concurrency is not None else None
     t0 = clock()
     streams = [_Stream(r, t0 + r.arrival_offset_s) for r in ordered]
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=dict(endpoint.headers)) as session:
         tasks = [asyncio.create_task(_send(session, endpoint, s, slots, clock)) for s in streams]
         _, late = await asyncio.wait(tasks, timeout=max(deadline_s - clock(), 0.0))
         for task in late:

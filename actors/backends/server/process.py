@@ -18,14 +18,17 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from actors.backends.server.reaper import stop_group
+from sweeper.core.secrets import redact, redact_argv
 
 log = logging.getLogger(__name__)
 
@@ -78,39 +81,62 @@ def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
     return " | ".join(kept[-lines:])
 
 
-def get_json(url: str, timeout_s: float = READY_REQUEST_TIMEOUT_S) -> object:
-    """GET ``url`` and parse its JSON answer; raises ``OSError`` or ``ValueError``."""
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - an http(s) URL we built
+def get_json(url: str, timeout_s: float = READY_REQUEST_TIMEOUT_S,
+             headers: Mapping[str, str] | None = None) -> object:
+    """GET ``url`` (with ``headers``: a server's key) and parse its JSON answer; raises
+    ``OSError`` or ``ValueError``."""
+    request = urllib.request.Request(url, headers=dict(headers or {}))
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - an http(s) URL we built
         return json.loads(response.read().decode())
+
+
+def _copy_redacted(source: IO[bytes], log_path: Path, secrets: Sequence[str]) -> None:
+    """Append the server's output to its log line by line, each secret replaced: a server may
+    print its own arguments (vLLM logs its non-default ones, its key among them)."""
+    with source, open(log_path, "ab") as out:
+        for line in source:
+            out.write(redact(line.decode(errors="replace"), secrets).encode())
+            out.flush()
 
 
 @dataclass
 class ServerProcess:
     """One launched server: its command line, its process (group leader), its log."""
 
-    argv: list[str]
+    argv: list[str]  # as started, every secret redacted (what is recorded and printed)
     base_url: str  # http://host:port/v1
     log_path: Path
     popen: subprocess.Popen
     started_s: float  # monotonic time of the launch
     ready_s: float | None = None  # seconds from the launch until it first answered
+    headers: Mapping[str, str] = field(default_factory=dict)  # sent with every request sweeper makes
 
     @classmethod
     def launch(cls, argv: Sequence[str], *, log_path: Path, host: str = "127.0.0.1",
                env: Mapping[str, str] | None = None, stop_timeout_s: float = 30.0,
-               fields: Mapping[str, str] | None = None) -> ServerProcess:
-        """Start ``argv`` (``{port}``, ``{host}`` and ``fields`` filled in) on a free port."""
+               fields: Mapping[str, str] | None = None, secrets: Sequence[str] = (),
+               headers: Mapping[str, str] | None = None) -> ServerProcess:
+        """Start ``argv`` (``{port}``, ``{host}`` and ``fields`` filled in) on a free port,
+        bound to ``host`` (loopback unless told otherwise). ``secrets`` (its key, secret flags'
+        values) never reach its log or its recorded command line."""
         port = free_port(host)
         values = {**(fields or {}), "port": str(port), "host": host}
         command = resolve_program([part.format(**values) for part in argv])
+        shown = [redact(word, secrets) for word in redact_argv(command)]
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as out:
-            out.write(f"$ {' '.join(command)}\n".encode())
+            out.write(f"$ {' '.join(shown)}\n".encode())
             out.flush()
-            popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            # With secrets, the output goes through this process on its way to the log.
+            popen = subprocess.Popen(command, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE if secrets else out, stderr=subprocess.STDOUT,
                                      env=dict(env) if env is not None else None, start_new_session=True)
             # Appended before the server's first line (the file is opened for appending by both).
             out.write(f"# pid {popen.pid} (its process group: every process it starts)\n".encode())
+        if secrets:
+            assert popen.stdout is not None
+            threading.Thread(target=_copy_redacted, args=(popen.stdout, log_path, tuple(secrets)),
+                             name=f"server-log-{popen.pid}", daemon=True).start()
         # The watchdog detaches: this returns once it runs on its own (reaper.py says why).
         subprocess.run(
             [sys.executable, str(Path(__file__).with_name("reaper.py")), str(os.getpid()), str(popen.pid),
@@ -118,8 +144,8 @@ class ServerProcess:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, check=True, timeout=30)
         log.info("server pid %d on %s:%d, log %s", popen.pid, host, port, log_path)
-        return cls(argv=command, base_url=f"http://{host}:{port}/v1", log_path=log_path, popen=popen,
-                   started_s=time.monotonic())
+        return cls(argv=shown, base_url=f"http://{host}:{port}/v1", log_path=log_path, popen=popen,
+                   started_s=time.monotonic(), headers=dict(headers or {}))
 
     @property
     def pid(self) -> int:
@@ -141,7 +167,8 @@ class ServerProcess:
                 raise ServerError(f"the server exited with code {code} before it was ready "
                                   f"(log {self.log_path}): {log_tail(self.log_path)}")
             try:
-                get_json(self.base_url + "/models", timeout_s=min(READY_REQUEST_TIMEOUT_S, max(deadline - clock(), 0.1)))
+                get_json(self.base_url + "/models", timeout_s=min(READY_REQUEST_TIMEOUT_S, max(deadline - clock(), 0.1)),
+                         headers=self.headers)
             except urllib.error.HTTPError as exc:
                 erring_since = clock() if erring_since is None else erring_since
                 if clock() - erring_since >= error_grace_s:
