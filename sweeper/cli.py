@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,6 +18,9 @@ from rich.markup import escape
 
 from sweeper.core.errors import UserInputError
 from sweeper.core.settings import Device
+
+if TYPE_CHECKING:
+    from sweeper.run.session import RunResult, RunSetup
 
 
 class _FlagHelp:
@@ -88,7 +92,7 @@ class _Console:
     console: Console | None = err
 
     def say(self, line: str) -> None:
-        err.print(line, highlight=False, soft_wrap=True)
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
 
     def warn(self, line: str) -> None:
         _warn(line)
@@ -152,12 +156,29 @@ def run(
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(code=1) from None
     print_summary(err, setup.sweep.name, result)
+    _retry_hint(setup, result, output)
     if result.summary.failed:
         raise typer.Exit(code=1)
 
 
+def _retry_hint(setup: RunSetup, result: RunResult, output: str | None) -> None:
+    """The run's last lines: how many of the sweep's trials stand failed in the results (this
+    run's, or kept from an earlier one: a plain run does not retry them) and the command
+    that runs them again."""
+    from sweeper.core.status import Status
+
+    ids = {t.trial_id for t in setup.expanded[0]}
+    failed = sum(1 for tid, st in result.store.stored_trials().items() if tid in ids and st.status == Status.FAILED)
+    if not failed:
+        return
+    command = shlex.join(["sweeper", "run", str(setup.sweep_path), *(["-o", output] if output else []),
+                          "--retry-failed"])
+    err.print(f"{failed} trial(s) of this sweep stand failed in {result.store.uri}; once their cause is fixed, "
+              f"run them again with: {command}", highlight=False, markup=False, soft_wrap=True)
+
+
 def _warn(line: str) -> None:
-    err.print(f"warning: {line}", highlight=False, soft_wrap=True)
+    err.print(f"warning: {line}", highlight=False, markup=False, soft_wrap=True)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -241,9 +262,10 @@ def report(
                            slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_percentile=slo_percentile)
     except UserInputError as exc:
         raise _fail(exc) from None
-    out.print(f"report: {rep.path} ({len(rep.plots)} plots, PNGs in {rep.directory})", highlight=False, soft_wrap=True)
+    out.print(f"report: {rep.path} ({len(rep.plots)} plots, PNGs in {rep.directory})", highlight=False,
+              markup=False, soft_wrap=True)
     for note in rep.notes:
-        out.print(f"  note: {note}", highlight=False, soft_wrap=True)
+        out.print(f"  note: {note}", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command(cls=_Command)

@@ -151,13 +151,13 @@ def print_summary(err: Console, name: str, result: RunResult) -> None:
             where.add_row(node, gpu, str(use.trials), f"{use.busy_s:,.1f}", share, str(use.model_loads))
         err.print(where)
     for line in summary.failures[:10]:
-        err.print(f"  [red]failed[/] {line}", highlight=False)
+        err.print(f"  [red]failed[/] {escape(line)}", highlight=False)
     if store.superseded:
         err.print(f"{store.superseded} stored result(s) of trials this sweep no longer has are kept in "
-                  f"{store.uri}/superseded/", highlight=False, soft_wrap=True)
+                  f"{store.uri}/superseded/", highlight=False, markup=False, soft_wrap=True)
     print_best(err, store)
     err.print(f"results: {store.uri}/trials.parquet (query with DuckDB, e.g. "
-              f"SELECT * FROM '{store.uri}/trials.parquet')", highlight=False)
+              f"SELECT * FROM '{store.uri}/trials.parquet')", highlight=False, markup=False)
 
 
 def _print_busy(err: Console, result: RunResult) -> None:

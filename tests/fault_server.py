@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--models-error-unless-dir", default=None,
                    help="/v1/models answers 500 while this directory does not exist (transformers serve's Hub cache)")
     p.add_argument("--exit-before-ready", type=int, default=None, help="print a message and exit with this code")
+    p.add_argument("--exit-message", default="fault server: loading the model failed on purpose (CUDA out of memory, say)",
+                   help="the message --exit-before-ready prints")
     p.add_argument("--die-after", type=int, default=None, help="exit once this many requests have begun")
     p.add_argument("--http-error-every", type=int, default=None, help="every Nth request answers HTTP 500")
     p.add_argument("--error-after-chunks", type=int, default=None, help="send an error event after N chunks")
@@ -161,7 +163,7 @@ def main() -> None:
         with open(args.pid_file, "a") as out:
             out.write("".join(f"{p}\n" for p in pids))
     if args.exit_before_ready is not None:
-        print("fault server: loading the model failed on purpose (CUDA out of memory, say)", flush=True)
+        print(args.exit_message, flush=True)
         sys.exit(args.exit_before_ready)
     from aiohttp import web
 

@@ -117,6 +117,10 @@ def _best_table(results: Results, bounds: Sequence[LatencyBound]) -> Table:
         rows.append(row)
     bound = ("under " + " and ".join(str(b) for b in bounds) if bounds
              else "no latency bound (--max-tpot-ms / --max-ttft-ms, or --slo-ttft-ms / --slo-tpot-ms at a percentile)")
+    aside = int(best["set_aside"].fillna(0).sum()) if len(best) else 0
+    if aside:
+        bound += (f"; {aside} unstable configuration{'s' if aside > 1 else ''} set aside (chosen only among those "
+                  "whose estimate met its bound, where a model has any)")
     return Table(
         "Best configuration per model",
         ["model", "backend", "precision", "batch / rate", "in/out", "repeats", "tok/s", "TTFT ms", "TPOT ms",

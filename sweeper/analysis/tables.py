@@ -166,8 +166,10 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None, max_ttf
     ``repeats_disagree`` marks one whose repeats spread beyond ``MAX_REPEAT_SPREAD``.
     ``bounds`` (``latency_bounds``: means, or a percentile for serving SLOs) replace
     the two mean bounds. A configuration without the bounded latency cannot be shown
-    to meet the bound and is left out. Models with no configuration under the bounds
-    get a row with only ``criterion``.
+    to meet the bound and is left out. Unstable configurations are set aside while the
+    model has a precise one (``set_aside`` counts them); where it has none, the best
+    unstable one is chosen and ``criterion`` says so. Models with no configuration
+    under the bounds get a row with only ``criterion``.
     """
     import pandas as pd
 
@@ -179,13 +181,18 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None, max_ttf
         cand = configs[configs["model"] == model]
         for bound in bounds:
             cand = cand[cand[bound.column].notna() & (cand[bound.column] * 1e3 <= bound.ms)]
-        with_energy = cand[cand["energy_per_token_j"].notna()]
+        # Only a precise estimate can be crowned: unstable configurations (an estimate that
+        # missed its bound) are set aside while the model has any other.
+        precise = cand[~cand["unstable"].fillna(False).astype(bool)]
+        set_aside = len(cand) - len(precise)
+        pool, note = (precise, "") if not precise.empty else (cand, ", only unstable trials to choose from")
+        with_energy = pool[pool["energy_per_token_j"].notna()]
         if not with_energy.empty:
-            best, criterion = with_energy.loc[with_energy["energy_per_token_j"].idxmin()], "lowest J/token"
-        elif cand["throughput_tok_s"].notna().any():
-            best, criterion = cand.loc[cand["throughput_tok_s"].idxmax()], "highest tok/s (no energy)"
+            best, criterion = with_energy.loc[with_energy["energy_per_token_j"].idxmin()], "lowest J/token" + note
+        elif pool["throughput_tok_s"].notna().any():
+            best, criterion = pool.loc[pool["throughput_tok_s"].idxmax()], "highest tok/s (no energy)" + note
         else:
-            rows.append({"model": model, "criterion": "no ok trial within the bounds"})
+            rows.append({"model": model, "criterion": "no ok trial within the bounds", "set_aside": 0})
             continue
         rows.append({
             "model": model, "backend": best["backend"], "precision": best["precision"],
@@ -200,12 +207,13 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None, max_ttf
             "energy_per_token_hi": best["energy_per_token_j_hi"], "mbu": best.get("mbu"),
             "criterion": criterion, "unstable": bool(best["unstable"]),
             "repeats_disagree": bool(best["repeats_disagree"]), "trial_id": best["trial_id"],
+            "set_aside": set_aside if not note else 0,
         })
     return pd.DataFrame(rows, columns=[
         "model", "backend", "precision", "batch_size", "request_rate", "max_concurrency", "input_len",
         "output_len", "n_repeats", "throughput_tok_s", "throughput_lo", "throughput_hi", "ttft_ms", "tpot_ms", "energy_per_token_j",
         "energy_per_token_lo", "energy_per_token_hi", "mbu", "criterion", "unstable", "repeats_disagree",
-        "trial_id"])
+        "trial_id", "set_aside"])
 
 
 def unstable_trials(trials: pd.DataFrame) -> pd.DataFrame:

@@ -182,6 +182,11 @@ class BackendSpec:
         extra = getattr(options, "required_modules", None)
         return self.requires + (extra() if extra is not None else ())
 
+    def install_hint(self, options: BaseModel) -> str | None:
+        """How to install the modules these options need beyond the backend's own, if they say."""
+        hint = getattr(options, "install_hint", None)
+        return hint() if hint is not None else None
+
     def holds_gpus(self, options: BaseModel) -> bool:
         """Whether the trial's actor holds GPUs (a client of an external server does not)."""
         return bool(getattr(options, "holds_gpus", True))

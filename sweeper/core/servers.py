@@ -116,6 +116,8 @@ class ServerEngine:
 
     name: str
     module: str  # the Python module the worker needs (the server runs in the actor's environment)
+    # The line that installs it and everything its server imports (the plan's skip reason quotes it).
+    install: str
     # argv before the model; "python" is the actor's interpreter, so the server runs in the
     # actor's environment (where the engine's console script may not be on PATH)
     program: tuple[str, ...]
@@ -146,6 +148,13 @@ class ServerEngine:
     # How the server takes the key it demands of every request (None: it has no such option
     # and answers anyone who reaches its loopback port).
     api_key: ApiKeyPassing | None = None
+    # Modules its server imports beyond ``module`` (an optional extra's): checked at plan time
+    # on the nodes, so a missing one is a skip with the install line, not a failed load.
+    server_modules: tuple[str, ...] = ()
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return (self.module, *self.server_modules)
 
     def unsupported(self, precision: str, device: str, tensor_parallel: int) -> str | None:
         if device not in self.devices:
@@ -195,7 +204,7 @@ _NO_BNB = ("its server quantizes bitsandbytes formats only from real or pre-quan
 ENGINES: dict[str, ServerEngine] = {
     e.name: e for e in [
         ServerEngine(
-            name="vllm", module="vllm", program=("python", "-m", "vllm.entrypoints.cli.main", "serve"), devices=frozenset({"cuda"}),
+            name="vllm", module="vllm", install="pip install vllm", program=("python", "-m", "vllm.entrypoints.cli.main", "serve"), devices=frozenset({"cuda"}),
             precision_flags={"fp16": _DTYPE["fp16"], "bf16": _DTYPE["bf16"],
                              "fp8": (*_DTYPE["bf16"], "--quantization", "fp8")},
             served_name_flag="--served-model-name", tensor_parallel_flag="--tensor-parallel-size",
@@ -209,7 +218,7 @@ ENGINES: dict[str, ServerEngine] = {
             version_module="vllm",
         ),
         ServerEngine(
-            name="sglang", module="sglang", program=("python", "-m", "sglang.launch_server", "--model-path"),
+            name="sglang", module="sglang", install="pip install sglang", program=("python", "-m", "sglang.launch_server", "--model-path"),
             devices=frozenset({"cuda"}),
             precision_flags={"fp16": _DTYPE["fp16"], "bf16": _DTYPE["bf16"],
                              "fp8": (*_DTYPE["bf16"], "--quantization", "fp8")},
@@ -220,7 +229,9 @@ ENGINES: dict[str, ServerEngine] = {
             version_module="sglang",
         ),
         ServerEngine(
-            name="transformers", module="transformers", program=("python", "-m", "transformers.cli.transformers", "serve"),
+            name="transformers", module="transformers", install="pip install 'transformers[serving]'",
+            # transformers serve's own extra (the project's [serve] extra installs it).
+            server_modules=("fastapi", "uvicorn", "openai"), program=("python", "-m", "transformers.cli.transformers", "serve"),
             devices=frozenset({"cuda", "cpu"}),
             precision_flags={**_DTYPE, "int8": (*_DTYPE["bf16"], "--quantization", "bnb-8bit"),
                              "nf4": (*_DTYPE["bf16"], "--quantization", "bnb-4bit")},
@@ -403,7 +414,12 @@ class ServerOptions(BaseModel):
 
     def required_modules(self) -> tuple[str, ...]:
         engine = self.engine
-        return (engine.module,) if engine is not None else ()
+        return engine.modules if engine is not None else ()
+
+    def install_hint(self) -> str | None:
+        """How to install what ``required_modules`` names (the engine's install line)."""
+        engine = self.engine
+        return f"install it with: {engine.install}" if engine is not None else None
 
     def unsupported_precision(self, precision: str, device: str, tensor_parallel: int) -> str | None:
         engine = self.engine

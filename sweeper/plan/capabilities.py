@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from sweeper.core.backends import BACKENDS
 from sweeper.core.precisions import PRECISIONS
+from sweeper.core.servers import ENGINES
 
 PROBE_TIMEOUT_S = 60.0
 
@@ -29,6 +30,7 @@ PROBE_TIMEOUT_S = 60.0
 def probed_libraries() -> tuple[str, ...]:
     """Every module or distribution the registries say a trial may need."""
     names = {m for b in BACKENDS.values() for m in b.requires}
+    names |= {m for e in ENGINES.values() for m in e.modules}
     names |= {p.library for p in PRECISIONS.values() if p.library}
     return tuple(sorted(names))
 

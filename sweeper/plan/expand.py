@@ -283,13 +283,14 @@ def _installed_reason(trial: Trial, device: Device, capabilities: Capabilities) 
     """What the nodes' installed libraries say: the backend's modules and the precision's library
     on a node the trial fits, at a version the precision accepts there."""
     backend, precision = BACKENDS[trial.backend], PRECISIONS[trial.precision]
-    needs = [(m, f"backend {backend.name}") for m in backend.required_modules(trial.backend_options)]
+    hint = backend.install_hint(trial.backend_options)
+    needs = [(m, f"backend {backend.name}", hint) for m in backend.required_modules(trial.backend_options)]
     if precision.library:
-        needs.append((precision.library, f"precision {precision.name}"))
-    for library, who in needs:
+        needs.append((precision.library, f"precision {precision.name}", None))
+    for library, who, how in needs:
         where = capabilities.where_missing(library, device, trial.num_gpus)
         if where:
-            return f"{who} needs {library}, {where}"
+            return f"{who} needs {library}, {where}" + (f"; {how}" if how else "")
     versions = capabilities.versions(precision.library, device, trial.num_gpus) if precision.library else []
     candidates: list[str | None] = list(versions) or [None]
     reasons = [precision.unsupported_reason(device, v) for v in candidates]

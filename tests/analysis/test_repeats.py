@@ -122,3 +122,31 @@ def test_a_difference_inside_both_trials_noise_is_called_so(gpu_results, tmp_pat
     old = tmp_path / "old"
     shutil.copytree(gpu_results, old)
     assert compare_sweeps(old, b)["throughput_within_noise"].isna().all()
+
+
+def test_the_best_configuration_is_chosen_among_precise_trials(gpu_results):
+    """An unstable trial (its estimate missed its bound) is not crowned while the model has a
+    precise one, however good its numbers look; where every trial is unstable the row says so."""
+    import pandas as pd
+
+    from sweeper.analysis.report import _best_table
+    from sweeper.analysis.results import load_results
+    from sweeper.analysis.tables import best_configs
+
+    trials = pd.read_parquet(gpu_results / "trials.parquet")
+    plain = best_configs(trials).set_index("model").loc["llama-3.1-8b"]
+    flaky = trials.copy()
+    winner = (flaky["model"] == "llama-3.1-8b") & (flaky["trial_id"] == plain["trial_id"])
+    flaky.loc[winner, "unstable"] = True
+    best = best_configs(flaky).set_index("model").loc["llama-3.1-8b"]
+    assert best["trial_id"] != plain["trial_id"] and not best["unstable"] and best["set_aside"] == 1
+    assert best["criterion"] == "lowest J/token"
+    everyone = trials.copy()
+    everyone.loc[everyone["model"] == "llama-3.1-8b", "unstable"] = True
+    only = best_configs(everyone).set_index("model").loc["llama-3.1-8b"]
+    assert only["trial_id"] == plain["trial_id"] and only["unstable"]
+    assert only["criterion"] == "lowest J/token, only unstable trials to choose from"
+    # The table's caption counts what was set aside.
+    results = load_results(gpu_results)
+    results.trials.loc[results.trials["trial_id"] == plain["trial_id"], "unstable"] = True
+    assert "1 unstable configuration set aside" in _best_table(results, []).caption

@@ -114,3 +114,19 @@ def test_option_variants_are_distinct_trials_with_stable_ids():
     ids = [p.trial.trial_id for p in plan.trials]
     assert len(set(ids)) == 4
     assert ids == [p.trial.trial_id for p in make_plan(parse_sweep(_sweep()), "cuda").trials]
+
+
+def test_a_launched_engine_whose_server_packages_are_missing_is_skipped_with_its_install_line():
+    """transformers installed without its [serving] extra: `transformers serve` would fail at
+    run time; the plan skips its trials instead, saying what to install."""
+    from sweeper.plan.capabilities import LOCAL, Capabilities, NodeCapabilities, library_versions, probed_libraries
+
+    have = library_versions(probed_libraries())
+    without = {**have, "fastapi": None}
+    sweep = parse_sweep(_sweep(backend_options={"server": {"launch": "transformers"}}))
+    skipped = make_plan(sweep, "cpu", capabilities=Capabilities((NodeCapabilities("n", "h", 0, without),), LOCAL))
+    assert {p.skip_reason for p in skipped.trials} == {
+        "backend server needs fastapi, which is not installed in the local environment; install it with: "
+        "pip install 'transformers[serving]'"}
+    ready = make_plan(sweep, "cpu", capabilities=Capabilities((NodeCapabilities("n", "h", 0, have),), LOCAL))
+    assert all(p.runnable for p in ready.trials)  # this environment has the extra (the tests need it)
