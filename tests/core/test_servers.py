@@ -119,7 +119,13 @@ def test_option_variants_are_distinct_trials_with_stable_ids():
 def test_a_launched_engine_whose_server_packages_are_missing_is_skipped_with_its_install_line():
     """transformers installed without its [serving] extra: `transformers serve` would fail at
     run time; the plan skips its trials instead, saying what to install."""
-    from sweeper.plan.capabilities import LOCAL, Capabilities, NodeCapabilities, library_versions, probed_libraries
+    from sweeper.plan.capabilities import (
+        LOCAL,
+        Capabilities,
+        NodeCapabilities,
+        library_versions,
+        probed_libraries,
+    )
 
     have = library_versions(probed_libraries())
     without = {**have, "fastapi": None}
