@@ -150,6 +150,28 @@ def set_log(ax: Any, axis: str) -> None:
     target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     target.set_minor_locator(NullLocator())
     target.set_minor_formatter(NullFormatter())
+    _snap_to_labels(ax, axis)
+
+
+def _snap_to_labels(ax: Any, axis: str) -> None:
+    """Widen a log axis drawn so far to the 1-2-5 labels around its data, so that a label
+    stands above the highest point and below the lowest (points to 150 on an axis that
+    stopped at 160 had no label above 100)."""
+    import math
+
+    lo, hi = (ax.dataLim.y0, ax.dataLim.y1) if axis == "y" else (ax.dataLim.x0, ax.dataLim.x1)
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 or hi < lo:
+        return
+
+    def steps(v: float) -> list[float]:
+        decade = 10.0 ** math.floor(math.log10(v))
+        return [m * decade * f for f in (0.1, 1.0, 10.0) for m in (1.0, 2.0, 5.0)]
+
+    below = max(t for t in steps(lo) if t <= lo * (1 + 1e-9))
+    above = min(t for t in steps(hi) if t >= hi * (1 - 1e-9))
+    current = ax.get_ylim() if axis == "y" else ax.get_xlim()
+    limits = (min(below, current[0]), max(above, current[1]))
+    (ax.set_ylim if axis == "y" else ax.set_xlim)(*limits)
 
 
 def batch_axis(ax: Any, batches: Any) -> None:

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-SATURATED_NOTE = "x: saturated (the engine fell behind the offered rate); dotted line: the knee"
+SATURATED_NOTE = ("x: saturated (the engine fell behind the offered rate), inside a hollow ring where also "
+                  "unstable; dotted line: the knee")
 
 
 def serving_trials(trials: pd.DataFrame) -> pd.DataFrame:
@@ -57,9 +58,13 @@ def _panels(df: pd.DataFrame, rows: int, height_in: float = 3.4) -> tuple[Figure
 def _draw(ax: Any, x: Any, y: Any, g: pd.DataFrame, colour: str, label: str, style: str = "-") -> None:
     ax.plot(x, y, style, color=colour, lw=1.4, label=label)
     saturated = g["saturated"].fillna(False).to_numpy(dtype=bool) if "saturated" in g else x * 0 > 0
-    unstable = g["unstable"].fillna(False).to_numpy(dtype=bool) & ~saturated
+    unstable = g["unstable"].fillna(False).to_numpy(dtype=bool)
     scatter_marked(ax, x[~saturated], y[~saturated], unstable[~saturated], colour, series=label)
     if saturated.any():
+        # Both marks where both hold: the unstable trial's hollow hatched ring around its x.
+        both = saturated & unstable
+        if both.any():
+            scatter_marked(ax, x[both], y[both], unstable[both], colour, series=label)
         ax.scatter(x[saturated], y[saturated], marker="x", s=50, color=colour, zorder=4, gid=label)
 
 
