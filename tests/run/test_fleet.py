@@ -133,6 +133,33 @@ def sweeper(fleet: Fleet, *args: str, env: dict[str, str] | None = None, timeout
                           env={**(env or fleet.env()), "COLUMNS": "200"}, timeout=timeout)
 
 
+def _start_sweep(fleet: Fleet, sweep: Path, out: Path) -> tuple[subprocess.Popen, list[str], threading.Thread]:
+    """`sweeper run --address` of the fleet, in the background: its process, the lines it has
+    printed so far (filled as it prints), and the thread that reads them."""
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper", "run", str(sweep), "--address", fleet.address,
+                             "-o", str(out), "-q"], cwd=ROOT, env={**fleet.env(RAY_AUTH_TOKEN=fleet.token),
+                                                                "COLUMNS": "200"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    return proc, lines, reader
+
+
+def _recovered(proc: subprocess.Popen, lines: list[str], out: Path, n: int) -> tuple[str, list[dict]]:
+    """The checks after a node was lost under a gated sweep: it ended well, the lost trial was
+    retried, all ``n`` trials are there once and ok, and every row is the head's (the lost
+    node's trials were held at the gate, so it finished none). Returns the output and rows."""
+    text = "".join(lines)
+    assert proc.returncode == 0, text[-3000:]
+    assert re.search(r"retry 1/2: .*actor died", text), text[-3000:]
+    trials = pq.read_table(out / "trials.parquet").to_pylist()
+    assert len(trials) == n and len({t["trial_id"] for t in trials}) == n
+    assert {t["status"] for t in trials} == {"ok"}
+    assert len({t["ray_node_id"] for t in trials}) == 1
+    return text, trials
+
+
 SWEEP = """
 name: fleet
 models: [tiny-llama, tiny-qwen2]
@@ -170,13 +197,7 @@ def test_a_node_lost_mid_sweep_has_its_trial_retried_on_the_other(fleet, tmp_pat
     sweep = tmp_path / "s.yaml"
     sweep.write_text(SWEEP.format(gate=gate))
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "sweeper", "run", str(sweep), "--address", fleet.address,
-                             "-o", str(out), "-q"], cwd=ROOT, env={**fleet.env(RAY_AUTH_TOKEN=fleet.token),
-                                                                "COLUMNS": "200"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
-    reader.start()
+    proc, lines, reader = _start_sweep(fleet, sweep, out)
     try:
         # Both groups placed, one per node, each held at the gate inside its first trial.
         deadline = time.monotonic() + 180
@@ -194,14 +215,7 @@ def test_a_node_lost_mid_sweep_has_its_trial_retried_on_the_other(fleet, tmp_pat
         if proc.poll() is None:
             proc.kill()
         reader.join(timeout=10)
-    text = "".join(lines)
-    assert proc.returncode == 0, text[-3000:]
-    assert re.search(r"retry 1/2: .*actor died", text), text[-3000:]
-    trials = pq.read_table(out / "trials.parquet").to_pylist()
-    assert len(trials) == 4 and len({t["trial_id"] for t in trials}) == 4
-    assert {t["status"] for t in trials} == {"ok"}
-    # The lost node finished nothing (its trial was held at the gate): everything ran on the head.
-    assert len({t["ray_node_id"] for t in trials}) == 1
+    _recovered(proc, lines, out, 4)
 
 
 def test_a_node_lost_with_a_launched_server_leaves_no_server_behind(fleet, tmp_path):
@@ -234,13 +248,7 @@ workload: {{mode: serving, input_len: 8, output_len: 4, request_rate: 2, num_pro
 measure: {{warmup_iters: 1, idle_s: 0, min_window_s: 0.2}}
 """)
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "sweeper", "run", str(sweep), "--address", fleet.address,
-                             "-o", str(out), "-q"], cwd=ROOT, env={**fleet.env(RAY_AUTH_TOKEN=fleet.token),
-                                                                "COLUMNS": "200"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
-    reader.start()
+    proc, lines, reader = _start_sweep(fleet, sweep, out)
     seen: list[int] = []
     try:
         first = [read_pids(f, 2, bound_s=180.0) for f in pid_files]  # both servers up, one per node
@@ -304,13 +312,7 @@ def test_tensor_parallel_groups_hold_one_nodes_gpus_alone_and_survive_a_lost_nod
     sweep.write_text(SWEEP.format(gate=gate).replace("[tiny-llama, tiny-qwen2]", "[tiny-llama, tiny-qwen2, tiny-mistral]")
                      .replace("precisions: fp32", "precisions: fp32\ntensor_parallel: 2"))
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "sweeper", "run", str(sweep), "--address", fleet.address,
-                             "-o", str(out), "-q"], cwd=ROOT, env={**fleet.env(RAY_AUTH_TOKEN=fleet.token),
-                                                                "COLUMNS": "200"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # type: ignore[arg-type]
-    reader.start()
+    proc, lines, reader = _start_sweep(fleet, sweep, out)
     placed_re = re.compile(r"^placed  (.+) on (\S+) GPU (\S+)$")
     try:
         deadline = time.monotonic() + 180
@@ -331,15 +333,8 @@ def test_tensor_parallel_groups_hold_one_nodes_gpus_alone_and_survive_a_lost_nod
         if proc.poll() is None:
             proc.kill()
         reader.join(timeout=10)
-    text = "".join(lines)
-    assert proc.returncode == 0, text[-3000:]
-    assert re.search(r"retry 1/2: .*actor died", text), text[-3000:]
-    trials = pq.read_table(out / "trials.parquet").to_pylist()
-    assert len(trials) == 6 and len({t["trial_id"] for t in trials}) == 6
-    assert {t["status"] for t in trials} == {"ok"}
+    text, trials = _recovered(proc, lines, out, 6)
     assert all(sorted(t["ray_gpu_ids"].split(",")) == ["0", "1"] for t in trials), trials
-    # The worker finished nothing (its group was held at the gate): every row is the head's.
-    assert len({t["ray_node_id"] for t in trials}) == 1
     # The closing table counts each GPU on its own: the head's two ran all six trials, the lost
     # node's two held the one attempt that died with it.
     rows = re.findall(r"│ (\S+)\s+│ GPU (\d) +│ +(\d+) │", text)
