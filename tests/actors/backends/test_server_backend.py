@@ -335,8 +335,9 @@ def test_a_launched_vllm_server_shares_the_node_s_compile_cache(tmp_path, monkey
 
 def test_an_energy_site_meters_the_named_gpus_and_lists_their_processes(tmp_path, monkeypatch):
     """``base_url`` with ``energy: {node, gpu_uuids}``: the actor holds no GPU, yet meters the
-    named one (NVML is the test double: no GPU on a CPU machine) and records which processes
-    were on it. The server is a real one (the fault server) serving real HTTP."""
+    named ones (NVML is the test double: no GPU on a CPU machine), each on its own and summed,
+    and records which processes were on them. The server is a real one (the fault server)
+    serving real HTTP."""
     from actors.actor import TrialRunner
     from sweeper.plan.expand import make_plan
     from sweeper.plan.spec import parse_sweep
@@ -344,8 +345,10 @@ def test_an_energy_site_meters_the_named_gpus_and_lists_their_processes(tmp_path
     from tests.fake_nvml import FakeGpu, FakeNvml, PowerTrace
 
     site, other = "GPU-5ea5ea5e-0000-0000-0000-000000000001", "GPU-5ea5ea5e-0000-0000-0000-000000000000"
+    second = "GPU-5ea5ea5e-0000-0000-0000-000000000002"  # the server spans two GPUs (tensor parallel)
     fake = FakeNvml([FakeGpu(other, power=PowerTrace.constant(90.0)),
-                     FakeGpu(site, power=PowerTrace.constant(300.0), process_pids=(os.getpid(),))], RealClock())
+                     FakeGpu(site, power=PowerTrace.constant(300.0), process_pids=(os.getpid(),)),
+                     FakeGpu(second, power=PowerTrace.constant(200.0))], RealClock())
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the client's actor holds no GPU
     server = launch(tmp_path, "--token-s", "0.01")
@@ -354,7 +357,7 @@ def test_an_energy_site_meters_the_named_gpus_and_lists_their_processes(tmp_path
         trial = make_plan(parse_sweep({
             "name": "site", "models": ["tiny-llama"], "backends": "server", "precisions": "bf16",
             "backend_options": {"server": {"base_url": server.base_url, "model": "fault", "dialect": "vllm",
-                                           "energy": {"node": "127.0.0.1", "gpu_uuids": [site]}}},
+                                           "energy": {"node": "127.0.0.1", "gpu_uuids": [site, second]}}},
             "workload": {"mode": "serving", "input_len": 8, "output_len": 8, "request_rate": 20, "num_prompts": 40},
             "measure": {"warmup_iters": 1, "idle_s": 0.3, "min_window_s": 0.2},
         }), "cpu").runnable[0]
@@ -368,9 +371,14 @@ def test_an_energy_site_meters_the_named_gpus_and_lists_their_processes(tmp_path
         server.stop(2.0)
     row = outcome.row
     assert row["status"] == "ok", row.get("error")
-    assert row["gpu_uuids"] == site and row["energy_unmetered_reason"] is None
+    assert row["gpu_uuids"] == f"{site},{second}" and row["energy_unmetered_reason"] is None
     assert row["energy_j"] > 0 and row["run_energy_j"] > 0
-    assert row["avg_power_w"] == pytest.approx(300.0, rel=0.05)  # the site's GPU, not the other one
+    assert row["avg_power_w"] == pytest.approx(500.0, rel=0.05)  # the site's two GPUs, not the other one
+    # Each of the site's GPUs on its own, summing to the row's.
+    assert row["gpu_avg_power_w"] == pytest.approx([300.0, 200.0], rel=0.05)
+    assert sum(row["gpu_energy_j"]) == pytest.approx(row["energy_j"], rel=1e-12)
+    assert not any("nvmlDeviceGetTotalEnergyConsumption" in fns for uuid, fns in fake.reads_by_uuid.items()
+                   if uuid == other)
     assert row["gpu_processes"] == f"{os.getpid()} {Path(f'/proc/{os.getpid()}/comm').read_text().strip()}"
     assert row["energy_exclusive"] is None  # whose processes they are is not known for an external server
     requests = outcome.tables["requests"]
