@@ -112,7 +112,9 @@ def _best_table(results: Results, bounds: Sequence[LatencyBound]) -> Table:
                _fmt(r.ttft_ms), _fmt(r.tpot_ms),
                _with_interval(r.energy_per_token_j, r.energy_per_token_lo, r.energy_per_token_hi)]
         row += [_fmt(c.of(r.energy_per_token_j, results.report)) for c in priced]  # at the median J/token
-        flags = (" ⚠ unstable" if r.unstable is True else "") + (" ⚠ repeats disagree" if r.repeats_disagree is True else "")
+        # A model with no precise trial says so: its best is the best of the unstable ones.
+        flags = ((" ⚠ only unstable" if r.only_unstable is True else " ⚠ unstable" if r.unstable is True else "")
+                 + (" ⚠ repeats disagree" if r.repeats_disagree is True else ""))
         row += [_fmt(r.mbu), _fmt(r.criterion) + flags, _fmt(r.trial_id)]
         rows.append(row)
     bound = ("under " + " and ".join(str(b) for b in bounds) if bounds

@@ -168,7 +168,7 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None, max_ttf
     the two mean bounds. A configuration without the bounded latency cannot be shown
     to meet the bound and is left out. Unstable configurations are set aside while the
     model has a precise one (``set_aside`` counts them); where it has none, the best
-    unstable one is chosen and ``criterion`` says so. Models with no configuration
+    unstable one is chosen and ``only_unstable`` says so. Models with no configuration
     under the bounds get a row with only ``criterion``.
     """
     import pandas as pd
@@ -185,14 +185,15 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None, max_ttf
         # missed its bound) are set aside while the model has any other.
         precise = cand[~cand["unstable"].fillna(False).astype(bool)]
         set_aside = len(cand) - len(precise)
-        pool, note = (precise, "") if not precise.empty else (cand, ", only unstable trials to choose from")
+        pool, only_unstable = (precise, False) if not precise.empty else (cand, True)
         with_energy = pool[pool["energy_per_token_j"].notna()]
         if not with_energy.empty:
-            best, criterion = with_energy.loc[with_energy["energy_per_token_j"].idxmin()], "lowest J/token" + note
+            best, criterion = with_energy.loc[with_energy["energy_per_token_j"].idxmin()], "lowest J/token"
         elif pool["throughput_tok_s"].notna().any():
-            best, criterion = pool.loc[pool["throughput_tok_s"].idxmax()], "highest tok/s (no energy)" + note
+            best, criterion = pool.loc[pool["throughput_tok_s"].idxmax()], "highest tok/s (no energy)"
         else:
-            rows.append({"model": model, "criterion": "no ok trial within the bounds", "set_aside": 0})
+            rows.append({"model": model, "criterion": "no ok trial within the bounds", "set_aside": 0,
+                         "only_unstable": False})
             continue
         rows.append({
             "model": model, "backend": best["backend"], "precision": best["precision"],
@@ -207,13 +208,13 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None, max_ttf
             "energy_per_token_hi": best["energy_per_token_j_hi"], "mbu": best.get("mbu"),
             "criterion": criterion, "unstable": bool(best["unstable"]),
             "repeats_disagree": bool(best["repeats_disagree"]), "trial_id": best["trial_id"],
-            "set_aside": set_aside if not note else 0,
+            "set_aside": 0 if only_unstable else set_aside, "only_unstable": only_unstable,
         })
     return pd.DataFrame(rows, columns=[
         "model", "backend", "precision", "batch_size", "request_rate", "max_concurrency", "input_len",
         "output_len", "n_repeats", "throughput_tok_s", "throughput_lo", "throughput_hi", "ttft_ms", "tpot_ms", "energy_per_token_j",
         "energy_per_token_lo", "energy_per_token_hi", "mbu", "criterion", "unstable", "repeats_disagree",
-        "trial_id", "set_aside"])
+        "trial_id", "set_aside", "only_unstable"])
 
 
 def unstable_trials(trials: pd.DataFrame) -> pd.DataFrame:
