@@ -146,6 +146,17 @@ def _start_sweep(fleet: Fleet, sweep: Path, out: Path) -> tuple[subprocess.Popen
     return proc, lines, reader
 
 
+def _wait_for_placed(proc: subprocess.Popen, lines: list[str], placed: re.Pattern[str], n: int,
+                     bound_s: float = 180.0) -> None:
+    """Until ``n`` of the sweep's lines match ``placed`` (its groups are placed); fails if the
+    sweep ends first or ``bound_s`` passes."""
+    deadline = time.monotonic() + bound_s
+    while sum(bool(placed.match(line.rstrip())) for line in list(lines)) < n:
+        assert proc.poll() is None, "".join(lines)
+        assert time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.2)
+
+
 def _recovered(proc: subprocess.Popen, lines: list[str], out: Path, n: int) -> tuple[str, list[dict]]:
     """The checks after a node was lost under a gated sweep: it ended well, the lost trial was
     retried, all ``n`` trials are there once and ok, and every row is the head's (the lost
@@ -200,11 +211,7 @@ def test_a_node_lost_mid_sweep_has_its_trial_retried_on_the_other(fleet, tmp_pat
     proc, lines, reader = _start_sweep(fleet, sweep, out)
     try:
         # Both groups placed, one per node, each held at the gate inside its first trial.
-        deadline = time.monotonic() + 180
-        while sum(line.startswith("placed ") for line in list(lines)) < 2:
-            assert proc.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "".join(lines)
-            time.sleep(0.2)
+        _wait_for_placed(proc, lines, re.compile(r"^placed "), 2)
         nodes = {re.search(r" on (\S+) CPU", line).group(1) for line in list(lines) if line.startswith("placed ")}
         assert len(nodes) == 2, lines  # one group on each node
         time.sleep(1.0)  # the first trials are submitted behind the loads
@@ -315,11 +322,7 @@ def test_tensor_parallel_groups_hold_one_nodes_gpus_alone_and_survive_a_lost_nod
     proc, lines, reader = _start_sweep(fleet, sweep, out)
     placed_re = re.compile(r"^placed  (.+) on (\S+) GPU (\S+)$")
     try:
-        deadline = time.monotonic() + 180
-        while sum(bool(placed_re.match(line.rstrip())) for line in list(lines)) < 2:
-            assert proc.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "".join(lines)
-            time.sleep(0.2)
+        _wait_for_placed(proc, lines, placed_re, 2)
         time.sleep(1.0)  # the first trials are submitted behind the loads; nothing else is placed
         first = [m.groups() for line in list(lines) if (m := placed_re.match(line.rstrip()))]
         assert len(first) == 2 and len({node for _, node, _ in first}) == 2, first  # one group a node
