@@ -5,7 +5,9 @@
 # Before the steps, carry the wheels (bench/device_wheels.txt) in back-to-back calls, as for
 # bench/gpu_session.sh; the last call installs them and runs the first steps:
 #   bash .stage/c6/install.sh --install && SWEEPER_COMMIT=<rev> bash bench/fleet_gpu.sh check tp8b
-# Later calls on the warm machine: `SWEEPER_COMMIT=<rev> bash bench/fleet_gpu.sh STEP [STEP ...]`.
+# Later calls on the warm machine: `SWEEPER_COMMIT=<rev> bash bench/fleet_gpu.sh STEP [STEP ...]`,
+# or, for more steps than one call holds, `bash bench/fleet_gpu.sh start STEP...` and then
+# `bash bench/fleet_gpu.sh collect 540` in back-to-back calls (see the end of this file).
 #
 # Steps (docs/BENCHMARKS.md, "The fleet on real GPUs"):
 #   check         the GPUs, the driver, and that NVLink multicast is off in this environment
@@ -44,14 +46,17 @@ gpus() {  # GPUs this process may use
 }
 
 fit() {  # sweep file, destination, GPUs: the sweep's tensor_parallel values that fit that many GPUs
-    python3 - "$1" "$2" "$3" <<'PY'
-import sys, yaml
+    # FIT_EXCLUDE (a JSON list of exclude rules) adds rules for this machine, e.g. a shape whose
+    # weights do not fit its GPUs' memory.
+    FIT_EXCLUDE="${FIT_EXCLUDE:-[]}" python3 - "$1" "$2" "$3" <<'PY'
+import json, os, sys, yaml
 d = yaml.safe_load(open(sys.argv[1]))
 n = int(sys.argv[3])
 tp = d.get("tensor_parallel", 1)
 tp = [t for t in (tp if isinstance(tp, list) else [tp]) if t <= n]
 d["tensor_parallel"] = tp
-d["exclude"] = [r for r in d.get("exclude", []) if r.get("tensor_parallel", 0) in tp or "tensor_parallel" not in r]
+rules = d.get("exclude", []) + json.loads(os.environ["FIT_EXCLUDE"])
+d["exclude"] = [r for r in rules if r.get("tensor_parallel", 0) in tp or "tensor_parallel" not in r]
 if not d["exclude"]:
     d.pop("exclude")
 yaml.safe_dump(d, open(sys.argv[2], "w"))
@@ -161,7 +166,11 @@ step() {
         tp8b_serving) sweep tp8b_serving bench/fleet_tp_serving_gpu.yaml "$RESULTS/tp8b_serving"
               python3 -m bench tp-energy "$RESULTS/tp8b_serving" --out "$RESULTS/tp8b_serving.json" | tee -a "$SUMMARY"
               pack tp8b_serving "$RESULTS/tp8b_serving.log" "$RESULTS/tp8b_serving.json" "$RESULTS/tp8b_serving"/*.parquet ;;
-        tp70b) sweep tp70b bench/fleet_tp70b_gpu.yaml "$RESULTS/tp70b"
+        tp70b) # bf16 70B at TP2 is 70 GB of weights per GPU: it fits an H200 (141 GB), not an H100 (80 GB).
+               local mib; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+               [ "$mib" -lt 100000 ] && export FIT_EXCLUDE='[{"precision": "bf16", "tensor_parallel": 2}]'
+               sweep tp70b bench/fleet_tp70b_gpu.yaml "$RESULTS/tp70b"
+               unset FIT_EXCLUDE
                python3 -m bench tp-energy "$RESULTS/tp70b" --out "$RESULTS/tp70b.json" | tee -a "$SUMMARY"
                pack tp70b "$RESULTS/tp70b.log" "$RESULTS/tp70b.json" "$RESULTS/tp70b"/*.parquet ;;
         packed4) sweep packed4 bench/fleet_packed_gpu.yaml "$RESULTS/packed4"
@@ -176,6 +185,29 @@ step() {
 }
 
 mkdir -p "$RESULTS"
+# A chain of steps longer than one device call: `start STEP...` runs them in a process session
+# of its own (it outlives the call; the machine stays held while calls keep coming), packing
+# into $RESULTS/out; `collect SECONDS` waits up to SECONDS for the chain and brings what it has
+# packed so far into this call's $OUT. Keep calling collect until it says the chain is done.
+case "${1:-}" in
+    start) shift
+           OUT=$RESULTS/out setsid nohup bash "$0" "$@" > "$RESULTS/chain.log" 2>&1 < /dev/null &
+           echo $! > "$RESULTS/chain.pid"
+           echo "chain started (pid $(cat "$RESULTS/chain.pid")): $*"
+           exit 0 ;;
+    collect) t0=$SECONDS
+             while kill -0 "$(cat "$RESULTS/chain.pid")" 2>/dev/null && [ $((SECONDS - t0)) -lt "${2:-500}" ]; do sleep 5; done
+             kill -0 "$(cat "$RESULTS/chain.pid")" 2>/dev/null && echo "chain running" || echo "chain done"
+             mkdir -p "$RESULTS/out"
+             for f in "$RESULTS"/out/*; do  # each file once; fleet.txt every time
+                 case "$f" in *.sent) continue ;; esac
+                 [ -f "$f.sent" ] && continue
+                 cp "$f" "$OUT/"; case "$f" in *.tgz) touch "$f.sent" ;; esac
+             done
+             tail -c 6000 "$RESULTS/chain.log" > "$OUT/chain-tail.log"
+             cat "$RESULTS/out/fleet.txt" 2>/dev/null
+             exit 0 ;;
+esac
 for s in "$@"; do
     note "== $s ($(date -u +%FT%TZ), commit ${SWEEPER_COMMIT:-unknown})"
     step "$s"
