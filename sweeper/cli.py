@@ -164,17 +164,40 @@ def run(
 def _retry_hint(setup: RunSetup, result: RunResult, output: str | None) -> None:
     """The run's last lines: how many of the sweep's trials stand failed in the results (this
     run's, or kept from an earlier one: a plain run does not retry them) and the command
-    that runs them again."""
+    that runs them again; and how many of those failed for want of a package that this
+    environment now has."""
     from sweeper.core.status import Status
 
     ids = {t.trial_id for t in setup.expanded[0]}
-    failed = sum(1 for tid, st in result.store.stored_trials().items() if tid in ids and st.status == Status.FAILED)
+    failed = [tid for tid, st in result.store.stored_trials().items() if tid in ids and st.status == Status.FAILED]
     if not failed:
         return
     command = shlex.join(["sweeper", "run", str(setup.sweep_path), *(["-o", output] if output else []),
                           "--retry-failed"])
-    err.print(f"{failed} trial(s) of this sweep stand failed in {result.store.uri}; once their cause is fixed, "
+    err.print(f"{len(failed)} trial(s) of this sweep stand failed in {result.store.uri}; once their cause is fixed, "
               f"run them again with: {command}", highlight=False, markup=False, soft_wrap=True)
+    if line := _installed_since(setup, result, failed):
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _installed_since(setup: RunSetup, result: RunResult, failed: list[str]) -> str | None:
+    """A line for the failures whose missing package imports here now, or None."""
+    from sweeper.core.backends import BACKENDS
+    from sweeper.run.missing_packages import missing_package_failure
+    from sweeper.run.shards import TRIALS
+
+    trials = {t.trial_id: t for t in setup.expanded[0]}
+    table = result.store.read_shards(TRIALS, trial_ids=failed, columns=["trial_id", "error"])
+    found = [missing_package_failure(tid, error, BACKENDS[trials[tid].backend].required_modules(
+                 trials[tid].backend_options))
+             for tid, error in zip(table.column("trial_id").to_pylist(), table.column("error").to_pylist(),
+                                   strict=True)]
+    now = [f for f in found if f is not None and f.installed_now]
+    if not now:
+        return None
+    modules = ", ".join(dict.fromkeys(m for f in now for m in f.modules))
+    return (f"{len(now)} of them failed for want of a Python package that this environment now has "
+            f"({modules}): --retry-failed runs them again")
 
 
 def _warn(line: str) -> None:

@@ -150,8 +150,10 @@ measure: {{warmup_iters: 1, idle_s: 0, min_window_s: 0.2, load_timeout_s: 60}}
 def test_a_server_that_cannot_start_fails_its_group_in_one_line(tmp_path, write_sweep):
     pid_file = tmp_path / "pids"
     # A message with brackets (as transformers serve's own): every output path keeps them whole.
+    # It names a module that is missing here, which a second run finds installed.
     sweep = _fault_sweep(write_sweep, pid_file, ", --exit-before-ready, '3', --exit-message, "
-                                                "'Install with pip install transformers[serving]'", "")
+                                                "\"No module named 'sweeper_probe_pkg'. Install with pip install "
+                                                "transformers[serving]\"", "")
     out = tmp_path / "faults"
     proc = run_cli("run", str(sweep), "-o", str(out))
     assert proc.returncode == 1, proc.stderr[-3000:]  # a failed trial: exit 1, the sweep went on
@@ -170,9 +172,15 @@ def test_a_server_that_cannot_start_fails_its_group_in_one_line(tmp_path, write_
     # The last lines say how to run it again; so does a plain re-run, which runs nothing.
     hint = f"1 trial(s) of this sweep stand failed in {out}; once their cause is fixed, run them again with: " \
            f"sweeper run {sweep} -o {out} --retry-failed"
-    assert hint in " ".join(proc.stderr.split())
-    again = run_cli("run", str(sweep), "-o", str(out))
+    assert hint in " ".join(proc.stderr.split()) and "for want of a Python package" not in proc.stderr
+    # The missing module installed (a real package on the path): the re-run, which runs
+    # nothing, says that --retry-failed would now get further.
+    (tmp_path / "site" / "sweeper_probe_pkg").mkdir(parents=True)
+    (tmp_path / "site" / "sweeper_probe_pkg" / "__init__.py").write_text("")
+    again = run_cli("run", str(sweep), "-o", str(out), env={"PYTHONPATH": f"{tmp_path / 'site'}:{ROOT}"})
     assert again.returncode == 0 and "1 failed kept" in again.stderr and hint in " ".join(again.stderr.split())
+    assert ("1 of them failed for want of a Python package that this environment now has (sweeper_probe_pkg): "
+            "--retry-failed runs them again") in " ".join(again.stderr.split())
     assert wait_gone(read_pids(pid_file, 4)) == []  # both servers and both children
 
 
