@@ -148,6 +148,12 @@ class BackendSpec:
     reuses_actor: bool = False
     # Whether it runs offline mode (static batches of generate calls); a server does not.
     offline: bool = True
+    # Whether its load starts an engine or a server (a minute or more on a GPU: processes,
+    # compilation, CUDA graphs) rather than reading weights (seconds). Such groups are started
+    # first, so that quick groups fill the GPUs around them instead of delaying them to the end
+    # of the sweep (docs/BENCHMARKS.md §20: a packed grid's last vLLM group queued behind two
+    # quick transformers groups while three GPUs were free).
+    slow_start: bool = False
 
     def default_options(self) -> BaseModel:
         return self.options()
@@ -268,6 +274,7 @@ BACKENDS: dict[str, BackendSpec] = {
             layer_hooks=False,
             max_tensor_parallel=8,
             serving=True,
+            slow_start=True,
             precision_notes=tuple((p, _VLLM_NO_BNB) for p in ("int8", "nf4", "fp4")) + (
                 ("fp32", "its fast attention kernels (FlashAttention, FlashInfer) have no fp32 path, "
                          "so an fp32 number would measure a fallback"),),
@@ -286,6 +293,7 @@ BACKENDS: dict[str, BackendSpec] = {
             max_tensor_parallel=8,
             serving=True,
             offline=False,
+            slow_start=True,
         ),
     ]
 }

@@ -132,7 +132,16 @@ class Plan:
                        serves_reference=tuple(serves.get(k, ())))
             for k, v in by_key.items()
         ]
-        return sorted(groups, key=lambda g: not g.serves_reference)  # stable: otherwise in table order
+        return sorted(groups, key=_start_order)  # stable: otherwise in table order
+
+
+def _start_order(group: TrialGroup) -> tuple[bool, int, bool]:
+    """Which groups start first: those whose fidelity reference the others read; then the
+    widest (a tensor-parallel group needs several GPUs free at once, which narrower groups
+    started before it would keep taking); then those whose load starts an engine or a
+    server, the longest, so that quick groups fill the GPUs around them."""
+    backend = BACKENDS[group.trials[0].backend]
+    return not group.serves_reference, -group.num_gpus, not backend.slow_start
 
 
 def resolve_models(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True) -> list[ModelRef]:

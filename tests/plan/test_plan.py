@@ -80,6 +80,23 @@ def test_groups_share_a_load_key_and_run_small_batches_first():
     assert sum(len(g.trials) for g in groups) == len(p.runnable)
 
 
+def test_wide_groups_and_engine_starts_go_first_then_table_order():
+    # The table lists the quick groups first; an engine start (vLLM) and a two-GPU group
+    # should still be placed before them, wider first.
+    p = make_plan(parse_sweep({**BASE, "models": ["tiny-llama", "tiny-qwen2"], "precisions": "bf16",
+                               "backends": ["transformers", "vllm", "noop"], "batch_sizes": 1, "repeats": 1,
+                               "tensor_parallel": [1, 2],
+                               "exclude": [{"backend": "transformers", "tensor_parallel": 2},
+                                           {"backend": "vllm", "tensor_parallel": 2}]}), "cuda")
+    order = [(g.trials[0].model, g.trials[0].backend, g.num_gpus) for g in p.groups()]
+    assert order == [
+        ("tiny-llama", "noop", 2), ("tiny-qwen2", "noop", 2),             # widest
+        ("tiny-llama", "vllm", 1), ("tiny-qwen2", "vllm", 1),             # engine starts
+        ("tiny-llama", "transformers", 1), ("tiny-llama", "noop", 1),     # the rest, in table order
+        ("tiny-qwen2", "transformers", 1), ("tiny-qwen2", "noop", 1),
+    ], order
+
+
 def test_unresolvable_models_name_the_entry(tmp_path):
     with pytest.raises(SweepFileError) as info:
         expand(sweep(models=["tiny-llama", "no such thing!"]), sweep_path="f.yaml")
