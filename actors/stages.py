@@ -27,7 +27,9 @@ MIN_SPAN_S = 1e-3
 
 
 @dataclass
-class _Open:
+class _OpenStage:
+    """A stage entered and not yet left."""
+
     name: str
     entered_s: float
     piece_s: float  # where its current piece began (after its last nested stage ended)
@@ -42,7 +44,7 @@ class StageClock:
         # Wall time of the monotonic clock's zero: spans get UTC start times without
         # reading the wall clock (which may step) at every boundary.
         self._wall_at_zero = datetime.now(timezone.utc) - timedelta(seconds=clock())
-        self._stack: list[_Open] = []  # open stages, innermost last
+        self._stack: list[_OpenStage] = []  # open stages, innermost last
         self.spans: list[StageSpan] = []
 
     def _piece(self, name: str, start_s: float, end_s: float) -> None:
@@ -54,7 +56,7 @@ class StageClock:
         if name not in STAGES:
             raise KeyError(f"unknown stage {name!r}")
         now = self._clock()
-        self._stack.append(_Open(name, now, now))
+        self._stack.append(_OpenStage(name, now, now))
         try:
             yield
         finally:

@@ -136,7 +136,9 @@ IDLE_SETTLE_MAX_S = 10.0
 
 
 @dataclass(frozen=True)
-class _Open:
+class _OpenWindow:
+    """A window begun and not yet ended: when, and each GPU's energy counter then."""
+
     t_s: float
     counters_mj: dict[str, int | None]
 
@@ -193,7 +195,7 @@ class EnergyMeter:
         self._margin_s = max(2.0, 20 * interval)
         self._reads: dict[str, list[tuple[float, int]]] = {g.uuid: [] for g in self.gpus}
         self._anchors: dict[str, list[tuple[float, float]]] = {g.uuid: [] for g in self.gpus}
-        self._open: dict[str, _Open] = {}
+        self._open: dict[str, _OpenWindow] = {}
         self.last_idle_window: EnergyWindow | None = None
 
     # -- windows ------------------------------------------------------------------------
@@ -212,7 +214,7 @@ class EnergyMeter:
         # stamp and the work is idle, yet the curve spreads the first in-window
         # update's energy over it (on an H200, a 17 ms gap took 11 J from the phases).
         t0 = self._clock()
-        self._open[name] = _Open(t0, counters)
+        self._open[name] = _OpenWindow(t0, counters)
         return t0
 
     def end(self, name: str) -> EnergyWindow:

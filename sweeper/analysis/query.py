@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from sweeper.core.errors import ResultsError, UserInputError
+from sweeper.core.errors import ResultsError, UserInputError, first_line
 from sweeper.core.schema import TABLES
 
 # Every table aggregation writes, from the schema: a table added there is queryable at once.
@@ -72,7 +72,7 @@ def connect(root: str | os.PathLike) -> tuple[Any, list[str]]:
                 con.execute(f"CREATE VIEW {kind} AS SELECT *{derived.get(kind, '')} FROM read_parquet('{literal}')")
             except duckdb.Error as exc:
                 con.close()
-                raise ResultsError(f"{table}: not a readable Parquet table ({_first_line(exc)}); "
+                raise ResultsError(f"{table}: not a readable Parquet table ({first_line(exc)}); "
                                    f"`sweeper aggregate {root}` rebuilds it from the shards") from None
             views.append(kind)
             files.append(str(table.resolve()))
@@ -106,16 +106,12 @@ def run_query(root: str | os.PathLike, sql: str) -> QueryResult:
         return QueryResult(columns, cur.fetchall(), views)
     except duckdb.Error as exc:
         # DuckDB's message carries the caret diagram on later lines; the first line names the error.
-        first = _first_line(exc)
+        first = first_line(exc)
         hint = f" (views: {', '.join(views)})" if "does not exist" in first else ""
         raise QueryError(f"query failed: {first}{hint}") from None
     finally:
         con.close()
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0].strip() if text else type(exc).__name__
 
 
 def to_csv(result: QueryResult) -> str:

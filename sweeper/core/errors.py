@@ -8,6 +8,13 @@ never a traceback.
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line (its first, stripped), or its type's name when it
+    has none: what a one-line error message or a stored ``error`` column shows of it."""
+    text = str(exc).strip()
+    return text.splitlines()[0].strip() if text else type(exc).__name__
+
+
 class SweeperError(Exception):
     """Base class of every error sweeper raises on purpose."""
 

@@ -11,6 +11,7 @@ import enum
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from sweeper.core.errors import first_line
 from sweeper.core.trial import GroupLoad, Trial
 
 # The data plane's actor class, named by string as the backend registry names
@@ -102,7 +103,3 @@ class RayActorRunner:
     def kill(self, actor: Any) -> None:
         self._ray.kill(actor)
 
-
-def first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__

@@ -27,7 +27,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sweeper.core.errors import UserInputError
+from sweeper.core.errors import UserInputError, first_line
 from sweeper.core.schema import TABLES, arrow_schema, to_table
 
 TRIALS = "trials"
@@ -60,10 +60,6 @@ def _single_put(uri: str) -> str:
 def stem(path: str) -> str:
     return posixpath.basename(path).removesuffix(".parquet")
 
-
-def first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 def _fsync_dir(directory: str) -> None:

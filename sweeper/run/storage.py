@@ -27,10 +27,11 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from sweeper.core.errors import first_line
 from sweeper.core.plan_record import PLAN_FILE, PlanRecord
 from sweeper.core.settings import ReportSettings
 from sweeper.run.aggregation import Aggregation
-from sweeper.run.shards import TRIALS, ShardFiles, StorageError, first_line
+from sweeper.run.shards import TRIALS, ShardFiles, StorageError
 from sweeper.run.trial_index import StoredTrial, TrialIndex
 
 __all__ = ["LOW_SPACE_BYTES", "ResultStore", "StorageError", "StoredTrial", "check_destination"]

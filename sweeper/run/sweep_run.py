@@ -26,7 +26,7 @@ from typing import Any
 from rich.console import Console
 
 from sweeper.core.backends import BACKENDS
-from sweeper.core.errors import SweeperError
+from sweeper.core.errors import SweeperError, first_line
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.stages import StageSpan
 from sweeper.core.status import Reason, Status, failed_row, settles, skipped_row
@@ -40,7 +40,6 @@ from sweeper.run.actor_runner import (
     CallFailed,
     CallKind,
     RayActorRunner,
-    first_line,
 )
 from sweeper.run.cluster import ClusterInfo
 from sweeper.run.progress import Placement, ProgressView
