@@ -100,10 +100,10 @@ def series_label(row: Any, df: pd.DataFrame, with_model: bool = False) -> str:
         parts.append(str(row["backend"]))
     parts.append(str(row["precision"]))
     if varies(df, "backend_options") or varies(df, "tensor_parallel"):
-        from sweeper.core.trial import variant_label
+        from sweeper.core.trial import row_variant
 
         tp = row.get("tensor_parallel")
-        variant = variant_label(str(row["backend"]), row.get("backend_options"),
+        variant = row_variant(str(row["backend"]), row.get("backend_options"),
                                 int(tp) if tp is not None and tp == tp else 1)
         if variant:
             parts.append(variant)

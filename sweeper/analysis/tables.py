@@ -282,7 +282,7 @@ def compare_sweeps(baseline: str | os.PathLike[str], candidate: str | os.PathLik
     import duckdb
     import pyarrow.parquet as pq
 
-    from sweeper.core.trial import variant_label
+    from sweeper.core.trial import row_variant
 
     a = check_results_dir(baseline) / "trials.parquet"
     b = check_results_dir(candidate) / "trials.parquet"
@@ -308,7 +308,7 @@ def compare_sweeps(baseline: str | os.PathLike[str], candidate: str | os.PathLik
     try:
         # The stubs want an enum for null_handling whose module moved between DuckDB releases;
         # the string is accepted at run time by all of them.
-        con.create_function("variant", variant_label, ["VARCHAR", "VARCHAR", "BIGINT"], "VARCHAR",  # type: ignore[call-overload]
+        con.create_function("variant", row_variant, ["VARCHAR", "VARCHAR", "BIGINT"], "VARCHAR",  # type: ignore[call-overload]
                             null_handling="special")
         df = con.execute(sql, [str(a), str(b)]).df()
     finally:
@@ -379,7 +379,7 @@ def precision_summary(trials: pd.DataFrame) -> pd.DataFrame:
     import pandas as pd
 
     from sweeper.core.precisions import PRECISIONS
-    from sweeper.core.trial import variant_label
+    from sweeper.core.trial import row_variant
 
     df = ok_trials(trials)
     shape = ["batch_size", "input_len", "output_len"]
@@ -392,7 +392,7 @@ def precision_summary(trials: pd.DataFrame) -> pd.DataFrame:
             continue
         first_row = group.iloc[0]
         tp = first_row.get("tensor_parallel")
-        variant = variant_label(first_row["backend"], first_row.get("backend_options"),
+        variant = row_variant(first_row["backend"], first_row.get("backend_options"),
                                 int(tp) if pd.notna(tp) else 1)
         ref_name = _reference_precision(group)
         ref = group[group["precision"] == ref_name]

@@ -38,7 +38,7 @@ from sweeper.core.settings import (
 #    at their defaults left out of the identity.
 METHOD_VERSION = 2
 
-__all__ = ["LAYER_GRANULARITIES", "METHOD_VERSION", "GroupLoad", "LayerGranularity", "Trial", "variant_label"]
+__all__ = ["LAYER_GRANULARITIES", "METHOD_VERSION", "GroupLoad", "LayerGranularity", "Trial", "row_variant"]
 
 # Axes the label spells out in its own words; any other axis away from its default
 # is appended as name=value.
@@ -266,11 +266,7 @@ class Trial:
         backend options away from their defaults (e.g. ``tp=2 compile=True``)."""
         parts = [f"{a.title}={self.point[a.name]}" for a in AXES
                  if a.in_variant and a.name in self.point and a.identity_part(self.point[a.name])]
-        options = non_default_options(self.backend_options)
-        describe = getattr(type(self.backend_options), "describe", None)  # options that say themselves briefly
-        if describe is not None:
-            options = describe(options)
-        return " ".join(parts + [f"{k}={v}" for k, v in sorted(options.items())])
+        return _variant_text(parts, non_default_options(self.backend_options), type(self.backend_options))
 
     def label(self) -> str:
         variant = self.variant()
@@ -303,8 +299,8 @@ class GroupLoad:
     step_tokens: tuple[int, ...] | None = None
 
 
-def variant_label(backend: str, options_json: str | None, tensor_parallel: int | None = 1) -> str:
-    """``tp=2 compile=True``-style text for a trials-table row's non-default options."""
+def row_variant(backend: str, options_json: str | None, tensor_parallel: int | None = 1) -> str:
+    """``Trial.variant`` for a stored trials row (``tp=2 compile=True``), from its columns."""
     from sweeper.core.backends import BACKENDS
 
     options: dict[str, Any] = json.loads(options_json) if options_json else {}
@@ -312,11 +308,17 @@ def variant_label(backend: str, options_json: str | None, tensor_parallel: int |
     if spec is not None:
         # Compared as JSON, not re-validated: rows may come from an older sweeper.
         options = non_default_values(spec.options, options)
-        describe = getattr(spec.options, "describe", None)  # options that say themselves briefly
-        if describe is not None:
-            options = describe(options)
     parts = [f"tp={tensor_parallel}"] if tensor_parallel and tensor_parallel > 1 else []
-    return " ".join(parts + [f"{k}={v}" for k, v in sorted(options.items())])
+    return _variant_text(parts, options, spec.options if spec is not None else None)
+
+
+def _variant_text(axis_parts: list[str], options: dict[str, Any], options_type: type | None) -> str:
+    """The variant's words: the axes that set it apart, then its non-default options, each as
+    ``name=value`` (options models that say themselves briefly define ``describe``)."""
+    describe = getattr(options_type, "describe", None)
+    if describe is not None:
+        options = describe(options)
+    return " ".join(axis_parts + [f"{k}={v}" for k, v in sorted(options.items())])
 
 
 def _content_hash(obj: dict[str, Any]) -> str:
