@@ -5,6 +5,8 @@ requests (``PromptSource.requests``) from one source:
 
 - ``RandomSource``: random token ids of exactly ``input_len``, a fresh set per call
   (so no prefix or KV reuse can flatter a backend), the whole sequence fixed by the seed;
+- ``SharedPrefixSource``: the same, after one of a few shared prefixes (``prefix_repetition``:
+  the reuse a prefix cache exists for, on purpose);
 - ``DatasetSource``: a prompt file's prompts (``sweeper.core.datasets``), tokenized
   with the model's tokenizer (in its chat template when asked), filtered by length and
   sampled with the seed; batches and requests go through the sample in order, cycling.
@@ -30,11 +32,11 @@ from sweeper.core.datasets import (
     read_records,
     sha256_of,
 )
-from sweeper.core.settings import DatasetSettings
+from sweeper.core.settings import DatasetSettings, SharedPrefix
 from sweeper.core.trial import Trial
 
 __all__ = ["BYTES_PER_TOKEN_FALLBACK", "DatasetSource", "NoPromptsLeft", "Prompt", "PromptSource", "PromptSources",
-           "RandomPrompts", "RandomSource", "dataset_prompts", "prompt_source"]
+           "RandomPrompts", "RandomSource", "SharedPrefixSource", "dataset_prompts", "prompt_source"]
 
 
 class RandomPrompts:
@@ -100,6 +102,41 @@ class RandomSource(PromptSource):
         return False
 
 
+class SharedPrefixSource(RandomSource):
+    """Random prompts that share prefixes (the ``prefix_repetition`` dataset): each prompt is one
+    of the shared prefixes — the same tokens in every call, drawn once from the seed — followed by
+    its own random suffix, ``input_len`` tokens in all. Within a call the prefixes are dealt
+    evenly and shuffled (seeded), as vLLM's benchmark deals them.
+
+    Warm-up calls use the same prefixes, so an engine with prefix caching measures with its cache
+    warm, as a service with long-lived shared system prompts runs.
+    """
+
+    def __init__(self, vocab_size: int, input_len: int, output_len: int, seed: int, shared: SharedPrefix,
+                 reserved_low: int = 8):
+        if shared.prefix_len >= input_len:
+            raise ValueError(f"prefix_len {shared.prefix_len} leaves no suffix in {input_len}-token prompts")
+        super().__init__(vocab_size, input_len - shared.prefix_len, output_len, seed, reserved_low)
+        low = min(reserved_low, max(vocab_size - 1, 0))
+        self.prefixes = np.random.default_rng([seed, 2**22]).integers(
+            low, vocab_size, size=(shared.num_prefixes, shared.prefix_len), dtype=np.int64)
+
+    def _prefixed(self, suffixes: np.ndarray, call: int) -> np.ndarray:
+        count, k = len(suffixes), len(self.prefixes)
+        which = np.random.default_rng([self.seed, call + 2**20, 2**23]).permutation(np.arange(count) % k)
+        return np.concatenate([self.prefixes[which], suffixes], axis=1)
+
+    def batch(self, iteration: int, batch_size: int) -> PromptBatch:
+        suffixes = RandomPrompts(self.vocab_size, self.input_len, batch_size, self.seed, self.reserved_low).batch(iteration)
+        return PromptBatch.uniform(self._prefixed(suffixes, iteration), self.output_len)
+
+    def requests(self, count: int, stream: int) -> list[Prompt]:
+        suffixes = np.stack([p.ids for p in super().requests(count, stream)]) if count else \
+            np.empty((0, self.input_len), dtype=np.int64)
+        ids = self._prefixed(suffixes, -stream - 1)  # never a batch's call number
+        return [Prompt(ids[i], self.output_len) for i in range(count)]
+
+
 class DatasetSource(PromptSource):
     def __init__(self, prompts: list[Prompt], stop_at_eos: bool):
         if not prompts:
@@ -132,6 +169,8 @@ def prompt_source(trial: Trial, vocab_size: int, max_positions: int | None = Non
     ``tokenizer``: the model's, where the caller holds it already)."""
     if trial.prompts is None:
         assert trial.input_len is not None  # random prompts always have a length (the sweep file's check)
+        if trial.shared_prefix is not None:
+            return SharedPrefixSource(vocab_size, trial.input_len, trial.output_len, trial.seed, trial.shared_prefix)
         return RandomSource(vocab_size, trial.input_len, trial.output_len, trial.seed)
     if tokenizer is _LOAD:
         tokenizer = _tokenizer(trial)

@@ -113,7 +113,10 @@ def plan_footer(view: PlanView, output: str | None) -> list[str]:
     w = view.sweep.workload
     if w.dataset != "random" or w.output_lengths != "fixed":
         sample = f"{w.num_prompts} sampled" if w.num_prompts else "all"
+        shared = w.shared_prefix
         prompts = ("random token ids" if w.dataset == "random"
+                   else f"random token ids, each after one of {shared.num_prefixes} shared prefixes of "
+                        f"{shared.prefix_len} tokens" if shared is not None
                    else f"dataset {w.dataset} ({sample}{', in the chat template' if w.chat else ''})")
         replies = {"fixed": "exactly out tokens", "natural": "natural (until EOS), at most out tokens",
                    "reference": "the dataset's reference lengths, at most out tokens"}[w.output_lengths]

@@ -265,7 +265,7 @@ AXES = AxisTable([
     Axis("batch_size", int, lambda g: g.sweep.batch_sizes or [None], default=None, header="batch",
          doc="sequences per generate call (offline mode); null in serving mode, where the engine batches"),
     # A dataset's prompts have their own lengths: there the value is None (out of trial ids).
-    Axis("input_len", int, lambda g: g.sweep.workload.input_len or [None], default=None, shape=True,
+    Axis("input_len", int, lambda g: g.sweep.workload.input_lens or [None], default=None, shape=True,
          header="in", doc="prompt tokens per sequence (random prompts); null: a dataset's prompts, each its own length"),
     Axis("output_len", int, lambda g: g.sweep.workload.output_lens, shape=True, header="out",
          doc="generated tokens per sequence: exact, or the cap of natural / reference lengths (output_lengths)"),

@@ -277,6 +277,19 @@ OUTPUT_LENGTHS: tuple[str, ...] = get_args(OutputLengths)
 DatasetFormat = Literal["jsonl", "sharegpt"]
 
 
+class SharedPrefix(Settings):
+    """Prompts that share prefixes, as vLLM's benchmark makes them (``prefix_repetition``): each
+    prompt is one of ``num_prefixes`` random prefixes of ``prefix_len`` tokens, followed by its
+    own random suffix (the rest of the trial's ``input_len``). Seeded by the workload's seed, so
+    every node draws the same prefixes."""
+
+    prefix_len: int = Field(gt=0, description="tokens of each shared prefix")
+    num_prefixes: int = Field(gt=0, description="distinct prefixes the prompts share, in turn")
+
+    def identity(self) -> dict[str, object]:
+        return self.model_dump(mode="json")
+
+
 class DatasetSettings(Settings):
     """Where a trial's prompts come from when they are real text (``sweeper.core.datasets``).
 

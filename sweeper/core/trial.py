@@ -30,6 +30,7 @@ from sweeper.core.settings import (
     MeasureSettings,
     OutputLengths,
     ServingSettings,
+    SharedPrefix,
 )
 
 # Bumped when the measurement method changes in a way that makes old results
@@ -63,6 +64,8 @@ class Trial:
     prompts: DatasetSettings | None = None
     # How long each sequence is: exactly output_len, or natural / reference lengths capped by it.
     output_lengths: OutputLengths = "fixed"
+    # Random prompts that share prefixes (the prefix_repetition dataset), or None.
+    shared_prefix: SharedPrefix | None = None
     trial_id: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -72,7 +75,8 @@ class Trial:
     def at(cls, *, sweep: str, dataset: str = "random", seed: int = 0, measure: MeasureSettings | None = None,
            layer_profile: LayerGranularity | None = None, fidelity: FidelitySettings | None = None,
            serving: ServingSettings | None = None, prompts: DatasetSettings | None = None,
-           output_lengths: OutputLengths = "fixed", **values: Any) -> Trial:
+           output_lengths: OutputLengths = "fixed", shared_prefix: SharedPrefix | None = None,
+           **values: Any) -> Trial:
         """A trial from one value per axis by name (axes left out take their default)."""
         items = []
         for axis in AXES:
@@ -86,7 +90,7 @@ class Trial:
             raise TypeError(f"not an axis: {', '.join(values)}")
         return cls(sweep=sweep, point=AxisPoint(tuple(items)), dataset=dataset, seed=seed,
                    measure=measure or MeasureSettings(), layer_profile=layer_profile, fidelity=fidelity,
-                   serving=serving, prompts=prompts, output_lengths=output_lengths)
+                   serving=serving, prompts=prompts, output_lengths=output_lengths, shared_prefix=shared_prefix)
 
     def with_axes(self, **values: Any) -> Trial:
         """This trial with other values for some of its axes (a new trial id)."""
@@ -207,6 +211,8 @@ class Trial:
             d["prompts"] = self.prompts.identity()
         if self.output_lengths != "fixed":
             d["output_lengths"] = self.output_lengths
+        if self.shared_prefix is not None:
+            d["shared_prefix"] = self.shared_prefix.identity()
         return d
 
     @property
@@ -276,6 +282,8 @@ class Trial:
         load = (f"bs={self.batch_size}" if self.serving is None
                 else f"rate={self.request_rate:g}/s" + (f" conc={self.max_concurrency}" if self.max_concurrency else ""))
         prompts = f"in={self.input_len}" if self.prompts is None else f"data={PurePath(self.dataset).name}"
+        if self.shared_prefix is not None:  # e.g. in=2176 (8 prefixes of 2048)
+            prompts += f" ({self.shared_prefix.num_prefixes} prefixes of {self.shared_prefix.prefix_len})"
         out = (f"out={self.output_len}" if self.output_lengths == "fixed"
                else f"out={self.output_lengths}<={self.output_len}")
         return (f"{self.model} {self.backend}/{self.precision} {load} {prompts} {out}"

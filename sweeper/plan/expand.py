@@ -14,7 +14,6 @@ from sweeper.core.axes import AXES, AxisPoint, ModelRef
 from sweeper.core.backends import BACKENDS
 from sweeper.core.datasets import (
     BYTES_PER_TOKEN_FALLBACK,
-    RANDOM,
     DatasetError,
     dataset_path,
     fallback_tokens,
@@ -197,9 +196,9 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
         point = AxisPoint(tuple((name, values[a][i]) for a, (name, i) in enumerate(zip(names, index, strict=True))))
         trials.append(Trial(
             sweep=sweep.name, point=point,
-            dataset=sweep.workload.dataset, seed=sweep.workload.seed, measure=sweep.measure,
+            dataset=sweep.workload.dataset_name, seed=sweep.workload.seed, measure=sweep.measure,
             layer_profile=layer_profile, fidelity=sweep.fidelity, serving=serving, prompts=prompts,
-            output_lengths=sweep.workload.output_lengths,
+            output_lengths=sweep.workload.output_lengths, shared_prefix=sweep.workload.shared_prefix,
         ))
     return trials, excluded
 
@@ -231,10 +230,10 @@ def dataset_settings(sweep: Sweep, sweep_path: str = "<sweep>",
     prompt, before any trial runs; its content hash makes an edited file a new workload.
     """
     w = sweep.workload
-    if w.dataset == RANDOM:
+    if w.random_tokens:
         return None
     base = Path(sweep_path).parent if sweep_path != "<sweep>" else None
-    path = dataset_path(w.dataset, base)
+    path = dataset_path(w.dataset_name, base)
     try:
         fmt = file_format(path)
         records = read_records(path, fmt)
@@ -256,7 +255,7 @@ def dataset_settings(sweep: Sweep, sweep_path: str = "<sweep>",
                                  f"no prompt of {path.name} is within [{low}, {high}] tokens for a synthetic model "
                                  f"(its prompts are {min(lengths)}-{max(lengths)} tokens: UTF-8 bytes / "
                                  f"{BYTES_PER_TOKEN_FALLBACK}, having no tokenizer)")
-    return DatasetSettings(name=w.dataset, path=str(path), format=fmt, sha256=sha256_of(path),
+    return DatasetSettings(name=w.dataset_name, path=str(path), format=fmt, sha256=sha256_of(path),
                            records=len(records), num_prompts=w.num_prompts, min_input_len=w.min_input_len,
                            max_input_len=w.max_input_len, chat=bool(w.chat))
 

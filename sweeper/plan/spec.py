@@ -22,7 +22,9 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -42,6 +44,7 @@ from sweeper.core.settings import (
     ProfileSettings,
     ReportSettings,
     ServingSettings,
+    SharedPrefix,
     SloSettings,
 )
 
@@ -112,13 +115,45 @@ def _output_len(value: Any) -> Any:
     return _listify(value)
 
 
+class PrefixRepetition(_Strict):
+    """Shared-prefix prompts of exact lengths (vLLM bench's ``prefix_repetition``)."""
+
+    prefix_len: Tokens
+    suffix_len: Tokens
+    num_prefixes: int = Field(gt=0, le=1_000_000, strict=True)
+
+
+class GeneratedDataset(_Strict):
+    """A dataset sweeper generates rather than reads: ``{prefix_repetition: {...}}``."""
+
+    prefix_repetition: PrefixRepetition
+
+
+PREFIX_REPETITION = "prefix_repetition"
+
+
+def _dataset_kind(value: Any) -> str:
+    # The branch is chosen by the value's shape, so that an error names only the branch meant
+    # (a bad prefix_len, not also "should be a valid string"); the tags' brackets keep them
+    # out of the field path an error names (_field_path).
+    return "dataset[generated]" if isinstance(value, (dict, GeneratedDataset)) else "dataset[named]"
+
+
+DatasetChoice = Annotated[
+    Annotated[Annotated[str, Field(min_length=1)], Tag("dataset[named]")]
+    | Annotated[GeneratedDataset, Tag("dataset[generated]")],
+    Discriminator(_dataset_kind),
+]
+
+
 class Workload(_Strict):
     # offline: static batches of generate calls (batch_sizes is an axis); serving: requests
     # arrive at request_rate and the engine batches them (continuous batching).
     mode: Literal["offline", "serving"] = "offline"
     # random: random token ids of exactly input_len; bundled: sweeper's own prompt set;
+    # {prefix_repetition: {...}}: random prompts that share prefixes (exact lengths);
     # otherwise a prompt file (.jsonl or ShareGPT .json, sweeper.core.datasets).
-    dataset: str = Field("random", min_length=1)
+    dataset: DatasetChoice = "random"
     # Prompt tokens per sequence (random prompts only: a dataset's prompts have their own lengths).
     input_len: AxisValues[Tokens] | None = None
     # Generated tokens per sequence, exactly; or natural (until EOS) / reference (the dataset's
@@ -147,6 +182,33 @@ class Workload(_Strict):
         return value if isinstance(value, str) else _dedupe(value)  # type: ignore[return-value]
 
     @property
+    def random_tokens(self) -> bool:
+        """Whether the prompts are random token ids of exact lengths (no file)."""
+        return self.dataset == RANDOM or isinstance(self.dataset, GeneratedDataset)
+
+    @property
+    def dataset_name(self) -> str:
+        """``random``, ``prefix_repetition``, ``bundled`` or the prompt file as written."""
+        return PREFIX_REPETITION if isinstance(self.dataset, GeneratedDataset) else self.dataset
+
+    @property
+    def shared_prefix(self) -> SharedPrefix | None:
+        """The shared prefixes of a ``prefix_repetition`` dataset, or None."""
+        if not isinstance(self.dataset, GeneratedDataset):
+            return None
+        p = self.dataset.prefix_repetition
+        return SharedPrefix(prefix_len=p.prefix_len, num_prefixes=p.num_prefixes)
+
+    @property
+    def input_lens(self) -> list[int] | None:
+        """The input_len axis: as given, a prefix_repetition dataset's prefix + suffix, or None
+        (a file's prompts have their own lengths)."""
+        if isinstance(self.dataset, GeneratedDataset):
+            p = self.dataset.prefix_repetition
+            return [p.prefix_len + p.suffix_len]
+        return self.input_len
+
+    @property
     def output_lengths(self) -> OutputLengths:
         """fixed | natural | reference (``sweeper.core.settings.OutputLengths``)."""
         return "fixed" if isinstance(self.output_len, list) else self.output_len
@@ -161,11 +223,13 @@ class Workload(_Strict):
 
     @model_validator(mode="after")
     def _lengths_fit_the_dataset(self) -> Workload:
-        random = self.dataset == RANDOM
-        if random and self.input_len is None:
+        random = self.random_tokens
+        if isinstance(self.dataset, GeneratedDataset):
+            self._check_prefix_repetition(self.dataset.prefix_repetition)
+        elif random and self.input_len is None:
             raise ValueError("input_len: required field is missing (random prompts' length in tokens)")
         if not random and self.input_len is not None:
-            raise ValueError(f"input_len: the prompts of dataset {self.dataset!r} have their own lengths; "
+            raise ValueError(f"input_len: the prompts of dataset {self.dataset_name!r} have their own lengths; "
                              "remove input_len (bound them with min_input_len / max_input_len)")
         for key in ("min_input_len", "max_input_len", "chat"):
             if random and getattr(self, key) is not None:
@@ -184,12 +248,20 @@ class Workload(_Strict):
                              "random prompts have none (set workload.dataset, or use natural or a length)")
         return self
 
+    def _check_prefix_repetition(self, p: PrefixRepetition) -> None:
+        if self.input_len is not None:
+            raise ValueError("input_len: a prefix_repetition dataset's prompts are prefix_len + suffix_len "
+                             "tokens long; remove input_len")
+        if self.num_prompts is not None and p.num_prefixes > self.num_prompts:
+            raise ValueError(f"dataset.prefix_repetition.num_prefixes: {p.num_prefixes} prefixes for "
+                             f"{self.num_prompts} prompts (num_prompts): some prefixes would never be sent")
+
     @model_validator(mode="after")
     def _serving_keys_fit_the_mode(self) -> Workload:
         given = [k for k in SERVING_KEYS if getattr(self, k) is not None]
         if self.mode == "offline":
             # A dataset's sample size is num_prompts in both modes, as in vLLM's benchmark.
-            given = [k for k in given if not (k == "num_prompts" and self.dataset != RANDOM)]
+            given = [k for k in given if not (k == "num_prompts" and not self.random_tokens)]
             if given:
                 raise ValueError(f"{given[0]} is a serving-mode key; set workload.mode: serving, or remove it")
             return self
@@ -292,7 +364,7 @@ class Sweep(_Strict):
             raise ValueError("profile: the layer-profiling pass replays offline generate calls; serving mode has "
                              "none (profile an offline sweep of the same model)")
         if self.profile is not None and (self.workload.dataset != RANDOM
-                                         or self.workload.output_lengths != "fixed"):
+                                         or self.workload.output_lengths != "fixed"):  # shared prefixes: the replay has none
             raise ValueError("profile: the layer-profiling pass replays batches of one shape; it needs random "
                              "prompts of input_len and exact output lengths (profile such a sweep of the model)")
         if self.workload.mode == "serving" and self.fidelity is not None:
