@@ -13,7 +13,8 @@ trials whose intervals were ±4 %). So:
   than ``MIN_CI_BLOCKS`` blocks, or shorter than ``min_window_s``); GPUs were
   metered but no energy window could be computed; the idle baseline was taken
   while the power was still falling. Serving adds its own: no steady window, a
-  short one, saturation, failed requests.
+  short one, saturation, failed requests, a client that fell behind its own
+  schedule (``actors.serving.lateness``: its latencies would hold its delay).
 - **noisy_host**, a milder note: a per-iteration CV (throughput, energy) above
   ``max_iteration_cv``. It says something about the machine; ``repeats:`` is how
   to judge whether the noise moves the figures from run to run.

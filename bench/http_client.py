@@ -1,30 +1,38 @@
-"""The server backend's HTTP client: what it costs, against a trivial local server.
+"""The server backend's HTTP client: what it costs and how true its stamps are, against a local
+server whose timing is known.
 
-A trivial OpenAI-compatible server (``tests/fault_server.py`` with no faults: each reply
-``--output-len`` one-token chunks, no model) is launched on this machine; the client
-(``actors.backends.server.client.run_http``) then sends ``--rate`` requests per second
-for ``--duration-s`` at once-per-arrival Poisson times, and the bench reads off:
+``tests/truth_server.py`` is launched on this machine: each reply's first chunk is sent
+``--first-chunk-s`` after the request reaches it, then one one-token chunk every
+``--token-s``, and every receipt and send is logged on the clock the client stamps with.
+The client (``actors.backends.server.client.run_http``) then sends ``--rate`` requests per
+second for ``--duration-s`` (Poisson or constant arrivals), and the bench reads off:
 
-  lateness   submit time - scheduled arrival, per request (p50, p99, max): how far the
-             client falls behind its own schedule;
+  lateness   submit time - scheduled arrival, per request (p50, p99, max over the whole
+             run; p50 and max over its first 0.2 s, where a start-up burst shows, and the
+             max after it): how far the client falls behind its own schedule;
+  ttft       the client's TTFT p50 / p99 against the server's own (first send - receipt),
+             and the per-request difference: how much of a TTFT is the client's;
+  itl        the client's ITL p50 / p99 against the gaps the server sent;
   cpu        the client process's CPU seconds (user + system) over the run, per request
-             and per streamed chunk: what the client itself burns;
-  wall       run time against the schedule's length;
-  itl        with ``--token-s`` the server spaces its chunks by that much: the client's ITL
-             p50 / p99 against it is how much its stamps drift when busy (the server's own
-             timer jitter included).
+             and per streamed chunk: what the client itself burns.
 
 The server shares the machine (and its cores) with the client, so these are upper bounds.
+``--client-tree DIR`` imports the client from another checkout's ``actors`` package (e.g.
+``git archive HEAD actors sweeper | tar -x -C DIR``): a change measured side by side, in
+one session, against the same server.
 
     python3 -m bench http-client --rate 1000 --duration-s 5 --out bench_http_client.json
-    python3 -m bench http-client --rate 150 --output-len 64 --token-s 0.02 --out itl.json
+    python3 -m bench http-client --rate 470 --arrival constant --output-len 64 --prompt-len 16 \\
+        --first-chunk-s 0.01 --token-s 0.005 --out burst.json
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,14 +42,22 @@ import numpy as np
 
 from bench.benchkit import write_record
 
+# The start-up burst shows in the requests due this early in the run.
+START_S = 0.2
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rate", type=float, default=1000.0, help="requests per second (Poisson)")
+    parser.add_argument("--rate", type=float, default=1000.0, help="requests per second")
+    parser.add_argument("--arrival", choices=("poisson", "constant"), default="poisson")
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--output-len", type=int, default=16, help="chunks (one token each) per reply")
+    parser.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per request")
     parser.add_argument("--max-concurrency", type=int, default=None)
+    parser.add_argument("--first-chunk-s", type=float, default=0.0, help="the server's delay to the first chunk")
     parser.add_argument("--token-s", type=float, default=0.0, help="the server's gap between chunks")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--client-tree", default=None,
+                        help="import the client from this directory's actors package (a 'before' checkout)")
     parser.add_argument("--out", required=True)
 
 
@@ -50,31 +66,72 @@ def _cpu_s() -> float:
     return u.ru_utime + u.ru_stime
 
 
-def _round(endpoint: Any, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+def _pct_ms(values: list[float], q: float) -> float | None:
+    return 1000 * float(np.percentile(values, q)) if values else None
+
+
+def _due_s(request: Any) -> float:
+    due = getattr(request, "due_s", None)
+    return float(due if due is not None else request.arrival_s)
+
+
+def _verdict(run: Any) -> dict[str, Any]:
+    """What a trial of this run would say of the client (where the client's tree can judge it)."""
+    try:
+        from actors.serving import lateness
+    except ImportError:  # a tree from before the verdict
+        return {"client_behind": None, "client_behind_reason": None}
+    ttft_p50 = lateness.ttft_p50_s(run.requests)
+    late = lateness.send_lateness(run.requests, None, lateness.lateness_bound_s(ttft_p50), ttft_p50, 0.0)
+    return {"client_behind": late.behind, "client_behind_reason": late.reason}
+
+
+def _use_client_tree(tree: str) -> None:
+    """Import ``actors`` from ``tree`` from now on (the bench's own modules keep theirs)."""
+    for name in [m for m in sys.modules if m == "actors" or m.startswith("actors.")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(Path(tree).resolve()))
+
+
+def _round(endpoint: Any, args: argparse.Namespace, seed: int, send_log: Path) -> dict[str, Any]:
     from actors.backends.server.client import run_http
     from actors.serving.arrivals import arrival_offsets
     from actors.serving.records import ServingRequest
+    from tests.truth_server import read_send_log
 
     n = int(args.rate * args.duration_s)
-    offsets = arrival_offsets(n, args.rate, "poisson", 1.0, seed)
-    prompt = np.arange(8, 40)
-    requests = [ServingRequest(i, prompt, args.output_len, float(offsets[i])) for i in range(n)]
+    offsets = arrival_offsets(n, args.rate, args.arrival, 1.0, seed)
+    # Each prompt unique (its first token the round and index), so the server's log matches it.
+    tail = np.arange(8, 8 + args.prompt_len - 1)
+    requests = [ServingRequest(i, np.concatenate([[seed * 1_000_000 + i], tail]), args.output_len, float(offsets[i]))
+                for i in range(n)]
     cpu0, t0 = _cpu_s(), time.monotonic()
     run = run_http(endpoint, requests, max_concurrency=args.max_concurrency, deadline_s=t0 + 10 * args.duration_s + 60)
     wall_s, cpu_s = time.monotonic() - t0, _cpu_s() - cpu0
-    late = sorted(r.submit_s - r.arrival_s for r in run.requests if r.submit_s is not None)
+    sent = [(r, r.submit_s) for r in run.requests if r.submit_s is not None]
+    # Without a cap every request is due at its arrival (and a 'before' tree has no due_s).
+    late = [submit_s - _due_s(r) for r, submit_s in sent]
+    early = [lateness for (r, _), lateness in zip(sent, late, strict=True) if r.arrival_s - run.t_start_s <= START_S]
+    rest = [lateness for (r, _), lateness in zip(sent, late, strict=True) if r.arrival_s - run.t_start_s > START_S]
+    server = {s.prompt[0]: s for s in read_send_log(send_log) if isinstance(s.prompt, tuple)}
+    pairs = [(r, server[seed * 1_000_000 + r.index]) for r in run.completed if seed * 1_000_000 + r.index in server]
+    ttft = [float(r.ttft_s) for r, _ in pairs if r.ttft_s is not None]
+    truth_ttft = [s.ttft_s for _, s in pairs]
+    itl = [g for r, _ in pairs for g in r.itl_s]
+    truth_itl = [g for _, s in pairs for g in s.itl_s]
     chunks = sum(r.output_tokens for r in run.completed)
-    itl = sorted(g for r in run.completed for g in r.itl_s)
-    ttft = sorted(r.ttft_s for r in run.completed if r.ttft_s is not None)
-    return {
-        "itl_p50_ms": 1000 * itl[len(itl) // 2] if itl else None,
-        "itl_p99_ms": 1000 * itl[int(len(itl) * 0.99)] if itl else None,
-        "ttft_p50_ms": 1000 * ttft[len(ttft) // 2] if ttft else None,
-        "chunks_per_s": chunks / wall_s,
-        "requests": n, "completed": len(run.completed), "failed": len(run.failed),
-        "schedule_s": float(offsets[-1]), "wall_s": wall_s,
-        "lateness_p50_ms": 1000 * late[len(late) // 2], "lateness_p99_ms": 1000 * late[int(len(late) * 0.99)],
-        "lateness_max_ms": 1000 * late[-1],
+    return {**_verdict(run), 
+        "requests": n, "completed": len(run.completed), "failed": len(run.failed), "matched": len(pairs),
+        "schedule_s": float(offsets[-1]), "wall_s": wall_s, "chunks_per_s": chunks / wall_s,
+        "lateness_p50_ms": _pct_ms(late, 50), "lateness_p99_ms": _pct_ms(late, 99),
+        "lateness_max_ms": 1000 * max(late), "lateness_first_0.2s_max_ms": 1000 * max(early) if early else None,
+        "lateness_first_0.2s_p50_ms": _pct_ms(early, 50), "lateness_after_0.2s_max_ms": 1000 * max(rest) if rest else None,
+        "ttft_p50_ms": _pct_ms(ttft, 50), "ttft_p99_ms": _pct_ms(ttft, 99),
+        "server_ttft_p50_ms": _pct_ms(truth_ttft, 50), "server_ttft_p99_ms": _pct_ms(truth_ttft, 99),
+        "ttft_minus_server_p50_ms": _pct_ms([a - b for a, b in zip(ttft, truth_ttft, strict=True)], 50),
+        "ttft_minus_server_p99_ms": _pct_ms([a - b for a, b in zip(ttft, truth_ttft, strict=True)], 99),
+        "itl_p50_ms": _pct_ms(itl, 50), "itl_p99_ms": _pct_ms(itl, 99),
+        "server_itl_p50_ms": _pct_ms(truth_itl, 50), "server_itl_p99_ms": _pct_ms(truth_itl, 99),
         "client_cpu_s": cpu_s, "client_cpu_per_request_us": 1e6 * cpu_s / n,
         "client_cpu_per_chunk_us": 1e6 * cpu_s / max(chunks, 1),
         "client_cpu_share_of_a_core": cpu_s / wall_s,
@@ -82,34 +139,42 @@ def _round(endpoint: Any, args: argparse.Namespace, seed: int) -> dict[str, Any]
 
 
 def run(args: argparse.Namespace) -> int:
-    from actors.backends.server.client import Endpoint
     from actors.backends.server.process import ServerProcess
     from sweeper.core.servers import DIALECTS
+    from tests.truth_server import TRUTH_SERVER
 
-    server_py = Path(__file__).resolve().parents[1] / "tests" / "fault_server.py"
-    log = Path(tempfile.mkdtemp()) / "server.log"
-    server = ServerProcess.launch(["python", str(server_py), "--port", "{port}", "--model", "trivial",
-                                   "--token-s", str(args.token_s)], log_path=log)
+    if args.client_tree:
+        _use_client_tree(args.client_tree)
+    from actors.backends.server.client import Endpoint
+
+    workdir = Path(tempfile.mkdtemp())
+    send_log = workdir / "sends.jsonl"
+    server = ServerProcess.launch(["python", str(TRUTH_SERVER), "--port", "{port}", "--model", "truth",
+                                   "--first-chunk-s", str(args.first_chunk_s), "--chunk-s", str(args.token_s),
+                                   "--send-log", str(send_log)], log_path=workdir / "server.log")
     dialect = DIALECTS["vllm"]
     try:
         server.wait_ready(60.0)
-        endpoint = Endpoint(
+        fields: dict[str, Any] = dict(
             url=server.base_url + "/completions", continuous_usage=dialect.continuous_usage,
-            body=lambda r: {"model": "trivial", "stream": True, "stream_options": dialect.stream_options(),
+            body=lambda r: {"model": "truth", "stream": True, "stream_options": dialect.stream_options(),
                             "prompt": [int(t) for t in r.prompt_ids],
                             **dialect.length_fields(r.output_len, exact=True, eos_token_id=None)})
+        if "warm_url" in {f.name for f in dataclasses.fields(Endpoint)}:
+            fields["warm_url"] = server.base_url + "/models"
+        endpoint = Endpoint(**fields)
         rounds = []
         for k in range(args.rounds):
-            rounds.append(_round(endpoint, args, seed=k))
+            rounds.append(_round(endpoint, args, seed=k, send_log=send_log))
             print(rounds[-1], flush=True)
-        summary = {key: statistics.median(r[key] for r in rounds)
-                   for key in ("lateness_p50_ms", "lateness_p99_ms", "client_cpu_per_request_us",
-                               "client_cpu_per_chunk_us", "client_cpu_share_of_a_core", "wall_s", "chunks_per_s",
-                               "itl_p50_ms", "itl_p99_ms", "ttft_p50_ms")}
-        write_record(args.out, "http-client", {"rate": args.rate, "duration_s": args.duration_s,
-                                               "output_len": args.output_len, "token_s": args.token_s,
-                                               "rounds": rounds,
-                                               "median": summary})
+        keys = [k for k, v in rounds[0].items() if isinstance(v, float)]
+        summary = {key: statistics.median(r[key] for r in rounds) for key in keys
+                   if all(r[key] is not None for r in rounds)}
+        write_record(args.out, "http-client", {
+            "rate": args.rate, "arrival": args.arrival, "duration_s": args.duration_s,
+            "output_len": args.output_len, "prompt_len": args.prompt_len, "first_chunk_s": args.first_chunk_s,
+            "token_s": args.token_s, "max_concurrency": args.max_concurrency, "client_tree": args.client_tree,
+            "rounds": rounds, "median": summary})
     finally:
         server.stop(5.0)
     return 0

@@ -138,6 +138,7 @@ class _Live:
     request: ServingRequest
     arrival_s: float
     submit_s: float
+    due_s: float | None = None
     scheduled_s: float | None = None
     tokens: list[float] = field(default_factory=list)
 
@@ -148,7 +149,7 @@ class _Live:
 
     def served(self, finish_s: float | None, error: str | None = None) -> ServedRequest:
         return ServedRequest(self.request.index, self.request.prompt_tokens, self.arrival_s, self.submit_s,
-                             self.scheduled_s, tuple(self.tokens), finish_s, error)
+                             self.scheduled_s, tuple(self.tokens), finish_s, error, self.due_s)
 
 
 class SimulatedEngine:
@@ -158,8 +159,12 @@ class SimulatedEngine:
     served) up to ``max_batch`` running, lasts ``prefill_s`` if it admitted any
     (their prefill rides in it, as in a chunked-prefill engine) and ``step_s``
     otherwise, and gives every running request one token as it ends; a request
-    with all its tokens leaves. Time is the backend's clock and sleep, so tests
-    run it in virtual time and every timestamp is known in advance.
+    with all its tokens leaves. A request that arrives during a step is accepted
+    at once and waits for the next step, as a real engine's queue holds it: ``wait``
+    hands control back to the client at the arrival, mid-step, so that the client
+    sends on time and the wait is the engine's (in TTFT, ``queue_s``), not the
+    client's. Time is the backend's clock and sleep, so tests run it in virtual
+    time and every timestamp is known in advance.
     """
 
     def __init__(self, options: NoopOptions, clock: Callable[[], float], sleep: Callable[[float], None]) -> None:
@@ -167,27 +172,35 @@ class SimulatedEngine:
         self.clock, self.sleep = clock, sleep
         self.waiting: deque[_Live] = deque()
         self.running: list[_Live] = []
+        self.step_end_s: float | None = None  # the step in progress ends then (None: between steps)
 
-    def submit(self, request: ServingRequest, arrival_s: float, submit_s: float) -> None:
-        self.waiting.append(_Live(request, arrival_s, submit_s))
+    def submit(self, request: ServingRequest, arrival_s: float, submit_s: float, due_s: float | None) -> None:
+        self.waiting.append(_Live(request, arrival_s, submit_s, due_s))
 
     def wait(self, until_s: float) -> list[ServedRequest]:
         o = self.options
         prefill_s = o.step_s if o.prefill_s is None else o.prefill_s
         while True:
             now = self.clock()
-            if not self.waiting and not self.running:
-                if until_s > now and until_s != float("inf"):
-                    _sleep_until(until_s, self.clock, self.sleep)
+            if self.step_end_s is None:
+                if not self.waiting and not self.running:
+                    if until_s > now and until_s != float("inf"):
+                        _sleep_until(until_s, self.clock, self.sleep)
+                    return []
+                admitted = False
+                while self.waiting and len(self.running) < o.max_batch:
+                    live = self.waiting.popleft()
+                    live.scheduled_s = now
+                    self.running.append(live)
+                    admitted = True
+                self.step_end_s = now + (prefill_s if admitted else o.step_s)
+            if until_s < self.step_end_s:
+                # The next arrival comes before the step ends: the client sends it then.
+                _sleep_until(until_s, self.clock, self.sleep)
                 return []
-            admitted: list[_Live] = []
-            while self.waiting and len(self.running) + len(admitted) < o.max_batch:
-                live = self.waiting.popleft()
-                live.scheduled_s = now
-                admitted.append(live)
-            _sleep_until(now + (prefill_s if admitted else o.step_s), self.clock, self.sleep)
+            _sleep_until(self.step_end_s, self.clock, self.sleep)
+            self.step_end_s = None
             t = self.clock()
-            self.running += admitted
             for live in self.running:
                 live.tokens.append(t)
             finished = [live for live in self.running if len(live.tokens) >= live.target]
@@ -199,6 +212,7 @@ class SimulatedEngine:
         left = list(self.waiting) + self.running
         self.waiting.clear()
         self.running = []
+        self.step_end_s = None
         return [live.served(None, UNFINISHED) for live in left]
 
 

@@ -5,7 +5,8 @@ engine's whole life: ``AsyncLLM`` binds its output handler to the loop of its
 first request, so every run must use that same loop. The actor's thread hands
 each run to it and waits for the result with a bound.
 
-Each request is a task that sleeps until its arrival time, waits for a
+Each request is a task started when it arrives (``actors.serving.schedule``: one
+dispatcher, not a task per request created up front), that waits for a
 concurrency slot if ``max_concurrency`` is set, then streams its tokens
 (``RequestOutputKind.DELTA``) and stamps each delta with ``time.monotonic()`` as
 it reaches the task, as vLLM's own ``bench serve`` stamps streamed chunks. A
@@ -27,6 +28,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from actors.serving.records import UNFINISHED, InFlight, ServedRun, ServingRequest, served_run
+from actors.serving.schedule import play
 
 T = TypeVar("T")
 
@@ -73,48 +75,47 @@ class AsyncEngineRunner:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        t0 = time.monotonic()
-        slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        # Ready before the clock starts: every request's sampling parameters and prompt built.
+        ordered = sorted(requests, key=lambda r: (r.arrival_offset_s, r.index))
         params: dict[tuple[int, bool], Any] = {}
-        progress = [InFlight(r, t0 + r.arrival_offset_s) for r in requests]
+        for r in ordered:
+            if (r.output_len, r.stop_at_eos) not in params:
+                exact = {} if r.stop_at_eos else {"min_tokens": r.output_len, "ignore_eos": True}
+                params[r.output_len, r.stop_at_eos] = SamplingParams(
+                    max_tokens=r.output_len, temperature=0.0, detokenize=False,
+                    output_kind=RequestOutputKind.DELTA, **exact)
+        prompts = {r.index: {"prompt_token_ids": r.prompt_ids.tolist()} for r in ordered}
+        t0 = time.monotonic()
+        progress = [InFlight(r, t0 + r.arrival_offset_s) for r in ordered]
 
         async def one(p: InFlight) -> None:
             n, stop = p.request.output_len, p.request.stop_at_eos
-            if (n, stop) not in params:
-                exact = {} if stop else {"min_tokens": n, "ignore_eos": True}
-                params[n, stop] = SamplingParams(max_tokens=n, temperature=0.0, detokenize=False,
-                                                 output_kind=RequestOutputKind.DELTA, **exact)
-            await asyncio.sleep(max(p.arrival_s - time.monotonic(), 0.0))
-            async with slots if slots is not None else contextlib.nullcontext():
-                p.submit_s = time.monotonic()
-                metrics = None
-                try:
-                    stream = self.engine.generate({"prompt_token_ids": p.request.prompt_ids.tolist()}, params[n, stop],
-                                                  request_id=f"sweeper-{next(self._ids)}")
-                    async for out in stream:
-                        now = time.monotonic()
-                        p.times.extend([now] * len(out.outputs[0].token_ids))
-                        if out.finished:
-                            metrics = out.metrics
-                except asyncio.CancelledError:
-                    p.error = UNFINISHED
-                    raise
-                except Exception as exc:  # one request's failure is the run's data, not its end
-                    p.error = f"{type(exc).__name__}: {exc}"[:500]
-                    return
-                p.finish_s = p.times[-1] if p.times else time.monotonic()
-                if len(p.times) > n or (len(p.times) != n and not stop):
-                    p.error = f"produced {len(p.times)} tokens, expected {n}"
-                scheduled = float(getattr(metrics, "scheduled_ts", 0.0) or 0.0)
-                if p.submit_s - CLOCK_TOLERANCE_S <= scheduled <= p.finish_s + CLOCK_TOLERANCE_S:
-                    p.scheduled_s = min(max(scheduled, p.submit_s), p.finish_s)
+            p.submit_s = time.monotonic()
+            metrics = None
+            try:
+                stream = self.engine.generate(prompts[p.request.index], params[n, stop],
+                                              request_id=f"sweeper-{next(self._ids)}")
+                async for out in stream:
+                    now = time.monotonic()
+                    p.times.extend([now] * len(out.outputs[0].token_ids))
+                    if out.finished:
+                        metrics = out.metrics
+            except asyncio.CancelledError:
+                p.error = UNFINISHED
+                raise
+            except Exception as exc:  # one request's failure is the run's data, not its end
+                p.error = f"{type(exc).__name__}: {exc}"[:500]
+                return
+            p.finish_s = p.times[-1] if p.times else time.monotonic()
+            if len(p.times) > n or (len(p.times) != n and not stop):
+                p.error = f"produced {len(p.times)} tokens, expected {n}"
+            scheduled = float(getattr(metrics, "scheduled_ts", 0.0) or 0.0)
+            if p.submit_s - CLOCK_TOLERANCE_S <= scheduled <= p.finish_s + CLOCK_TOLERANCE_S:
+                p.scheduled_s = min(max(scheduled, p.submit_s), p.finish_s)
 
-        tasks = [asyncio.create_task(one(p)) for p in progress]
-        _, pending = await asyncio.wait(tasks, timeout=max(deadline_s - time.monotonic(), 0.0))
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        # Each request started as it comes due, at most max_concurrency at once (actors.serving.schedule).
+        await play(progress, one, max_concurrency=max_concurrency or None, deadline_s=deadline_s,
+                   clock=time.monotonic)
         return served_run(t0, progress, time.monotonic())
 
     def close(self) -> None:

@@ -15,15 +15,19 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from actors.serving.records import NOT_SENT, ServedRequest, ServedRun, ServingRequest, sort_by_index
+from actors.serving.slots import SlotTimes
 
 
 class SteppedEngine(Protocol):
-    def submit(self, request: ServingRequest, arrival_s: float, submit_s: float) -> None:
-        """Hand a request to the engine (never blocks for long)."""
+    def submit(self, request: ServingRequest, arrival_s: float, submit_s: float, due_s: float | None) -> None:
+        """Hand a request to the engine (never blocks for long); ``due_s``: when it became due,
+        where a concurrency slot came free after its arrival (``ServedRequest.due_s``)."""
 
     def wait(self, until_s: float) -> list[ServedRequest]:
         """Run or wait until ``until_s`` or until some requests finish, whichever is first;
-        return the requests that finished (possibly none)."""
+        return the requests that finished (possibly none). It must not run past ``until_s``
+        by more than its own clock's granularity: the next arrival is sent then, and a
+        request sent late is the client's lateness (``ServedRequest.send_lateness_s``)."""
 
     def abandon(self, now_s: float) -> list[ServedRequest]:
         """Give up every request still in the engine (the run's deadline passed): each as
@@ -37,6 +41,7 @@ def run_requests(engine: SteppedEngine, requests: Sequence[ServingRequest], *, m
     (absolute) has passed; requests never sent by then are recorded with an error."""
     pending = deque(sorted(requests, key=lambda r: (r.arrival_offset_s, r.index)))
     cap = max_concurrency if max_concurrency is not None else math.inf
+    slots = SlotTimes(max_concurrency)
     done: list[ServedRequest] = []
     in_flight = 0
     t0 = clock()
@@ -49,10 +54,15 @@ def run_requests(engine: SteppedEngine, requests: Sequence[ServingRequest], *, m
             break
         while pending and in_flight < cap and t0 + pending[0].arrival_offset_s <= now:
             request = pending.popleft()
-            engine.submit(request, t0 + request.arrival_offset_s, clock())
+            arrival_s = t0 + request.arrival_offset_s
+            engine.submit(request, arrival_s, clock(), slots.due_s(arrival_s))
             in_flight += 1
         next_arrival = t0 + pending[0].arrival_offset_s if pending and in_flight < cap else math.inf
         finished = engine.wait(min(next_arrival, deadline_s))
+        if finished:
+            freed_s = clock()  # when this loop saw them end: their slots' release
+            for _ in finished:
+                slots.give_back(freed_s)
         done += finished
         in_flight -= len(finished)
     ends = [r.finish_s for r in done if r.finish_s is not None]

@@ -3,8 +3,10 @@
 The method's steps around the window are ``actors.method``'s; the window
 (``ServingWindow``) is warm-up bursts, then the run inside one energy window:
 every request sent at its arrival time, every token stamped -> the steady-state
-window (actors.serving.stats) -> throughput, latency, goodput and energy over
-that window; each request's energy over the whole run (actors.serving.attribution).
+window (actors.serving.stats), less any stretch where the client was behind its
+schedule (actors.serving.lateness) -> throughput, latency, goodput and energy over
+that window; each request's energy over the whole run (actors.serving.attribution);
+the client's own send lateness, judged against a bound that matters for the trial.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 from actors.backends.base import Backend, LoadInfo
 from actors.measure import reply_length_columns
 from actors.method import Figures, Measurement, Window, measure, ratio, window_energy_columns
-from actors.serving import attribution
+from actors.serving import attribution, lateness
 from actors.serving.arrivals import serving_requests
 from actors.serving.records import ServedRun
 from actors.serving.stats import (
@@ -108,12 +110,19 @@ class ServingWindow(Window):
     def figures(self, handle: Handle, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
         run, trial = self.served, self.trial
         assert run is not None, "figures() before run()"
-        window = steady_window(run)
+        # The steady window, less every stretch where the client itself was behind (actors.serving.lateness).
+        ttft_p50 = lateness.ttft_p50_s(run.requests)
+        bound_s = lateness.lateness_bound_s(ttft_p50)
+        engine_window = steady_window(run)
+        window = lateness.clear_of(engine_window, lateness.behind_spans(run.requests, bound_s))
+        cut_s = (engine_window.duration_s if engine_window else 0.0) - (window.duration_s if window else 0.0)
+        late = lateness.send_lateness(run.requests, window, bound_s, ttft_p50, cut_s)
         row, request_energy = _columns(trial, run, window, telemetry, handle, idle_power_w, self.last_arrival_s)
+        row.update(late.columns())
         if self.source.varies():
             done = [r for r in run.requests if r.ok]
             row.update(reply_length_columns([r.prompt_tokens for r in done], [r.output_tokens for r in done]))
-        verdict = _verdict(row, window, trial, telemetry, handle)
+        verdict = _verdict(row, window, trial, telemetry, handle, engine_window=engine_window)
         if len(run.failed) == len(run.requests):
             raise RuntimeError(f"every request of the run failed: {run.failed[0].error}")
         cut = sum(1 for r in run.failed if r.cut_by_time_limit)
@@ -228,12 +237,18 @@ def _energy_columns(telemetry: TelemetryBase, handle: Any, window: SteadyWindow,
 
 
 def _verdict(row: dict[str, Any], window: SteadyWindow | None, trial: Trial, telemetry: TelemetryBase,
-             handle: Handle) -> Verdict:
-    """A serving trial's verdict (``actors.stability``): a steady window long enough to judge,
-    its energy where GPUs are metered, no saturation below ``inf``, no failed request (the
-    skeleton adds the baseline's)."""
+             handle: Handle, *, engine_window: SteadyWindow | None) -> Verdict:
+    """A serving trial's verdict (``actors.stability``): a client that kept its schedule, a
+    steady window long enough to judge, its energy where GPUs are metered, no saturation
+    below ``inf``, no failed request (the skeleton adds the baseline's). ``engine_window``:
+    the steady window before the stretches where the client was behind were cut from it."""
     verdict = Verdict()
-    if window is None:
+    if row.get("client_behind"):
+        verdict.flag(f"client behind: {row['client_behind_reason']}")
+    if window is None and engine_window is not None:
+        verdict.flag("no steady state where the client kept its schedule (every part of the steady window "
+                     "holds a request sent later than send_lateness_bound_s)")
+    elif window is None:
         verdict.flag("no steady state: no request completed while others were still being admitted at the "
                      "steady level (the run is shorter than one request's life there; raise num_prompts)")
     else:
@@ -265,6 +280,7 @@ def _request_rows(trial: Trial, run: ServedRun, window: SteadyWindow | None,
         rows.append({
             "trial_id": trial.trial_id, "request_index": r.index, "input_len": r.prompt_tokens,
             "output_tokens": r.output_tokens, "arrival_s": rel(r.arrival_s), "t_start_s": rel(r.submit_s),
+            "send_lateness_s": r.send_lateness_s,
             "scheduled_s": rel(r.scheduled_s), "first_token_s": rel(r.first_token_s), "finish_s": rel(r.finish_s),
             "ttft_s": r.ttft_s, "tpot_s": r.tpot_s, "e2e_s": r.e2e_s, "queue_s": r.queue_s,
             "itl_s": r.itl_s if r.ok else None,

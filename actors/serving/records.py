@@ -33,8 +33,10 @@ class ServingRequest:
 class ServedRequest:
     """What happened to one request. Times are absolute (the actor's ``time.monotonic``).
 
-    ``submit_s`` is when the client handed it to the engine (later than its arrival
-    only when ``max_concurrency`` held it back); ``scheduled_s`` when the engine first
+    ``submit_s`` is when the client handed it to the engine; ``due_s`` when it should have
+    (its arrival, or, when ``max_concurrency`` held it back, the moment a slot came free;
+    None: its arrival), so that ``send_lateness_s`` is the client's own delay and never the
+    cap's; ``scheduled_s`` when the engine first
     scheduled it (None where the engine does not say: its first token then stands in);
     ``token_times_s`` when each output token reached the client, the first being the
     first token. Several tokens may share a time when the engine delivered them together.
@@ -48,10 +50,21 @@ class ServedRequest:
     token_times_s: tuple[float, ...]
     finish_s: float | None
     error: str | None = None
+    due_s: float | None = None
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.finish_s is not None and bool(self.token_times_s)
+
+    @property
+    def send_due_s(self) -> float:
+        return self.due_s if self.due_s is not None else self.arrival_s
+
+    @property
+    def send_lateness_s(self) -> float | None:
+        """How late the client sent it against when it was due (None: never sent). A client that
+        keeps its schedule sends within its event loop's timer granularity (about 1 ms)."""
+        return None if self.submit_s is None else self.submit_s - self.send_due_s
 
     @property
     def cut_by_time_limit(self) -> bool:
@@ -129,6 +142,7 @@ class InFlight:
     request: ServingRequest
     arrival_s: float
     submit_s: float | None = None
+    due_s: float | None = None  # set where a concurrency slot came free after its arrival
     times: list[float] = field(default_factory=list)  # one per token received
     scheduled_s: float | None = None
     finish_s: float | None = None
@@ -141,7 +155,7 @@ class InFlight:
 
     def served(self) -> ServedRequest:
         return ServedRequest(self.request.index, self.request.prompt_tokens, self.arrival_s, self.submit_s,
-                             self.scheduled_s, tuple(self.times), self.finish_s, self.error)
+                             self.scheduled_s, tuple(self.times), self.finish_s, self.error, self.due_s)
 
 
 def served_run(t_start_s: float, in_flight: Sequence[InFlight], now_s: float) -> ServedRun:

@@ -104,12 +104,14 @@ def _load(row: Any) -> str:
 def _best_table(results: Results, bounds: Sequence[LatencyBound]) -> Table:
     best = best_configs(results.trials, bounds=bounds)
     priced = [c for c in BUDGET_COLUMNS if results.trials[c.name].notna().any()]
+    # Serving trials: the client's send lateness beside the TTFT it would distort.
+    lateness = "send_lateness_p99_s" in results.trials and bool(results.trials["send_lateness_p99_s"].notna().any())
     rows = []
     for r in best.itertuples():
         row = [_fmt(r.model), _fmt(r.backend), _fmt(r.precision), _load(r),
                _shape(r.input_len, r.output_len), _fmt(r.n_repeats),
-               _with_interval(r.throughput_tok_s, r.throughput_lo, r.throughput_hi),
-               _fmt(r.ttft_ms), _fmt(r.tpot_ms),
+               _with_interval(r.throughput_tok_s, r.throughput_lo, r.throughput_hi), _fmt(r.ttft_ms),
+               *([_fmt(r.send_lateness_p99_ms, 3)] if lateness else []), _fmt(r.tpot_ms),
                _with_interval(r.energy_per_token_j, r.energy_per_token_lo, r.energy_per_token_hi)]
         row += [_fmt(c.of(r.energy_per_token_j, results.report)) for c in priced]  # at the median J/token
         # A model with no precise trial says so: its best is the best of the unstable ones.
@@ -125,12 +127,15 @@ def _best_table(results: Results, bounds: Sequence[LatencyBound]) -> Table:
                   "whose estimate met its bound, where a model has any)")
     return Table(
         "Best configuration per model",
-        ["model", "backend", "precision", "batch / rate", "in/out", "repeats", "tok/s", "TTFT ms", "TPOT ms",
-         "J/token", *[c.header for c in priced], "MBU", "criterion", "trial"],
+        ["model", "backend", "precision", "batch / rate", "in/out", "repeats", "tok/s", "TTFT ms",
+         *(["late p99 ms"] if lateness else []), "TPOT ms", "J/token", *[c.header for c in priced], "MBU",
+         "criterion", "trial"],
         rows,
         f"{bound}; each configuration's figures are the medians of its repeats, [95 % interval] where "
         "it has several (a bootstrap of the median); the trial is the repeat nearest the median; TTFT and "
-        "TPOT are means",
+        "TPOT are means"
+        + ("; late p99: how late the client sent its requests (p99 of send_lateness_s; above the larger of 5 ms "
+           "and 10 % of TTFT p50 the trial is unstable, client_behind)" if lateness else ""),
     )
 
 

@@ -55,7 +55,8 @@ def memory_unit(values: Any) -> tuple[str, float]:
 
 # The figures repeats are summarised by (median and a 95 % interval each).
 REPEAT_METRICS = ("throughput_tok_s", "ttft_s", "tpot_s", "energy_per_token_j",
-                  "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s")
+                  "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
+                  "send_lateness_p99_s")
 # The latency statistics a bound of the best-configuration table may name.
 STATISTICS = ("mean", "p50", "p90", "p99")
 
@@ -203,6 +204,8 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None, max_ttf
             "throughput_tok_s": best["throughput_tok_s"],
             "throughput_lo": best["throughput_tok_s_lo"], "throughput_hi": best["throughput_tok_s_hi"],
             "ttft_ms": best["ttft_s"] * 1e3, "tpot_ms": best["tpot_s"] * 1e3,
+            # Serving: how late the client sent its requests, beside the TTFT it could distort.
+            "send_lateness_p99_ms": best["send_lateness_p99_s"] * 1e3,
             "energy_per_token_j": best["energy_per_token_j"],
             "energy_per_token_lo": best["energy_per_token_j_lo"],
             "energy_per_token_hi": best["energy_per_token_j_hi"], "mbu": best.get("mbu"),
@@ -212,7 +215,8 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None, max_ttf
         })
     return pd.DataFrame(rows, columns=[
         "model", "backend", "precision", "batch_size", "request_rate", "max_concurrency", "input_len",
-        "output_len", "n_repeats", "throughput_tok_s", "throughput_lo", "throughput_hi", "ttft_ms", "tpot_ms", "energy_per_token_j",
+        "output_len", "n_repeats", "throughput_tok_s", "throughput_lo", "throughput_hi", "ttft_ms",
+        "send_lateness_p99_ms", "tpot_ms", "energy_per_token_j",
         "energy_per_token_lo", "energy_per_token_hi", "mbu", "criterion", "unstable", "repeats_disagree",
         "trial_id", "set_aside", "only_unstable"])
 

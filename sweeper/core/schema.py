@@ -150,6 +150,23 @@ _RESULT: tuple[Column, ...] = (
                                "or the completions against the Poisson interval)"),
     _c("queue_growth", F, "serving: the rise of the least-squares line through requests outstanding (arrived, not "
                           "finished) across the arrivals in the steady window, in requests; 0 with none there"),
+    _c("send_lateness_p50_s", F, "serving: median send lateness over the run's requests (requests.parquet "
+                                 "send_lateness_s: sent less due; the client's delay, not the engine's)"),
+    _c("send_lateness_p99_s", F, "serving: 99th percentile send lateness over the run's requests: what "
+                                 "client_behind judges"),
+    _c("send_lateness_max_s", F, "serving: the latest any request of the run was sent"),
+    _c("steady_send_lateness_p50_s", F, "serving: median send lateness of the requests due inside the steady window"),
+    _c("steady_send_lateness_p99_s", F, "serving: 99th percentile send lateness of the requests due inside the "
+                                        "steady window"),
+    _c("steady_send_lateness_max_s", F, "serving: the latest a request due inside the steady window was sent "
+                                        "(never past send_lateness_bound_s: the window leaves out every stretch "
+                                        "where the client was behind)"),
+    _c("send_lateness_bound_s", F, "serving: the bound send_lateness_p99_s is held to: the larger of 5 ms and "
+                                   "10 % of ttft_p50_s (docs/METHOD.md)"),
+    _c("client_behind", B, "serving: the client fell behind its own schedule: send_lateness_p99_s above "
+                           "send_lateness_bound_s (its latencies then hold its own delay; the trial is unstable)"),
+    _c("client_behind_reason", S, "serving: the figures behind client_behind (the p99 and max lateness, the bound, "
+                                  "TTFT p50, the steady window left out)"),
     _c("server_engine", S, "server backend: the server measured (vllm | sglang | transformers: launched by "
                            "sweeper; a command's program; an external server's base_url); null for in-process backends"),
     _c("server_version", S, "server backend: the engine's version as the server reports it (vLLM: GET /version), "
@@ -230,7 +247,8 @@ _RESULT: tuple[Column, ...] = (
     _c("unstable", B, "the reported figures are imprecise or biased (see unstable_reason): a headline 95 % "
                       "interval wider than max_rel_ci (or a missed target_rel_ci), a window too short to judge, "
                       "no energy window on GPUs, an idle baseline taken before the power settled; serving: no "
-                      "or a short steady window, saturation, failed requests"),
+                      "or a short steady window, saturation, failed requests, a client behind its schedule "
+                      "(client_behind)"),
     _c("unstable_reason", S, "why the trial is flagged unstable, every reason with its numbers"),
     _c("noisy_host", B, "the host's per-iteration noise was above max_iteration_cv although the estimate may "
                         "be tight: information about the machine, not a verdict on the figures (repeats judge "
@@ -303,12 +321,15 @@ REQUESTS: tuple[Column, ...] = (
     _c("input_len", I, "prompt tokens"),
     _c("output_tokens", I, "generated tokens"),
     _c("t_start_s", F, "request start, seconds from the start of the measured window; serving: when the client "
-                       "sent it (after arrival_s only when max_concurrency held it back)"),
+                       "sent it (arrival_s + send_lateness_s, later still when max_concurrency held it back)"),
     _c("ttft_s", F, "time to first generated token"),
     _c("tpot_s", F, "time per output token after the first"),
     _c("e2e_s", F, "end-to-end latency"),
     # serving mode: times in seconds from the run's start
     _c("arrival_s", F, "serving: when the request arrived (its place in the arrival process)"),
+    _c("send_lateness_s", F, "serving: how late the client sent it: t_start_s less when it was due (arrival_s, or "
+                             "the moment a slot came free where max_concurrency held it back); the client's own "
+                             "delay, never the engine's (null: never sent)"),
     _c("scheduled_s", F, "serving: when the engine first scheduled it (null where the engine does not say)"),
     _c("first_token_s", F, "serving: when its first token reached the client"),
     _c("finish_s", F, "serving: when its last token reached the client"),

@@ -113,12 +113,12 @@ def _summary_text(row: dict[str, Any]) -> str:
     # Any of these may be null on an ok row (a serving run with no steady state has no
     # throughput): the line says what there is.
     shown = (("throughput_tok_s", 1.0, "{:,.1f} tok/s"), ("ttft_s", 1e3, "ttft {:,.1f} ms"),
-             ("energy_per_token_j", 1.0, "{:.4f} J/tok"))
+             ("send_lateness_p99_s", 1e3, "sent late p99 {:,.1f} ms"), ("energy_per_token_j", 1.0, "{:.4f} J/tok"))
     parts = [fmt.format(row[key] * scale) for key, scale, fmt in shown if row.get(key) is not None]
     if row.get("throughput_tok_s") is not None and row.get("throughput_rel_ci95") is not None:
         parts[0] += f" ±{row['throughput_rel_ci95']:.0%}"  # how precise the figure is, beside it
     if row.get("unstable"):
-        parts.append("unstable")
+        parts.append("unstable (client behind)" if row.get("client_behind") else "unstable")
     return "  ".join(parts)
 
 

@@ -209,10 +209,14 @@ class ServerBackend(Backend):
     # -- serve -----------------------------------------------------------------------------
     def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
               deadline_s: float) -> ServedRun:
-        chat = self.chat
-        endpoint = Endpoint(url=f"{self.base_url}/{'chat/completions' if chat else 'completions'}",
-                            body=self._body, continuous_usage=self._dialect.continuous_usage, headers=self.headers)
-        return run_http(endpoint, requests, max_concurrency=max_concurrency, deadline_s=deadline_s)
+        return run_http(self.endpoint(), requests, max_concurrency=max_concurrency, deadline_s=deadline_s)
+
+    def endpoint(self) -> Endpoint:
+        """Where the requests go and how each is built; its connections are opened ahead of a
+        run through the server's model list, which every OpenAI-compatible server answers."""
+        return Endpoint(url=f"{self.base_url}/{'chat/completions' if self.chat else 'completions'}",
+                        body=self._body, continuous_usage=self._dialect.continuous_usage, headers=self.headers,
+                        warm_url=f"{self.base_url}/models")
 
     def process_owner(self) -> int | None:
         # A launched server is this actor's child (in a session of its own); an external

@@ -42,21 +42,22 @@ class ContinuousBatchingEngine:
         self.manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
         self.manager.start()
         self.offset_s = time.monotonic() - time.perf_counter()
-        self.live: dict[str, tuple[ServingRequest, float, float]] = {}
+        # Each live request: what was sent, its arrival, its submission and when it was due.
+        self.live: dict[str, tuple[ServingRequest, float, float, float | None]] = {}
 
     def close(self) -> None:
         if self.manager.is_running():
             self.manager.stop(block=True, timeout=60)
 
     # -- SteppedEngine ---------------------------------------------------------------------------
-    def submit(self, request: ServingRequest, arrival_s: float, submit_s: float) -> None:
+    def submit(self, request: ServingRequest, arrival_s: float, submit_s: float, due_s: float | None) -> None:
         request_id = f"r{next(self._runs)}"
         # eos -1 (no token has it) keeps exact lengths; natural lengths stop at the model's EOS.
         eos = self.eos_token_id if request.stop_at_eos else -1
         eos = eos if isinstance(eos, int) or eos is None else eos[0]
         self.manager.add_request(request.prompt_ids.tolist(), request_id=request_id,
                                  max_new_tokens=request.output_len, record_timestamps=True, eos_token_id=eos)
-        self.live[request_id] = (request, arrival_s, submit_s)
+        self.live[request_id] = (request, arrival_s, submit_s, due_s)
 
     def wait(self, until_s: float) -> list[ServedRequest]:
         first = self.manager.get_result(timeout=max(until_s - time.monotonic(), 0.0))
@@ -70,10 +71,10 @@ class ContinuousBatchingEngine:
 
     def abandon(self, now_s: float) -> list[ServedRequest]:
         left = []
-        for request_id, (request, arrival_s, submit_s) in self.live.items():
+        for request_id, (request, arrival_s, submit_s, due_s) in self.live.items():
             self.manager.cancel_request(request_id)
             left.append(ServedRequest(request.index, request.prompt_tokens, arrival_s, submit_s, None, (), None,
-                                      error=UNFINISHED))
+                                      error=UNFINISHED, due_s=due_s))
         self.live.clear()
         return left
 
@@ -87,7 +88,7 @@ class ContinuousBatchingEngine:
         entry = self.live.pop(output.request_id, None)
         if entry is None:  # a request of an earlier, abandoned run
             return None
-        request, arrival_s, submit_s = entry
+        request, arrival_s, submit_s, due_s = entry
         times = tuple(t + self.offset_s for t in (output.timestamps or ()))
         scheduled, finished = (t + self.offset_s if t and t > 0 else None for t in output.lifespan)
         error = output.error
@@ -95,4 +96,4 @@ class ContinuousBatchingEngine:
         if error is None and wrong:
             error = f"produced {len(times)} tokens, expected {request.output_len}"
         return ServedRequest(request.index, request.prompt_tokens, arrival_s, submit_s, scheduled, times,
-                             times[-1] if times and error is None else None, error)
+                             times[-1] if times and error is None else None, error, due_s)

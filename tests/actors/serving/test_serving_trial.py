@@ -47,13 +47,14 @@ def test_the_simulated_engine_runs_the_documented_schedule():
     run = backend.serve([request(0, 0.0), request(1, 0.25)], max_concurrency=None, deadline_s=1e9)
     t0 = run.t_start_s
     a, b = run.requests
-    # A: prefill step to 0.2, then 0.3; B is submitted when that step ends (0.3) and its
-    # prefill step (0.3-0.5) gives A its last token too.
+    # A: prefill step to 0.2, then 0.3; B is sent at its arrival (0.25), mid-step, and waits
+    # in the engine for that step's end (0.3); its prefill step (0.3-0.5) gives A its last token too.
     assert [round(t - t0, 6) for t in a.token_times_s] == [0.2, 0.3, 0.5]
-    assert round(b.arrival_s - t0, 6) == 0.25 and round(b.submit_s - t0, 6) == 0.3
-    assert round(b.scheduled_s - t0, 6) == 0.3
+    assert round(b.arrival_s - t0, 6) == 0.25 and round(b.submit_s - t0, 6) == 0.25
+    assert b.send_lateness_s == 0.0 and a.send_lateness_s == 0.0
+    assert round(b.scheduled_s - t0, 6) == 0.3 and b.queue_s == pytest.approx(0.05)
     assert [round(t - t0, 6) for t in b.token_times_s] == [0.5, 0.6, 0.7]
-    assert b.ttft_s == pytest.approx(0.2) and b.tpot_s == pytest.approx(0.1)
+    assert b.ttft_s == pytest.approx(0.25) and b.tpot_s == pytest.approx(0.1)
 
 
 def test_max_concurrency_holds_later_arrivals_back():
@@ -63,6 +64,9 @@ def test_max_concurrency_holds_later_arrivals_back():
     submits = sorted(round(r.submit_s - t0, 6) for r in run.requests)
     assert submits == [0.0, 0.0, 0.3, 0.3]  # the second pair waits for the first to finish
     assert all(r.arrival_s == t0 for r in run.requests)
+    # ... which is the cap's wait, not the client's: due when the slots came free, sent then.
+    assert sorted(round(r.send_due_s - t0, 6) for r in run.requests) == submits
+    assert all(r.send_lateness_s == 0.0 for r in run.requests)
 
 
 def test_a_run_past_its_deadline_records_what_it_has_and_returns():
@@ -74,12 +78,13 @@ def test_a_run_past_its_deadline_records_what_it_has_and_returns():
     assert clock() < 100.0 + 7.0
 
 
-def measure(rate, noop_options=None, measure_options=None, **workload) -> tuple[dict, list[dict]]:
+def measure(rate, noop_options=None, measure_options=None, backend_class=NoopBackend,
+            **workload) -> tuple[dict, list[dict]]:
     sweep = sweep_of(rate, noop_options, **workload)
     if measure_options:
         sweep = sweep.model_copy(update={"measure": sweep.measure.model_copy(update=measure_options)})
     trial = expand(sweep)[0][0]
-    backend, clock = NoopBackend(), FakeClock(100.0)
+    backend, clock = backend_class(), FakeClock(100.0)
     backend.clock, backend.sleep = clock, clock.sleep
     load = backend.load(ModelSpec("synthetic", "tiny-llama", "fp32", trial.backend_options, serving=True))
     measured = measure_serving_trial(backend, trial, load, NullTelemetry(reason="test"), clock=clock)
