@@ -46,8 +46,12 @@ def _axis_columns() -> tuple[Column, ...]:
 
 _RESULT: tuple[Column, ...] = (
     # configuration beyond the axes
-    _c("dataset", S, "prompt source: random (token ids of input_len), bundled (sweeper's prompt set) or a "
-                     "prompt file as written in the sweep file"),
+    _c("dataset", S, "prompt source: random (token ids of input_len), prefix_repetition (random token ids "
+                     "after shared prefixes), bundled (sweeper's prompt set) or a prompt file as written in the "
+                     "sweep file"),
+    _c("prefix_len", I, "prefix_repetition: tokens of each shared prefix, the first of input_len (null: no "
+                        "shared prefixes)"),
+    _c("num_prefixes", I, "prefix_repetition: distinct prefixes the prompts share, dealt evenly"),
     _c("dataset_sha256", S, "the prompt file's content hash (null: random prompts)"),
     _c("min_input_len", I, "dataset prompts shorter than this (tokens) were left out"),
     _c("max_input_len", I, "dataset prompts longer than this (tokens) were left out"),

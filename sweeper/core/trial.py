@@ -250,6 +250,8 @@ class Trial:
         d.update(dataset=self.dataset, seed=self.seed, layer_profile=self.layer_profile,
                  fidelity=self.fidelity.canonical_json() if self.fidelity is not None else None,
                  mode=self.mode, output_lengths=self.output_lengths)
+        if self.shared_prefix is not None:
+            d.update(prefix_len=self.shared_prefix.prefix_len, num_prefixes=self.shared_prefix.num_prefixes)
         if self.prompts is not None:
             p = self.prompts
             d.update(dataset_sha256=p.sha256, num_prompts=p.num_prompts, min_input_len=p.min_input_len,

@@ -28,6 +28,11 @@ def test_prompts_are_prefix_plus_suffix_long_and_the_prefixes_are_identity():
     assert trial.input_len == 16 and trial.dataset == "prefix_repetition"
     assert (trial.shared_prefix.prefix_len, trial.shared_prefix.num_prefixes) == (12, 3)
     assert "in=16 (3 prefixes of 12)" in trial.label()
+    columns = trial.columns()  # the trials row says it too, beside input_len
+    assert (columns["dataset"], columns["prefix_len"], columns["num_prefixes"], columns["input_len"]) == \
+        ("prefix_repetition", 12, 3, 16)
+    from sweeper.core.schema import TRIALS
+    assert {"prefix_len", "num_prefixes"} <= {c.name for c in TRIALS}
     (other,), _ = expand(_sweep({"prefix_repetition": {"prefix_len": 12, "suffix_len": 4, "num_prefixes": 2}}))
     (plain,), _ = expand(_sweep("random", input_len=16))
     assert len({trial.trial_id, other.trial_id, plain.trial_id}) == 3

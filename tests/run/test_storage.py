@@ -184,7 +184,7 @@ def test_schema_names_carry_units():
                    "n_failed_requests", "max_concurrency_reached", "steady_batch", "mean_running_batch",
                    "saturated", "saturation_reason", "queue_growth", "slo_attainment", "request_energy_method",
                    # datasets and reply lengths: lengths are tokens (as input_len), shares are ratios
-                   "dataset_sha256", "min_input_len", "max_input_len", "chat", "output_lengths",
+                   "dataset_sha256", "min_input_len", "max_input_len", "chat", "output_lengths", "prefix_len", "num_prefixes",
                    "input_len_mean", "output_len_mean", "output_len_p50", "output_len_p90",
                    "prompt_pad_share", "decode_idle_slot_share", "fidelity_method", "fidelity_reference_source",
                    # precision of the window: relative half-widths (ratios), a block count, a verdict
