@@ -82,7 +82,8 @@ async def models(request: Any) -> Any:
                               "max_in_flight": f.max_in_flight})
 
 
-def _chunk(model: str, text: str, chat: bool, usage: dict | None = None, finish: str | None = None) -> bytes:
+def sse_event(model: str, text: str, chat: bool, usage: dict | None = None, finish: str | None = None) -> bytes:
+    """One streamed completion chunk as a server-sent event (chat or text completion)."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
     if chat:
         choice["delta"] = {"content": text} if text else {}
@@ -132,11 +133,11 @@ async def completions(request: Any) -> Any:
             chunks += 1
             usage = ({"prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}
                      if continuous else None)
-            await response.write(_chunk(a.model, text, chat, usage))
+            await response.write(sse_event(a.model, text, chat, usage))
             if sent < tokens:
                 await asyncio.sleep(a.token_s)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}
-        await response.write(_chunk(a.model, "", chat, usage, finish="length"))
+        await response.write(sse_event(a.model, "", chat, usage, finish="length"))
         if not a.no_done:
             await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

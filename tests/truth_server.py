@@ -38,6 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+try:  # the fault server's chunks: one framing for both test servers
+    from tests.fault_server import sse_event
+except ImportError:  # run as a script: tests/ is sys.path[0]
+    from fault_server import sse_event  # type: ignore[no-redef]
+
 TRUTH_SERVER = Path(__file__)
 # A request head longer than this is refused (and its connection closed); reads take this much.
 MAX_HEAD_BYTES = 65536
@@ -85,19 +90,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _event(model: str, text: str, chat: bool, usage: dict | None = None, finish: str | None = None) -> bytes:
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
-    if chat:
-        choice["delta"] = {"content": text} if text else {}
-    else:
-        choice["text"] = text
-    body: dict[str, Any] = {"object": "chat.completion.chunk" if chat else "text_completion", "model": model,
-                            "choices": [choice]}
-    if usage is not None:
-        body["usage"] = usage
-    return f"data: {json.dumps(body)}\n\n".encode()
-
-
 def _http_chunk(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
@@ -107,13 +99,13 @@ def _reply_chunks(model: str, chat: bool, tokens: int, prompt_tokens: int, conti
     """A reply's content chunks, framed, built once per shape: a send is then one write."""
     usage = [{"prompt_tokens": prompt_tokens, "completion_tokens": k + 1, "total_tokens": prompt_tokens + k + 1}
              if continuous else None for k in range(tokens)]
-    return tuple(_http_chunk(_event(model, f"w{k}", chat, usage[k])) for k in range(tokens))
+    return tuple(_http_chunk(sse_event(model, f"w{k}", chat, usage[k])) for k in range(tokens))
 
 
 @functools.lru_cache(maxsize=4096)
 def _reply_end(model: str, chat: bool, tokens: int, prompt_tokens: int) -> bytes:
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": tokens, "total_tokens": prompt_tokens + tokens}
-    return _http_chunk(_event(model, "", chat, usage, finish="length") + b"data: [DONE]\n\n") + b"0\r\n\r\n"
+    return _http_chunk(sse_event(model, "", chat, usage, finish="length") + b"data: [DONE]\n\n") + b"0\r\n\r\n"
 
 
 STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
