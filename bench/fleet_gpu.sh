@@ -17,6 +17,7 @@
 #   packed4       bench/fleet_packed_gpu.yaml on all four GPUs: per-GPU busy seconds, wall time
 #   packed2       the same grid on GPUs 0,1 alone (the fewest that hold its TP2 group)
 #   packed1       its TP1 groups on GPU 0 alone
+#   packed4_tp1   its TP1 groups on all four GPUs: the same grid as packed1, for the wall-time ratio
 # A sweep's tensor_parallel values wider than the machine are left out (a 2-GPU machine runs
 # TP 1 and 2); twonode gives each node half the GPUs and its servers that tensor parallel.
 #   twonode       two `ray start` nodes (head: GPUs 0,1; worker: GPUs 2,3; token authentication),
@@ -47,11 +48,11 @@ gpus() {  # GPUs this process may use
 
 fit() {  # sweep file, destination, GPUs: the sweep's tensor_parallel values that fit that many GPUs
     # FIT_EXCLUDE (a JSON list of exclude rules) adds rules for this machine, e.g. a shape whose
-    # weights do not fit its GPUs' memory.
-    FIT_EXCLUDE="${FIT_EXCLUDE:-[]}" python3 - "$1" "$2" "$3" <<'PY'
+    # weights do not fit its GPUs' memory. FIT_TP_MAX caps the widths below the machine's.
+    FIT_EXCLUDE="${FIT_EXCLUDE:-[]}" FIT_TP_MAX="${FIT_TP_MAX:-1024}" python3 - "$1" "$2" "$3" <<'PY'
 import json, os, sys, yaml
 d = yaml.safe_load(open(sys.argv[1]))
-n = int(sys.argv[3])
+n = min(int(sys.argv[3]), int(os.environ["FIT_TP_MAX"]))
 tp = d.get("tensor_parallel", 1)
 tp = [t for t in (tp if isinstance(tp, list) else [tp]) if t <= n]
 d["tensor_parallel"] = tp
@@ -60,7 +61,7 @@ d["exclude"] = [r for r in rules if r.get("tensor_parallel", 0) in tp or "tensor
 if not d["exclude"]:
     d.pop("exclude")
 yaml.safe_dump(d, open(sys.argv[2], "w"))
-print(f"{sys.argv[1]}: tensor_parallel {tp} on {n} GPU(s)")
+print(f"{sys.argv[1]}: tensor_parallel {tp} (widths up to {n})")
 PY
 }
 
@@ -177,6 +178,8 @@ step() {
                  pack packed4 "$RESULTS/packed4.log" "$RESULTS/packed4"/trials.parquet "$RESULTS/packed4"/stages.parquet ;;
         packed1) CUDA_VISIBLE_DEVICES=0 sweep packed1 bench/fleet_packed_gpu.yaml "$RESULTS/packed1"
                  pack packed1 "$RESULTS/packed1.log" "$RESULTS/packed1"/trials.parquet "$RESULTS/packed1"/stages.parquet ;;
+        packed4_tp1) FIT_TP_MAX=1 sweep packed4_tp1 bench/fleet_packed_gpu.yaml "$RESULTS/packed4_tp1"
+                 pack packed4_tp1 "$RESULTS/packed4_tp1.log" "$RESULTS/packed4_tp1"/trials.parquet "$RESULTS/packed4_tp1"/stages.parquet ;;
         packed2) CUDA_VISIBLE_DEVICES=0,1 sweep packed2 bench/fleet_packed_gpu.yaml "$RESULTS/packed2"
                  pack packed2 "$RESULTS/packed2.log" "$RESULTS/packed2"/trials.parquet "$RESULTS/packed2"/stages.parquet ;;
         twonode) twonode ;;
