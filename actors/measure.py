@@ -32,8 +32,7 @@ from actors.workload import PromptSource, prompt_source
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
-    from actors.telemetry import EnergyReport, TelemetryBase
-    from actors.telemetry import Measurement as Handle
+    from actors.telemetry import EnergyReport, MeterReading, TelemetryBase
 
 __all__ = ["Measurement", "OfflineWindow", "measure_trial"]
 
@@ -96,7 +95,10 @@ def request_rows(generations: list[Generation], t0: float, input_len: int | None
     return rows
 
 
-def latency_columns(requests: list[dict[str, Any]]) -> dict[str, float | None]:
+def offline_latency_columns(requests: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Mean and percentiles of TTFT, TPOT and E2E over the offline window's request rows
+    (``request_rows``: every request of every generate call). A serving run's requests have
+    their own, ``actors.serving.stats.served_latency_columns`` (completed ones only, ITL, queue)."""
     tpot = [r["tpot_s"] for r in requests if r["tpot_s"] is not None]
     return {**percentiles("ttft", [r["ttft_s"] for r in requests]), **percentiles("tpot", tpot),
             **percentiles("e2e", [r["e2e_s"] for r in requests])}
@@ -118,7 +120,7 @@ def iteration_throughput_cv(generations: list[Generation]) -> float | None:
     return float(np.std(rates, ddof=1) / mean) if mean > 0 else None
 
 
-def offline_verdict(row: dict[str, Any], *, trial: Trial, handle: Handle, telemetry: TelemetryBase,
+def offline_verdict(row: dict[str, Any], *, trial: Trial, handle: MeterReading, telemetry: TelemetryBase,
                     precision: WindowPrecision, throughput_cv: float | None, iterations: int,
                     judge_noise: bool) -> Verdict:
     """An offline window's verdict (``actors.stability``): its precision against
@@ -251,7 +253,7 @@ class OfflineWindow(Window):
         backend.sync()
         self.t1_s = clock()
 
-    def figures(self, handle: Handle, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
+    def figures(self, handle: MeterReading, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
         trial, generations, source = self.trial, self.generations, self.source
         t0, duration_s = self.t0_s, self.t1_s - self.t0_s
         requests = request_rows(generations, t0, trial.input_len)
@@ -262,7 +264,7 @@ class OfflineWindow(Window):
             "duration_s": duration_s, "output_tokens": output_tokens,
             "throughput_tok_s": output_tokens / duration_s,
             "requests_per_s": n_requests / duration_s,
-            **latency_columns(requests),
+            **offline_latency_columns(requests),
             "peak_memory_bytes": self.backend.peak_memory_bytes(),
             "compile_s": self.prepared.compile_s, "compile_status": self.prepared.compile_status,
         }

@@ -31,8 +31,7 @@ from sweeper.core.trial import Trial
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from actors.telemetry import EnergyWindow, TelemetryBase
-    from actors.telemetry import Measurement as Handle
+    from actors.telemetry import EnergyWindow, MeterReading, TelemetryBase
     from actors.telemetry.telemetry import Marks
 
 # A window's energy as the trial row states it: the same for offline windows and a serving
@@ -112,7 +111,7 @@ class Window(ABC):
         """The measured work; the skeleton holds the telemetry window open around it."""
 
     @abstractmethod
-    def figures(self, handle: Handle, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
+    def figures(self, handle: MeterReading, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
         """The window's columns and requests, and the reasons its figures may not be trusted."""
 
 

@@ -129,7 +129,7 @@ def default_engine_bare(model: str, precision: str, batches: list[int], args) ->
     """Bare ``LLM.generate`` on an engine with vLLM's defaults: the reference bar, measured here."""
     import vllm
 
-    from actors.backends.vllm import VLLM_QUANTIZATION, architecture_overrides
+    from actors.backends.vllm.backend import VLLM_QUANTIZATION, architecture_overrides
     from actors.models import materialize_synthetic
     from sweeper.core.precisions import PRECISIONS
 
@@ -151,7 +151,7 @@ def default_engine_bare(model: str, precision: str, batches: list[int], args) ->
     vocab = int(llm.llm_engine.model_config.get_vocab_size())
     for b in batches:
         out["batches"][b] = bare_generate(llm, params, vocab, b, args, seed=0)
-    from actors.backends.vllm import VllmBackend
+    from actors.backends.vllm.backend import VllmBackend
 
     backend = VllmBackend()
     backend.llm = llm

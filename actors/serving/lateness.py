@@ -55,7 +55,7 @@ def lateness_bound_s(ttft_p50_s: float | None) -> float:
 
 
 def ttft_p50_s(requests: Sequence[ServedRequest]) -> float | None:
-    """The run's TTFT p50 over its completed requests (``latency_columns``' figure)."""
+    """The run's TTFT p50 over its completed requests (``served_latency_columns``' figure)."""
     ttft = [r.ttft_s for r in requests if r.ok and r.ttft_s is not None]
     return float(np.percentile(ttft, 50)) if ttft else None
 

@@ -30,10 +30,10 @@ from actors.serving.stats import (
     SteadyWindow,
     achieved_rate,
     in_flight,
-    latency_columns,
     meets,
     running,
     saturation,
+    served_latency_columns,
     steady_window,
     window_output_tokens,
 )
@@ -43,8 +43,7 @@ from sweeper.core.status import Reason, Status
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
-    from actors.telemetry import Measurement as Handle
-    from actors.telemetry import TelemetryBase
+    from actors.telemetry import MeterReading, TelemetryBase
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +106,7 @@ class ServingWindow(Window):
         self.backend.sync()
         self.t_end_s = self.clock()
 
-    def figures(self, handle: Handle, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
+    def figures(self, handle: MeterReading, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
         run, trial = self.served, self.trial
         assert run is not None, "figures() before run()"
         # The steady window, less every stretch where the client itself was behind (actors.serving.lateness).
@@ -170,7 +169,7 @@ def _columns(trial: Trial, run: ServedRun, window: SteadyWindow | None, telemetr
         "max_concurrency_reached": int(in_flight(run.requests, run.t_end_s).values.max(initial=0)),
         "goodput_req_s": ratio(good, run_s) if good is not None else None,
         "slo_attainment": good / len(run.requests) if good is not None and run.requests else None,
-        **latency_columns(run.requests),
+        **served_latency_columns(run.requests),
     }
     if window is None or window.duration_s <= 0:
         row.update(duration_s=0.0, output_tokens=0, throughput_tok_s=None, requests_per_s=None)
@@ -237,7 +236,7 @@ def _energy_columns(telemetry: TelemetryBase, handle: Any, window: SteadyWindow,
 
 
 def _verdict(row: dict[str, Any], window: SteadyWindow | None, trial: Trial, telemetry: TelemetryBase,
-             handle: Handle, *, engine_window: SteadyWindow | None) -> Verdict:
+             handle: MeterReading, *, engine_window: SteadyWindow | None) -> Verdict:
     """A serving trial's verdict (``actors.stability``): a client that kept its schedule, a
     steady window long enough to judge, its energy where GPUs are metered, no saturation
     below ``inf``, no failed request (the skeleton adds the baseline's). ``engine_window``:

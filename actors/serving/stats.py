@@ -386,7 +386,7 @@ def meets(request: ServedRequest, bounds_s: dict[str, float]) -> bool:
     return True
 
 
-def latency_columns(requests: Sequence[ServedRequest]) -> dict[str, Any]:
+def served_latency_columns(requests: Sequence[ServedRequest]) -> dict[str, Any]:
     """Mean and percentiles over completed requests; ITL pooled over every gap of every request."""
     ok = [r for r in requests if r.ok]
     cols: dict[str, Any] = {}

@@ -39,7 +39,7 @@ from actors.telemetry.sampler import TIMELINE_SCHEMA, Sampler, SamplerStats
 from actors.telemetry.telemetry import (
     GPU_COLUMNS,
     EnergyReport,
-    Measurement,
+    MeterReading,
     NullTelemetry,
     Telemetry,
     TelemetryBase,
@@ -65,7 +65,7 @@ __all__ = [
     "GpuInfo",
     "GpuShare",
     "IdleBaseline",
-    "Measurement",
+    "MeterReading",
     "NullTelemetry",
     "NvmlUnavailableError",
     "PowerCurve",

@@ -53,8 +53,10 @@ def default_sync() -> None:
 
 
 @dataclass
-class Measurement:
-    """Handle yielded by ``measure``; filled in when the block exits."""
+class MeterReading:
+    """What the telemetry read over one ``measure`` block: its times, the GPUs' energy window,
+    the host's CPU and DRAM energy, or why there is no window. Yielded by ``measure`` as a
+    handle and filled in when the block exits."""
 
     name: str
     t_start_s: float | None = None
@@ -170,7 +172,7 @@ class TelemetryBase(ABC):
         this telemetry took stands instead wherever the rule allows (``reused`` says so)."""
 
     @abstractmethod
-    def measure(self, name: str) -> AbstractContextManager[Measurement]:
+    def measure(self, name: str) -> AbstractContextManager[MeterReading]:
         """A window around a block; the yielded handle is complete when the block exits."""
 
     @abstractmethod
@@ -189,7 +191,7 @@ class TelemetryBase(ABC):
         ``TelemetryError`` without GPUs."""
 
     @abstractmethod
-    def report(self, handle: Measurement, *, marks: Marks,
+    def report(self, handle: MeterReading, *, marks: Marks,
                iteration_bounds: list[tuple[float, float]]) -> EnergyReport | None:
         """The energy of the window ``measure`` yielded, split by ``marks`` and judged over
         ``iteration_bounds``; None where there is none (no GPUs, or the window failed:
@@ -292,14 +294,14 @@ class Telemetry(TelemetryBase):
         return self._baseline
 
     @contextmanager
-    def measure(self, name: str) -> Iterator[Measurement]:
+    def measure(self, name: str) -> Iterator[MeterReading]:
         """An energy window around the block; the handle is complete on exit.
 
         If the window cannot be computed the block's results still stand:
         ``handle.window`` stays None, ``handle.error`` says why, and the trial's
         energy columns come out null and flagged unstable.
         """
-        handle = Measurement(name)
+        handle = MeterReading(name)
         handle.t_start_s = self.meter.begin(name)
         rapl_start = self.rapl.read() if self.rapl.available else None
         try:
@@ -330,7 +332,7 @@ class Telemetry(TelemetryBase):
 
     # -- reporting ----------------------------------------------------------------------
 
-    def report(self, handle: Measurement, *, marks: Marks,
+    def report(self, handle: MeterReading, *, marks: Marks,
                iteration_bounds: list[tuple[float, float]]) -> EnergyReport | None:
         w = handle.window
         if w is None:
@@ -435,8 +437,8 @@ class NullTelemetry(TelemetryBase):
         return None
 
     @contextmanager
-    def measure(self, name: str) -> Iterator[Measurement]:
-        handle = Measurement(name, error=self.reason)
+    def measure(self, name: str) -> Iterator[MeterReading]:
+        handle = MeterReading(name, error=self.reason)
         self._sync()
         handle.t_start_s = self._clock()
         yield handle
@@ -452,7 +454,7 @@ class NullTelemetry(TelemetryBase):
     def interval(self, name: str, t0_s: float, t1_s: float) -> EnergyWindow:
         raise TelemetryError(f"no GPU telemetry: {self.reason}")
 
-    def report(self, handle: Measurement, *, marks: Marks,
+    def report(self, handle: MeterReading, *, marks: Marks,
                iteration_bounds: list[tuple[float, float]]) -> EnergyReport | None:
         return None
 

@@ -266,7 +266,7 @@ BACKENDS: dict[str, BackendSpec] = {
         # vLLM's offline engine; its model runs in engine processes, out of reach of hooks.
         BackendSpec(
             name="vllm",
-            impl="actors.backends.vllm:VllmBackend",
+            impl="actors.backends.vllm.backend:VllmBackend",
             precisions=frozenset({"fp16", "bf16", "fp8"}),
             devices=frozenset({"cuda"}),
             requires=("vllm",),

@@ -35,7 +35,7 @@ EngineName = Literal["vllm", "sglang", "transformers"]
 Dialect = Literal["vllm", "sglang", "transformers", "openai"]
 
 # vLLM's cache directory (its compiled graphs) under sweeper's node cache: one per node, shared
-# by every vLLM start there, in-process (actors/backends/vllm.py) and launched `vllm serve`
+# by every vLLM start there, in-process (actors/backends/vllm/backend.py) and launched `vllm serve`
 # (ENGINES below), so that each finds what another compiled.
 VLLM_CACHE_DIR = "vllm"
 
@@ -132,7 +132,7 @@ class ServerEngine:
     extra_flags: tuple[str, ...] = ()  # always given; may hold {placeholders}
     precision_notes: Mapping[str, str] = field(default_factory=dict)
     version_module: str | None = None
-    # The engine logs its start's phases as vLLM does (actors/backends/vllm_start.py): the
+    # The engine logs its start's phases as vLLM does (actors/backends/vllm/start.py): the
     # load is broken down into them in the stages table.
     logs_start_phases: bool = False
     # The server's model list is the Hugging Face Hub cache's, not the model it was started

@@ -34,7 +34,7 @@ _STAGES = (
                                   "bundled model's conversion), or waiting for another actor building them"),
     Stage("load", "group", "the backend's model load (engine start, weights to the device), materialisation and "
                            "the engine phases below apart"),
-    # A vLLM engine's start, read from its log (actors/backends/vllm_start.py), in the load:
+    # A vLLM engine's start, read from its log (actors/backends/vllm/start.py), in the load:
     Stage("engine_start", "group", "vLLM: engine processes spawned, imports, device and distributed init"),
     Stage("weights", "group", "vLLM: the model built and its weights loaded (or dummy-initialised)"),
     Stage("engine_compile", "group", "vLLM: torch.compile (Dynamo and Inductor, or graphs loaded from the "

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from actors.backends import vllm_start
 from actors.backends.base import Backend, Generation, LoadInfo, ModelSpec
 from actors.backends.server.client import Endpoint, run_http
 from actors.backends.server.process import ServerError, ServerProcess, get_json
+from actors.backends.vllm import start as vllm_start
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.servers import RequestDialect, ServerEngine, ServerOptions, dtype_of, engine_args
 

@@ -314,7 +314,7 @@ def test_an_engine_whose_model_list_is_the_hub_cache_is_not_held_to_it(tmp_path,
 def test_a_launched_vllm_server_shares_the_node_s_compile_cache(tmp_path, monkeypatch):
     """``vllm serve`` finds what in-process engines compiled (and they what it compiled): its
     VLLM_CACHE_ROOT is sweeper's node cache, as the in-process backend's; one the user set stays."""
-    from actors.backends.vllm import share_compile_cache
+    from actors.backends.vllm.backend import share_compile_cache
 
     monkeypatch.setenv("SWEEPER_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)

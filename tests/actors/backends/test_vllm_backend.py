@@ -15,7 +15,7 @@ import pytest
 
 from actors.backends import BackendUnavailable, create_backend
 from actors.backends.base import Generation
-from actors.backends.vllm import (
+from actors.backends.vllm.backend import (
     VllmBackend,
     VllmMetricsError,
     architecture_overrides,
@@ -186,7 +186,7 @@ def test_engine_kwargs_for_a_synthetic_bf16_model():
         "model": "/m", "dtype": "bfloat16", "seed": 3, "tensor_parallel_size": 1,
         "gpu_memory_utilization": 0.9, "enforce_eager": False, "enable_prefix_caching": False,
         "kv_cache_dtype": "auto", "skip_tokenizer_init": True, "disable_log_stats": False,
-        "worker_extension_cls": "actors.backends.vllm_worker.SweeperWorkerExtension",
+        "worker_extension_cls": "actors.backends.vllm.worker.SweeperWorkerExtension",
         "load_format": "dummy", "hf_overrides": {"architectures": ["LlamaForCausalLM"]},
     }
 
@@ -203,7 +203,7 @@ def test_engine_kwargs_fp8_tensor_parallel_and_set_options():
 
 
 def test_the_engine_captures_cuda_graphs_for_the_group_s_steps_only():
-    from actors.backends.vllm import capture_sizes
+    from actors.backends.vllm.backend import capture_sizes
     from sweeper.plan.expand import TrialGroup, make_plan
     from sweeper.plan.spec import parse_sweep
 
@@ -409,7 +409,7 @@ def test_engine_architecture_feeds_the_roofline():
 
     from transformers import AutoConfig
 
-    from actors.backends.vllm import _architecture
+    from actors.backends.vllm.backend import _architecture
     from sweeper.core.presets import PRESETS
 
     config = AutoConfig.for_model(**PRESETS["llama-3.2-1b"].config_dict())
@@ -444,8 +444,20 @@ def test_the_worker_extension_answers_by_name_without_vllm():
     assert worker.sweeper_weight_memory_bytes() == 2_471_000_000
 
 
+def test_the_registry_finds_the_backend_and_the_package_does_not_stand_in_for_vllm():
+    """``actors.backends.vllm`` is a package of sweeper's: the registry names its class, and
+    ``vllm`` (what ``requires`` checks, what the modules import) is still vLLM's own, or absent."""
+    import importlib
+    import importlib.util
+
+    module_name, _, class_name = BACKENDS["vllm"].impl.partition(":")
+    assert getattr(importlib.import_module(module_name), class_name) is VllmBackend
+    spec = importlib.util.find_spec("vllm")
+    assert spec is None or "actors" not in str(spec.origin)
+
+
 def test_engines_on_a_node_share_one_compile_cache_under_sweepers(monkeypatch, tmp_path):
-    from actors.backends.vllm import share_compile_cache
+    from actors.backends.vllm.backend import share_compile_cache
 
     monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
     monkeypatch.setenv("SWEEPER_CACHE", str(tmp_path / "cache"))

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from actors.backends.vllm_start import (
+from actors.backends.vllm.start import (
     STALE_AFTER_S,
     Span,
     engine_log_dir,
@@ -21,7 +21,7 @@ from actors.backends.vllm_start import (
     size,
 )
 
-# vLLM 0.26's messages, as its format strings render them (actors/backends/vllm_start.py).
+# vLLM 0.26's messages, as its format strings render them (actors/backends/vllm/start.py).
 START = [
     (100.0, "Initializing a V1 LLM engine (v0.26.0) with config: model='/m'"),
     (104.0, "Starting to load model /m..."),

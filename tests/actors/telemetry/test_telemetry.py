@@ -28,7 +28,7 @@ from actors.telemetry import (
     CounterCurve,
     DeviceMappingError,
     EnergyMeter,
-    Measurement,
+    MeterReading,
     NullTelemetry,
     RaplReader,
     RaplSnapshot,
@@ -714,7 +714,7 @@ def open_telemetry(monkeypatch, clock, gpus, tmp_path, visible="0"):
 def measured_trial(tel, clock, p0, *, iterations=12, iter_s=1.0, prefill_s=0.04):
     marks, bounds = [], []
     with tel.measure("trial") as handle:
-        assert isinstance(handle, Measurement)
+        assert isinstance(handle, MeterReading)
         t = clock()
         for _ in range(iterations):
             start = t

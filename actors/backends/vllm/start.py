@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 # One record per line: wall time (s since the epoch), pid, message (first line only).
 _TIMING_FORMAT = "%(created).6f %(process)d %(message)s"
-# An in-process engine's files (actors/backends/vllm.py) live in the node's cache, one pair
+# An in-process engine's files (actors/backends/vllm/backend.py) live in the node's cache, one pair
 # per actor process; files no process has written to for this long are removed at the next
 # install, so that a node that runs sweeps for months keeps a bounded number of them.
 STALE_AFTER_S = 7 * 24 * 3600.0

@@ -28,7 +28,7 @@ What is measured how
   memory used on the trial's GPUs, i.e. that reservation, summed over them.
   ``weight_memory_bytes`` is the workers' own count of what loading the model
   took, summed over the tensor-parallel ranks: asked through a worker extension
-  method called by name (``vllm_worker``), so no function is pickled across and
+  method called by name (``actors.backends.vllm.worker``), so no function is pickled across and
   ``VLLM_ALLOW_INSECURE_SERIALIZATION`` stays off.
 """
 
@@ -45,7 +45,6 @@ from typing import Any
 
 import numpy as np
 
-from actors.backends import vllm_start
 from actors.backends.base import (
     Backend,
     Generation,
@@ -55,7 +54,8 @@ from actors.backends.base import (
     PromptBatch,
     RequestTiming,
 )
-from actors.backends.vllm_worker import WORKER_EXTENSION
+from actors.backends.vllm import start as vllm_start
+from actors.backends.vllm.worker import WORKER_EXTENSION
 from actors.quality.divergence import TopK
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.backends import VllmOptions
@@ -271,7 +271,7 @@ def share_compile_cache() -> str:
 class VllmBackend(Backend):
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.llm: Any = None
-        self.serving: Any = None  # vllm_serving.AsyncEngineRunner, in serving mode (instead of llm)
+        self.serving: Any = None  # serving.AsyncEngineRunner, in serving mode (instead of llm)
         self.clock = clock
         self.options = VllmOptions()
         self.max_model_len: int | None = None
@@ -308,7 +308,7 @@ class VllmBackend(Backend):
         )
         offset, started_s = vllm_start.size(timing), time.time()
         if spec.serving:
-            from actors.backends.vllm_serving import AsyncEngineRunner
+            from actors.backends.vllm.serving import AsyncEngineRunner
 
             log.info("AsyncLLM(%s)", kwargs)
             self.serving = AsyncEngineRunner(kwargs, start_timeout_s=SERVING_START_TIMEOUT_S)

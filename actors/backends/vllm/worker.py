@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 # The dotted path vLLM imports in each worker.
-WORKER_EXTENSION = "actors.backends.vllm_worker.SweeperWorkerExtension"
+WORKER_EXTENSION = "actors.backends.vllm.worker.SweeperWorkerExtension"
 
 
 class SweeperWorkerExtension:
