@@ -13,8 +13,13 @@ second for ``--duration-s`` (Poisson or constant arrivals), and the bench reads 
   ttft       the client's TTFT p50 / p99 against the server's own (first send - receipt),
              and the per-request difference: how much of a TTFT is the client's;
   itl        the client's ITL p50 / p99 against the gaps the server sent;
-  cpu        the client process's CPU seconds (user + system) over the run, per request
-             and per streamed chunk: what the client itself burns.
+  cpu        the client's CPU seconds (user + system, its client processes' included) over
+             the run, per request and per streamed chunk: what the client itself burns.
+
+``--processes 1,2,4`` runs each round with each number of client processes in turn (the
+requests shared among them: ``actors.backends.server.fanout``), and ``--server-workers`` serves
+with that many server processes, so that the server is not what runs out first: the client's
+capacity curve (chunks per second against lateness, 1 to N processes).
 
 The server shares the machine (and its cores) with the client, so these are upper bounds.
 ``--client-tree DIR`` imports the client from another checkout's ``actors`` package (e.g.
@@ -24,6 +29,8 @@ one session, against the same server.
     python3 -m bench http-client --rate 1000 --duration-s 5 --out bench_http_client.json
     python3 -m bench http-client --rate 470 --arrival constant --output-len 64 --prompt-len 16 \\
         --first-chunk-s 0.01 --token-s 0.005 --out burst.json
+    python3 -m bench http-client --rate 1000 --arrival constant --output-len 64 --prompt-len 16 \\
+        --first-chunk-s 0.01 --token-s 0.005 --processes 1,2,4,8 --server-workers 4 --out curve.json
 """
 
 from __future__ import annotations
@@ -56,14 +63,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-chunk-s", type=float, default=0.0, help="the server's delay to the first chunk")
     parser.add_argument("--token-s", type=float, default=0.0, help="the server's gap between chunks")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--processes", default="1", help="client processes, comma-separated: each in turn per round")
+    parser.add_argument("--server-workers", type=int, default=1, help="processes of the truth server")
     parser.add_argument("--client-tree", default=None,
                         help="import the client from this directory's actors package (a 'before' checkout)")
     parser.add_argument("--out", required=True)
 
 
 def _cpu_s() -> float:
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    return u.ru_utime + u.ru_stime
+    """This process's CPU seconds and those of its children that have ended (client processes)."""
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def _pct_ms(values: list[float], q: float) -> float | None:
@@ -93,7 +103,7 @@ def _use_client_tree(tree: str) -> None:
     sys.path.insert(0, str(Path(tree).resolve()))
 
 
-def _round(endpoint: Any, args: argparse.Namespace, seed: int, send_log: Path) -> dict[str, Any]:
+def _round(endpoint: Any, args: argparse.Namespace, seed: int, send_log: Path, processes: int) -> dict[str, Any]:
     from actors.backends.server.client import run_http
     from actors.serving.arrivals import arrival_offsets
     from actors.serving.records import ServingRequest
@@ -106,7 +116,9 @@ def _round(endpoint: Any, args: argparse.Namespace, seed: int, send_log: Path) -
     requests = [ServingRequest(i, np.concatenate([[seed * 1_000_000 + i], tail]), args.output_len, float(offsets[i]))
                 for i in range(n)]
     cpu0, t0 = _cpu_s(), time.monotonic()
-    run = run_http(endpoint, requests, max_concurrency=args.max_concurrency, deadline_s=t0 + 10 * args.duration_s + 60)
+    extra = {"processes": processes} if processes > 1 else {}  # a 'before' tree has one process only
+    run = run_http(endpoint, requests, max_concurrency=args.max_concurrency, deadline_s=t0 + 10 * args.duration_s + 60,
+                   **extra)
     wall_s, cpu_s = time.monotonic() - t0, _cpu_s() - cpu0
     sent = [(r, r.submit_s) for r in run.requests if r.submit_s is not None]
     # Without a cap every request is due at its arrival (and a 'before' tree has no due_s).
@@ -120,9 +132,11 @@ def _round(endpoint: Any, args: argparse.Namespace, seed: int, send_log: Path) -
     itl = [g for r, _ in pairs for g in r.itl_s]
     truth_itl = [g for _, s in pairs for g in s.itl_s]
     chunks = sum(r.output_tokens for r in run.completed)
-    return {**_verdict(run), 
+    return {**_verdict(run), "processes": processes,
         "requests": n, "completed": len(run.completed), "failed": len(run.failed), "matched": len(pairs),
-        "schedule_s": float(offsets[-1]), "wall_s": wall_s, "chunks_per_s": chunks / wall_s,
+        "schedule_s": float(offsets[-1]), "wall_s": wall_s, "run_s": run.t_end_s - run.t_start_s,
+        # Over the run itself (its zero to its last reply): the client processes' start is not in it.
+        "chunks_per_s": chunks / (run.t_end_s - run.t_start_s),
         "lateness_p50_ms": _pct_ms(late, 50), "lateness_p99_ms": _pct_ms(late, 99),
         "lateness_max_ms": 1000 * max(late), "lateness_first_0.2s_max_ms": 1000 * max(early) if early else None,
         "lateness_first_0.2s_p50_ms": _pct_ms(early, 50), "lateness_after_0.2s_max_ms": 1000 * max(rest) if rest else None,
@@ -151,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     send_log = workdir / "sends.jsonl"
     server = ServerProcess.launch(["python", str(TRUTH_SERVER), "--port", "{port}", "--model", "truth",
                                    "--first-chunk-s", str(args.first_chunk_s), "--chunk-s", str(args.token_s),
-                                   "--send-log", str(send_log)], log_path=workdir / "server.log")
+                                   "--send-log", str(send_log), "--workers", str(args.server_workers)], log_path=workdir / "server.log")
     dialect = DIALECTS["vllm"]
     try:
         server.wait_ready(60.0)
@@ -163,17 +177,22 @@ def run(args: argparse.Namespace) -> int:
         if "warm_url" in {f.name for f in dataclasses.fields(Endpoint)}:
             fields["warm_url"] = server.base_url + "/models"
         endpoint = Endpoint(**fields)
+        counts = [int(p) for p in args.processes.split(",")]
         rounds = []
         for k in range(args.rounds):
-            rounds.append(_round(endpoint, args, seed=k, send_log=send_log))
-            print(rounds[-1], flush=True)
+            for p in counts:  # interleaved: each count once per round
+                rounds.append(_round(endpoint, args, seed=k * len(counts) + counts.index(p), send_log=send_log,
+                                     processes=p))
+                print(rounds[-1], flush=True)
         keys = [k for k, v in rounds[0].items() if isinstance(v, float)]
-        summary = {key: statistics.median(r[key] for r in rounds) for key in keys
-                   if all(r[key] is not None for r in rounds)}
+        summary = {str(p): {key: statistics.median(r[key] for r in mine) for key in keys
+                            if all(r[key] is not None for r in mine)}
+                   for p in counts for mine in [[r for r in rounds if r["processes"] == p]]}
         write_record(args.out, "http-client", {
             "rate": args.rate, "arrival": args.arrival, "duration_s": args.duration_s,
             "output_len": args.output_len, "prompt_len": args.prompt_len, "first_chunk_s": args.first_chunk_s,
             "token_s": args.token_s, "max_concurrency": args.max_concurrency, "client_tree": args.client_tree,
+            "server_workers": args.server_workers,
             "rounds": rounds, "median": summary})
     finally:
         server.stop(5.0)

@@ -15,6 +15,12 @@ serve`` sending the fields sweeper's client adds to each request (``min_tokens``
 decoding, per-chunk usage: ``stream_options.continuous_usage_stats``) through ``--extra-body``, so that
 a difference between the clients that those fields make shows as peer vs peer-matched.
 
+``--client-processes 1,auto`` runs sweeper's client once per value in every repeat (its
+requests sent from that many processes: ``actors.backends.server.fanout``), paired on the one
+server. ``--tensor-parallel N`` serves on the first N GPUs and, with ``--energy``, sweeper
+meters them as an external server's energy site (``energy: {node, gpu_uuids}``): each GPU's
+energy and their sum per trial. ``--model`` names a synthetic preset or the bundled model.
+
 Each rate runs ``--repeats`` times, peer then sweeper, the seed of both clients set to the
 repeat's index, so that the difference between the clients can be set against the spread
 of one client's repeats (Poisson arrivals of a few hundred requests differ run to run).
@@ -52,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs per rate and client, alternating")
     parser.add_argument("--matched", action="store_true",
                         help="also run vllm bench serve with sweeper's request fields (min_tokens, per-chunk usage)")
+    parser.add_argument("--client-processes", default="auto",
+                        help="sweeper's client processes, comma-separated (a count or auto): each in every repeat")
+    parser.add_argument("--tensor-parallel", type=int, default=1, help="the server's GPUs (the first N)")
+    parser.add_argument("--energy", action="store_true",
+                        help="meter the server's GPUs through an energy site (external-server energy)")
     parser.add_argument("--results", default="/tmp/sweeper-results/server_peer", help="sweeper's results directory")
     parser.add_argument("--out", required=True)
 
@@ -96,12 +107,16 @@ def _peer(base: str, served: str, tokenizer: str, rate: float, n: int, seed: int
 
 
 def _sweeper(base: str, served: str, rate: float, n: int, seed: int, args: argparse.Namespace, results: Path,
-             log: Path) -> dict[str, Any]:
+             log: Path, processes: str, site: dict[str, Any] | None) -> dict[str, Any]:
     import yaml
 
+    options: dict[str, Any] = {"base_url": base + "/v1", "model": served, "dialect": "vllm",
+                               "client_processes": processes if processes == "auto" else int(processes)}
+    if site is not None:
+        options["energy"] = site
     sweep = {
         "name": "server-peer", "models": [args.model], "backends": ["server"],
-        "backend_options": {"server": {"base_url": base + "/v1", "model": served, "dialect": "vllm"}},
+        "backend_options": {"server": options},
         "precisions": [args.precision],
         "workload": {"mode": "serving", "input_len": args.input_len, "output_len": args.output_len,
                      "request_rate": ["inf" if math.isinf(rate) else rate], "num_prompts": n, "seed": seed},
@@ -122,23 +137,55 @@ def _sweeper(base: str, served: str, rate: float, n: int, seed: int, args: argpa
     r = rows.iloc[0]
     ms = {k.replace("_s", "_ms"): (None if r[k] is None or r[k] != r[k] else float(r[k]) * 1000)
           for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p50_s")}
+    def plain(key: str) -> Any:
+        value = r.get(key)
+        if value is None or (isinstance(value, float) and value != value):
+            return None
+        return value.tolist() if hasattr(value, "tolist") else value
+
     return {"n_requests": int(r["n_requests"]), "achieved_rate_req_s": r["achieved_rate_req_s"],
-            "throughput_tok_s": r["throughput_tok_s"], **ms, "unstable_reason": r["unstable_reason"]}
+            "throughput_tok_s": r["throughput_tok_s"], **ms, "unstable_reason": r["unstable_reason"],
+            **{k: plain(k) for k in ("client_processes", "send_lateness_p50_s", "send_lateness_p99_s",
+                                     "send_lateness_max_s", "client_behind", "energy_j", "gpu_energy_j", "gpu_uuids",
+                                     "energy_per_request_j", "energy_per_token_j", "avg_power_w",
+                                     "energy_unmetered_reason")}}
+
+
+def _energy_site(gpus: int) -> dict[str, Any]:
+    """The first ``gpus`` GPUs of this node as an external server's energy site."""
+    import pynvml
+    import ray
+
+    pynvml.nvmlInit()
+    try:
+        uuids = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(gpus)]
+    finally:
+        pynvml.nvmlShutdown()
+    return {"node": ray.util.get_node_ip_address(), "gpu_uuids": [u.decode() if isinstance(u, bytes) else u
+                                                                   for u in uuids]}
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
     from actors.backends.server.process import ServerProcess
-    from actors.models import materialize_servable
+    from actors.models import materialize_bundled, materialize_servable
+    from sweeper.core.bundled import BUNDLED_MODELS
     from sweeper.core.servers import ENGINES
 
-    model = str(materialize_servable(args.model))
+    bundled = args.model in BUNDLED_MODELS
+    model = str(materialize_bundled(args.model) if bundled else materialize_servable(args.model))
     served = args.model
-    argv = ENGINES["vllm"].command(model=model, served_model=served, precision=args.precision, tensor_parallel=1,
-                                   seed=0, synthetic=True, args=json.loads(args.args))
+    argv = ENGINES["vllm"].command(model=model, served_model=served, precision=args.precision,
+                                   tensor_parallel=args.tensor_parallel, seed=0, synthetic=not bundled,
+                                   args=json.loads(args.args))
     out = Path(args.out)
     log = out.with_suffix(".log")
-    server = ServerProcess.launch(argv, log_path=out.with_name("server_peer_vllm.log"))
-    results: dict[str, Any] = {"command": server.argv, "rates": {}}
+    gpus = [str(i) for i in range(args.tensor_parallel)]
+    env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
+    site = _energy_site(args.tensor_parallel) if args.energy else None
+    server = ServerProcess.launch(argv, log_path=out.with_name("server_peer_vllm.log"), env=env)
+    results: dict[str, Any] = {"command": server.argv, "energy_site": site, "rates": {}}
     try:
         results["ready_s"] = server.wait_ready(900.0)
         base = server.base_url.removesuffix("/v1")
@@ -150,9 +197,11 @@ def run(args: argparse.Namespace) -> int:
             for seed in range(args.repeats):
                 entry: dict[str, Any] = {
                     "num_prompts": n, "seed": seed,
-                    "peer": _peer(base, served, model, rate, n, seed, args, peer_dir),
-                    "sweeper": _sweeper(base, served, rate, n, seed, args,
-                                        Path(args.results) / f"rate_{text}_{seed}", log)}
+                    "peer": _peer(base, served, model, rate, n, seed, args, peer_dir)}
+                for processes in args.client_processes.split(","):
+                    key = "sweeper" if processes == args.client_processes.split(",")[0] else f"sweeper_{processes}"
+                    entry[key] = _sweeper(base, served, rate, n, seed, args,
+                                          Path(args.results) / f"rate_{text}_{seed}_{processes}", log, processes, site)
                 if args.matched:
                     entry["peer_matched"] = _peer(base, served, model, rate, n, seed, args, peer_dir,
                                                   extra_body=_matched_body(args.output_len))

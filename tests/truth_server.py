@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import functools
 import json
+import os
 import socket
 import struct
 import time
@@ -69,9 +70,12 @@ class ServerSends:
 
 
 def read_send_log(path: str | Path) -> list[ServerSends]:
-    """The server's log, one entry per request, in the order the replies ended."""
+    """The server's log, one entry per request (its workers' logs too: ``--workers``), in the
+    order each worker's replies ended."""
     out = []
-    for line in Path(path).read_text().splitlines():
+    path = Path(path)
+    logs = [path, *sorted(path.parent.glob(f"{path.name}.worker*"))]
+    for line in (line for log in logs if log.is_file() for line in log.read_text().splitlines()):
         entry = json.loads(line)
         prompt = entry["prompt"]
         out.append(ServerSends(tuple(prompt) if isinstance(prompt, list) else prompt, entry["received_s"],
@@ -87,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--first-chunk-s", type=float, default=0.01, help="first chunk this long after the request")
     p.add_argument("--chunk-s", type=float, default=0.005, help="then one chunk every this long")
     p.add_argument("--send-log", default=None, help="append one JSON line per request: its arrival and sends")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes serving the port (SO_REUSEPORT); worker k > 0 logs to SEND_LOG.worker<k>")
     return p
 
 
@@ -270,7 +276,7 @@ class Connection:
 async def serve(args: argparse.Namespace) -> None:
     log = open(args.send_log, "a") if args.send_log else None  # noqa: SIM115 - open for the server's life
     loop = asyncio.get_running_loop()
-    listener = socket.create_server((args.host, args.port), backlog=1024)
+    listener = socket.create_server((args.host, args.port), backlog=1024, reuse_port=args.workers > 1)
     listener.setblocking(False)
     connections: set[Connection] = set()
 
@@ -288,6 +294,15 @@ async def serve(args: argparse.Namespace) -> None:
 
 def main() -> None:
     args, _ = _parser().parse_known_args()
+    # Several workers, for a client of several processes: one loop streams about 30,000 chunks
+    # a second. Forked before any loop exists; each listens on the port itself (the kernel
+    # spreads the connections) and logs to a file of its own; they share the process group
+    # that stops the server.
+    for k in range(1, args.workers):
+        if os.fork() == 0:
+            if args.send_log:
+                args.send_log = f"{args.send_log}.worker{k}"
+            break
     asyncio.run(serve(args))
 
 

@@ -117,7 +117,7 @@ class ServingWindow(Window):
         cut_s = (engine_window.duration_s if engine_window else 0.0) - (window.duration_s if window else 0.0)
         late = lateness.send_lateness(run.requests, window, bound_s, ttft_p50, cut_s)
         row, request_energy = _columns(trial, run, window, telemetry, handle, idle_power_w, self.last_arrival_s)
-        row.update(late.columns())
+        row.update(late.columns(), client_processes=run.client_processes)
         if self.source.varies():
             done = [r for r in run.requests if r.ok]
             row.update(reply_length_columns([r.prompt_tokens for r in done], [r.output_tokens for r in done]))

@@ -120,6 +120,7 @@ class ServedRun:
     t_start_s: float
     t_end_s: float  # the last request's end (or when the run gave up waiting)
     requests: tuple[ServedRequest, ...]
+    client_processes: int = 1  # processes the requests were sent from (an HTTP client may use several)
 
     @property
     def completed(self) -> list[ServedRequest]:

@@ -169,6 +169,9 @@ _RESULT: tuple[Column, ...] = (
                                    "10 % of ttft_p50_s (docs/METHOD.md)"),
     _c("client_behind", B, "serving: the client fell behind its own schedule: send_lateness_p99_s above "
                            "send_lateness_bound_s (its latencies then hold its own delay; the trial is unstable)"),
+    _c("client_processes", I, "serving: processes the client sent the requests from (server backend: "
+                               "backend_options.server.client_processes, 'auto' resolved for the run; 1 for "
+                               "in-process engines)"),
     _c("client_behind_reason", S, "serving: the figures behind client_behind (the p99 and max lateness, the bound, "
                                   "TTFT p50, the steady window left out)"),
     _c("server_engine", S, "server backend: the server measured (vllm | sglang | transformers: launched by "

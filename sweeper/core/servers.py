@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -336,6 +336,10 @@ class ServerOptions(BaseModel):
     api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     # A launched server gets this long to stop after SIGTERM before its process group is killed.
     stop_timeout_s: float = Field(30.0, gt=0, le=600)
+    # Processes the HTTP client sends a run's requests from (each with its own event loop: one
+    # streams about 14,500 chunks a second per core); auto: as many as the run's expected chunk
+    # rate needs, at most half the node's cores (actors.backends.server.fanout).
+    client_processes: Annotated[int, Field(ge=1, le=64, strict=True)] | Literal["auto"] = "auto"
     # ``args`` whose flag names a secret (--hf-token, ...), set apart: never serialized, so never
     # stored, hashed into a trial id or printed; the launch passes them on.
     secret_args: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)

@@ -25,6 +25,7 @@ import numpy as np
 
 from actors.backends.base import Backend, Generation, LoadInfo, ModelSpec
 from actors.backends.server.client import Endpoint, run_http
+from actors.backends.server.fanout import processes_for
 from actors.backends.server.process import ServerError, ServerProcess, get_json
 from actors.backends.vllm import start as vllm_start
 from actors.serving.records import ServedRun, ServingRequest
@@ -209,7 +210,13 @@ class ServerBackend(Backend):
     # -- serve -----------------------------------------------------------------------------
     def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
               deadline_s: float) -> ServedRun:
-        return run_http(self.endpoint(), requests, max_concurrency=max_concurrency, deadline_s=deadline_s)
+        if self.options is None:
+            raise RuntimeError("serve() before load()")
+        processes = self.options.client_processes
+        if processes == "auto":
+            processes = processes_for(requests, max_concurrency)
+        return run_http(self.endpoint(), requests, max_concurrency=max_concurrency, deadline_s=deadline_s,
+                        processes=processes)
 
     def endpoint(self) -> Endpoint:
         """Where the requests go and how each is built; its connections are opened ahead of a

@@ -36,7 +36,7 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,11 +93,11 @@ class _Stream(InFlight):
 
 
 @dataclass(frozen=True)
-class Endpoint:
-    """Where requests go and how each one's body is built."""
+class Wire:
+    """Where the encoded requests go and how their replies stream: everything a client process
+    needs to send a run's requests once their bodies are built (it pickles)."""
 
     url: str  # .../v1/completions or .../v1/chat/completions
-    body: Callable[[ServingRequest], dict[str, Any]]
     continuous_usage: bool  # chunks carry the running usage
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # on every request: its key
     # A cheap GET of the same server (.../v1/models) whose answers open the connection pool
@@ -105,11 +105,36 @@ class Endpoint:
     warm_url: str | None = None
 
 
+@dataclass(frozen=True)
+class Endpoint(Wire):
+    """A wire and how each request's body is built for it."""
+
+    body: Callable[[ServingRequest], dict[str, Any]] = field(kw_only=True)
+
+    @property
+    def wire(self) -> Wire:
+        """The wire alone: what a client process is sent (the body builder need not pickle)."""
+        return Wire(self.url, self.continuous_usage, dict(self.headers), self.warm_url)
+
+    def encode(self, requests: Sequence[ServingRequest]) -> list[bytes]:
+        """Each request's body as the JSON bytes that go out."""
+        return [json.dumps(self.body(r), separators=(",", ":")).encode() for r in requests]
+
+
 def run_http(endpoint: Endpoint, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
-             deadline_s: float, clock: Callable[[], float] = time.monotonic) -> ServedRun:
+             deadline_s: float, clock: Callable[[], float] = time.monotonic, processes: int = 1) -> ServedRun:
     """Send ``requests`` at their arrival offsets from when the client is ready, at most
     ``max_concurrency`` in flight (later arrivals wait, in order), until each has finished or
-    ``deadline_s`` (on ``clock``) has passed. Runs its own event loop; returns when the run is over."""
+    ``deadline_s`` (on ``clock``) has passed. Runs its own event loop; returns when the run is
+    over. With ``processes`` > 1 the requests are shared among that many client processes
+    (``actors.backends.server.fanout``), each with its own loop, on the host's monotonic clock."""
+    if processes > 1:
+        from actors.backends.server.fanout import run_in_processes
+
+        if clock is not time.monotonic:
+            raise ValueError("several client processes stamp on the host's time.monotonic, not on a clock of one process")
+        return run_in_processes(endpoint, requests, processes=processes, max_concurrency=max_concurrency,
+                                deadline_s=deadline_s)
     return asyncio.run(send_requests(endpoint, requests, max_concurrency=max_concurrency, deadline_s=deadline_s,
                                      clock=clock))
 
@@ -118,30 +143,40 @@ async def send_requests(endpoint: Endpoint, requests: Sequence[ServingRequest], 
                         deadline_s: float, clock: Callable[[], float] = time.monotonic) -> ServedRun:
     """``run_http`` on the running event loop. The run's clock (its ``t_start_s``, the arrivals'
     zero) starts once the bodies are encoded, the connections open and the collector's work done."""
+    ordered = sorted(requests, key=lambda r: (r.arrival_offset_s, r.index))
+    return await send_encoded(endpoint.wire, ordered, endpoint.encode(ordered), max_concurrency=max_concurrency,
+                              deadline_s=deadline_s, clock=clock)
+
+
+async def send_encoded(wire: Wire, ordered: Sequence[ServingRequest], bodies: Sequence[bytes], *,
+                       max_concurrency: int | None, deadline_s: float, clock: Callable[[], float] = time.monotonic,
+                       start: Callable[[], Awaitable[float]] | None = None) -> ServedRun:
+    """Send ``ordered`` (in arrival order), each with its encoded body, once the connections are
+    open and the collector's work done. ``start`` gives the arrivals' zero on ``clock`` when the
+    client is ready (default: that moment); a client process asks its parent, which starts
+    all of them at one zero."""
     import aiohttp
 
-    ordered = sorted(requests, key=lambda r: (r.arrival_offset_s, r.index))
-    bodies = [json.dumps(endpoint.body(r), separators=(",", ":")).encode() for r in ordered]
     # One connection per request in flight: a request never waits for a socket.
     pool = max(max_concurrency if max_concurrency is not None else len(ordered), 1)
     connector = aiohttp.TCPConnector(limit=pool, limit_per_host=pool, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=dict(endpoint.headers),
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=dict(wire.headers),
                                      trace_configs=[_send_stamp(clock)]) as session:
-        if endpoint.warm_url is not None:
+        if wire.warm_url is not None:
             n = min(pool, _due_early(ordered), MAX_WARM_CONNECTIONS)
             try:
-                await asyncio.wait_for(_open_connections(session, endpoint.warm_url, n),
+                await asyncio.wait_for(_open_connections(session, wire.warm_url, n),
                                        timeout=max(min(WARM_TIMEOUT_S, deadline_s - clock()), 0.0))
             except asyncio.TimeoutError:
                 log.warning("opening %d connections to %s took over %g s: the run starts without all of them",
-                            n, endpoint.warm_url, WARM_TIMEOUT_S)
+                            n, wire.warm_url, WARM_TIMEOUT_S)
         with _collected_before_the_clock():
-            t0 = clock()
+            t0 = clock() if start is None else await start()
             streams = [_Stream(r, t0 + r.arrival_offset_s, body=b) for r, b in zip(ordered, bodies, strict=True)]
 
             async def send(s: _Stream) -> None:
-                await _stream(session, endpoint, s, clock)
+                await _stream(session, wire, s, clock)
 
             await play(streams, send, max_concurrency=max_concurrency, deadline_s=deadline_s, clock=clock)
     return served_run(t0, streams, clock())
@@ -212,12 +247,12 @@ async def _open_connections(session: Any, url: str, n: int) -> None:
         log.warning("%d of %d connections to %s did not open ahead of the run: %s", len(failed), n, url, failed[0])
 
 
-async def _stream(session: Any, endpoint: Endpoint, s: _Stream, clock: Callable[[], float]) -> None:
+async def _stream(session: Any, wire: Wire, s: _Stream, clock: Callable[[], float]) -> None:
     import aiohttp
 
     s.submit_s = clock()  # restamped as the request goes onto its connection (_send_stamp)
     try:
-        async with session.post(endpoint.url, data=s.body, headers=JSON_HEADERS, trace_request_ctx=s) as response:
+        async with session.post(wire.url, data=s.body, headers=JSON_HEADERS, trace_request_ctx=s) as response:
             if response.status != 200:
                 text = (await response.text())[:ERROR_CHARS]
                 s.error = f"HTTP {response.status}: {' '.join(text.split())}"
@@ -230,7 +265,7 @@ async def _stream(session: Any, endpoint: Endpoint, s: _Stream, clock: Callable[
                 buffer += piece
                 *events, buffer = buffer.split(b"\n\n")
                 for event in events:
-                    if _event(s, event, now, endpoint.continuous_usage):
+                    if _event(s, event, now, wire.continuous_usage):
                         ended = True
                         if s.error is not None:
                             return  # a broken stream: its connection is closed, not reused

@@ -372,6 +372,7 @@ def test_an_energy_site_meters_the_named_gpus_and_lists_their_processes(tmp_path
     row = outcome.row
     assert row["status"] == "ok", row.get("error")
     assert row["gpu_uuids"] == f"{site},{second}" and row["energy_unmetered_reason"] is None
+    assert row["client_processes"] == 1  # auto: 20 requests/s of 8 tokens need one
     assert row["energy_j"] > 0 and row["run_energy_j"] > 0
     assert row["avg_power_w"] == pytest.approx(500.0, rel=0.05)  # the site's two GPUs, not the other one
     # Each of the site's GPUs on its own, summing to the row's.
@@ -395,7 +396,9 @@ def test_without_an_energy_site_an_external_server_has_no_energy_and_says_why(tm
         server.wait_ready(READY_S)
         trial = make_plan(parse_sweep({
             "name": "nosite", "models": ["tiny-llama"], "backends": "server", "precisions": "bf16",
-            "backend_options": {"server": {"base_url": server.base_url, "model": "fault", "dialect": "vllm"}},
+            # Sent from two client processes (actors.backends.server.fanout), whatever the run's rate.
+            "backend_options": {"server": {"base_url": server.base_url, "model": "fault", "dialect": "vllm",
+                                           "client_processes": 2}},
             "workload": {"mode": "serving", "input_len": 8, "output_len": 4, "request_rate": 50, "num_prompts": 30},
             "measure": {"warmup_iters": 1, "idle_s": 0.3, "min_window_s": 0.05},
         }), "cuda").runnable[0]
@@ -409,3 +412,4 @@ def test_without_an_energy_site_an_external_server_has_no_energy_and_says_why(tm
     assert all(row[c] is None for c in ("energy_j", "energy_per_token_j", "energy_per_request_j", "run_energy_j"))
     assert "base_url" in row["energy_unmetered_reason"] and "energy" in row["energy_unmetered_reason"]
     assert row["server_command"] is None and row["server_url"] == server.base_url
+    assert row["client_processes"] == 2 and row["n_requests"] == 30
