@@ -116,7 +116,7 @@ def _round(endpoint: Any, args: argparse.Namespace, seed: int, send_log: Path, p
     requests = [ServingRequest(i, np.concatenate([[seed * 1_000_000 + i], tail]), args.output_len, float(offsets[i]))
                 for i in range(n)]
     cpu0, t0 = _cpu_s(), time.monotonic()
-    extra = {"processes": processes} if processes > 1 else {}  # a 'before' tree has one process only
+    extra: dict[str, Any] = {"processes": processes} if processes > 1 else {}  # a "before" tree has one process only
     run = run_http(endpoint, requests, max_concurrency=args.max_concurrency, deadline_s=t0 + 10 * args.duration_s + 60,
                    **extra)
     wall_s, cpu_s = time.monotonic() - t0, _cpu_s() - cpu0
