@@ -188,28 +188,10 @@ step() {
 }
 
 mkdir -p "$RESULTS"
-# A chain of steps longer than one device call: `start STEP...` runs them in a process session
-# of its own (it outlives the call; the machine stays held while calls keep coming), packing
-# into $RESULTS/out; `collect SECONDS` waits up to SECONDS for the chain and brings what it has
-# packed so far into this call's $OUT. Keep calling collect until it says the chain is done.
+# A chain of steps longer than one device call (bench/chain.sh): `start STEP...`, then `collect SECONDS`.
 case "${1:-}" in
-    start) shift
-           OUT=$RESULTS/out setsid nohup bash "$0" "$@" > "$RESULTS/chain.log" 2>&1 < /dev/null &
-           echo $! > "$RESULTS/chain.pid"
-           echo "chain started (pid $(cat "$RESULTS/chain.pid")): $*"
-           exit 0 ;;
-    collect) t0=$SECONDS
-             while kill -0 "$(cat "$RESULTS/chain.pid")" 2>/dev/null && [ $((SECONDS - t0)) -lt "${2:-500}" ]; do sleep 5; done
-             kill -0 "$(cat "$RESULTS/chain.pid")" 2>/dev/null && echo "chain running" || echo "chain done"
-             mkdir -p "$RESULTS/out"
-             for f in "$RESULTS"/out/*; do  # each file once; fleet.txt every time
-                 case "$f" in *.sent) continue ;; esac
-                 [ -f "$f.sent" ] && continue
-                 cp "$f" "$OUT/"; case "$f" in *.tgz) touch "$f.sent" ;; esac
-             done
-             tail -c 6000 "$RESULTS/chain.log" > "$OUT/chain-tail.log"
-             cat "$RESULTS/out/fleet.txt" 2>/dev/null
-             exit 0 ;;
+    start) shift; exec bash bench/chain.sh start "$0" "$@" ;;
+    collect) exec bash bench/chain.sh collect "${2:-500}" ;;
 esac
 for s in "$@"; do
     note "== $s ($(date -u +%FT%TZ), commit ${SWEEPER_COMMIT:-unknown})"

@@ -62,6 +62,12 @@
 #   server_launch  its `launch: vllm` rows (vllm serve started by sweeper), same arrivals, into the
 #               same results directory; then checks that no vLLM process outlived the sweep (§16)
 #   server_peer bench server-peer: vllm bench serve and sweeper's base_url client on one server (§16)
+#   external_tp bench server-peer on an external `vllm serve` at TP2 (llama-3.1-8b, eager), metered through
+#               an energy site of both GPUs; bench tp-energy on its rows (needs 2 GPUs)
+#   peer_bundled  bench server-peer on the bundled model (after smollm2): vllm bench serve and sweeper's
+#               client from 1 and from 4 processes, at 4 req/s and inf
+#   client_curve  bench http-client against the truth server (8 workers): 500 and 1000 req/s x 64 chunks,
+#               1, 2, 4 and 8 client processes (the client's capacity curve)
 #   server_engines  bench/server_engines_gpu.yaml: vllm serve and transformers serve, launched by
 #               sweeper, same arrivals and SLO: energy per request of two serving engines (§17);
 #               ENGINE=vllm or ENGINE=transformers runs one engine's rows (a call each)
@@ -218,6 +224,23 @@ for kind in ('trials', 'requests', 'timeline'):
                  (cd "$RESULTS/server_engines${ENGINE:+_$ENGINE}" && tar czf "$OUT/${1}_servers.tgz" $(ls -d stages.parquet servers shards 2>/dev/null)) ;;
         server_peer) python3 -m bench server-peer --model llama-3.1-8b --rates "${RATES:-4,16,32,64,inf}" \
                          --repeats "${REPEATS:-1}" ${MATCHED:+--matched} --out "$OUT/server_peer.json" ;;
+        external_tp) # An external `vllm serve` at TP2 (GPUs 0, 1) metered through an energy site: per GPU and summed.
+                     python3 -m bench server-peer --model llama-3.1-8b --tensor-parallel 2 --energy --rates "${RATES:-4,16}" \
+                         --args '{"max-num-seqs": 128, "enforce-eager": true}' --duration-s 10 \
+                         --results "$RESULTS/external_tp" --out "$OUT/server_peer_tp2.json"
+                     python3 -m bench tp-energy "$RESULTS"/external_tp/rate_* --out "$OUT/external_tp_energy.json"
+                     (cd "$RESULTS" && tar czf "$OUT/external_tp.tgz" external_tp/*/*.parquet) ;;
+        peer_bundled) # The bundled model on `vllm serve`: vllm bench serve and sweeper's client from 1 and 4 processes.
+                      python3 -m bench server-peer --model smollm2-135m --rates "${RATES:-4,inf}" --client-processes 1,4 \
+                          --duration-s 10 --max-prompts 600 --results "$RESULTS/peer_bundled" \
+                          --out "$OUT/server_peer_bundled.json"
+                      (cd "$RESULTS" && tar czf "$OUT/peer_bundled.tgz" peer_bundled/*/*.parquet) ;;
+        client_curve) # The HTTP client's capacity: chunks/s against send lateness, 1 to 8 processes, truth server of 8.
+                      for rate in ${CURVE_RATES:-500 1000}; do
+                          python3 -m bench http-client --rate "$rate" --arrival constant --duration-s 5 --output-len 64 \
+                              --prompt-len 16 --first-chunk-s 0.01 --token-s 0.005 --processes 1,2,4,8 --server-workers 8 \
+                              --rounds 2 --out "$OUT/client_curve_$rate.json" | grep -v "^{"
+                      done ;;
         warmup) python3 -m bench warmup --model llama-3.2-1b --precisions bf16,int8,nf4 --batches 1,32 \
                     --output-len 64 --out "$OUT/warmup.json" 2>&1 | grep -v "^USDT\|profiler_st"
                 python3 -m bench warmup --model llama-3.2-1b --precisions bf16 --batches 1,32 --output-len 64 \
