@@ -6,8 +6,9 @@
 #   bash bench/chain.sh start SCRIPT STEP...   # runs `bash SCRIPT STEP...` with OUT=$RESULTS/out
 #   bash bench/chain.sh collect SECONDS        # waits up to SECONDS for the chain, then copies
 #                                              # what is new; call again until it says done
-# Each file is brought back once, except text files (*.txt, *.log, *.json), which grow and are
-# brought back every time. SCRIPT is bench/gpu_session.sh or bench/fleet_gpu.sh.
+# What is new is packed into one archive per call, collect-HHMMSS.tgz (the device tool returns at
+# most 8 files); each file goes once, except text files (*.txt, *.log, *.json), which grow and go
+# every time. SCRIPT is bench/gpu_session.sh or bench/fleet_gpu.sh.
 set -uo pipefail
 RESULTS=/tmp/sweeper-results  # survives between calls while the machine stays warm
 OUT="${OUT:-/tmp/out}"
@@ -22,12 +23,16 @@ case "${1:-}" in
                  sleep 5
              done
              kill -0 "$(cat "$RESULTS/chain.pid")" 2>/dev/null && echo "chain running" || echo "chain done"
+             # What is new goes back as one archive: the device tool returns at most 8 files a call.
+             new=()
              for f in "$RESULTS"/out/*; do
                  case "$f" in *.sent) continue ;; esac
                  [ -f "$f.sent" ] && continue
-                 cp "$f" "$OUT/"
+                 new+=("$(basename "$f")")
                  case "$f" in *.txt|*.log|*.json) ;; *) touch "$f.sent" ;; esac
              done
+             [ ${#new[@]} -gt 0 ] && tar czf "$OUT/collect-$(date -u +%H%M%S).tgz" -C "$RESULTS/out" "${new[@]}"
+             cp "$RESULTS/out/fleet.txt" "$OUT/" 2>/dev/null
              tail -c 6000 "$RESULTS/chain.log" > "$OUT/chain-tail.log"
              cat "$RESULTS/out/fleet.txt" 2>/dev/null ;;
     *) echo "usage: $0 start SCRIPT STEP... | collect SECONDS" >&2; exit 2 ;;

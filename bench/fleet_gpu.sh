@@ -25,8 +25,8 @@
 #                 `vllm serve` measures; then what is left running (pgrep, nvidia-smi)
 # TWONODE_SWEEP names another sweep file for the twonode procedure (a CPU rehearsal with the
 # noop backend: bench/fleet_twonode_cpu.yaml).
-# Every step's results and log are packed into $OUT/fleet-<step>.tgz (the device tool returns
-# at most 8 files); its summary lines go to $OUT/fleet.txt.
+# Every step's results and log are packed into $OUT/fleet-<step>.tgz; its summary lines go to
+# $OUT/fleet.txt (run as a chain, both come back inside bench/chain.sh's collect archives).
 set -uo pipefail
 [ -f /tmp/site/env.sh ] && source /tmp/site/env.sh
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
