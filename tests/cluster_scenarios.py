@@ -32,7 +32,7 @@ from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
 from sweeper.run.cluster import connect
 from sweeper.run.storage import ResultStore
-from sweeper.run.sweep_run import run_plan
+from sweeper.run.sweep_run import RunOptions, run_plan
 
 # Notice a killed node in about a second, not Ray's default of ~15 s.
 FAST_HEALTH_CHECK = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200,
@@ -87,7 +87,7 @@ def main(scenario: str, sweep_path: str, out: str) -> None:
                                    args=(cluster, workers, Path(out), removed, stop), daemon=True)
         watcher.start()
     try:
-        summary = run_plan(plan, ResultStore(out), info, quiet=True, max_retries=2)
+        summary = run_plan(plan, ResultStore(out), info, RunOptions(max_retries=2), quiet=True)
     finally:
         stop.set()
         if watcher is not None:

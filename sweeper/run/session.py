@@ -20,9 +20,9 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from sweeper.core.settings import Device
 from sweeper.core.status import Status
@@ -31,41 +31,14 @@ from sweeper.plan.expand import Plan, PlannedTrial, expand, make_plan
 from sweeper.plan.servers import check_energy_sites, check_servers
 from sweeper.plan.spec import Sweep, load_sweep
 from sweeper.run.lock import RunLock
+from sweeper.run.observer import Observer, Quiet
 from sweeper.run.storage import ResultStore, StoredTrial, check_destination
 from sweeper.run.summary import RunSummary
 from sweeper.run.sweep_run import RunOptions, is_settled, run_plan
 
 if TYPE_CHECKING:
-    from rich.console import Console
 
     from sweeper.run.cluster import ClusterInfo
-
-
-class Observer(Protocol):
-    """Where a run's messages go (the command line prints them; a notebook may keep them)."""
-
-    console: Console | None  # the live progress view's console; None: no view
-
-    def say(self, line: str) -> None:
-        """What the run is doing (connecting, resuming, how many trials)."""
-
-    def warn(self, line: str) -> None:
-        """Something the user should know and may want to change (the run goes on)."""
-
-
-@dataclass
-class Quiet:
-    """An ``Observer`` that keeps every message and shows nothing."""
-
-    console: Console | None = None
-    said: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    def say(self, line: str) -> None:
-        self.said.append(line)
-
-    def warn(self, line: str) -> None:
-        self.warnings.append(line)
 
 
 # -- planning ------------------------------------------------------------------------------
@@ -208,9 +181,7 @@ def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: st
     observer.say(f"sweeper: {sweep.name}: {len(plan.runnable)} trials to run in {plan.load_count()} group(s), "
                  f"{len(plan.skipped)} skipped, on {cluster.nodes} node(s) with {cluster.gpus} GPU(s), "
                  f"{cluster.cpus} CPU(s); results in {store.uri}")
-    summary = run_plan(plan, store, cluster, retry_failed=options.retry_failed, quiet=quiet,
-                       console=observer.console, max_retries=options.max_retries, oom_pruning=options.oom_pruning,
-                       split_groups=options.split_groups)
+    summary = run_plan(plan, store, cluster, options, quiet=quiet, observer=observer)
     return RunResult(summary, store.aggregate(), store)
 
 

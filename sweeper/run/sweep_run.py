@@ -23,8 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich.console import Console
-
 from sweeper.core.backends import BACKENDS
 from sweeper.core.errors import SweeperError, first_line
 from sweeper.core.outcome import LoadResult, TrialOutcome
@@ -42,6 +40,7 @@ from sweeper.run.actor_runner import (
     RayActorRunner,
 )
 from sweeper.run.cluster import ClusterInfo
+from sweeper.run.observer import Observer, Quiet
 from sweeper.run.progress import Placement, ProgressView
 from sweeper.run.recorder import Recorder
 from sweeper.run.splitting import best_split
@@ -192,11 +191,13 @@ class SweepRun:
     """
 
     def __init__(self, plan: Plan, store: ResultStore, cluster: ClusterInfo, runner: ActorRunner, *,
-                 options: RunOptions = RunOptions(), console: Console | None = None, quiet: bool = False,
+                 options: RunOptions = RunOptions(), observer: Observer | None = None, quiet: bool = False,
                  clock: Callable[[], float] = time.monotonic):
         self.plan, self.cluster, self.runner, self.options = plan, cluster, runner, options
         self.clock = clock
-        self.console, self.quiet = console, quiet
+        # What the run says (resuming, retries) goes to the observer; the live view to its console.
+        self.observer: Observer = observer if observer is not None else Quiet()
+        self.quiet = quiet
         self.recorder = Recorder(store)
         self.store = store
         self.summary = RunSummary(planned=len(plan.trials), slots=cluster.slots,
@@ -216,7 +217,8 @@ class SweepRun:
             self.recorder.record(p.trial, skipped_row(Reason.UNSUPPORTED, p.skip_reason or ""))
             self.summary.skipped += 1
         todo = self._resume()
-        with ProgressView(len(todo), slots=self.cluster.slots, console=self.console, quiet=self.quiet) as view:
+        with ProgressView(len(todo), slots=self.cluster.slots, console=self.observer.console,
+                          quiet=self.quiet) as view:
             self.view = view
             for group in self.plan.groups(todo):
                 self._add(GroupRun(group, self._resources(group), list(group.trials)))
@@ -278,11 +280,11 @@ class SweepRun:
     def _resume(self) -> list[Trial]:
         todo, have_ok, kept_failed = resume_filter(self.plan.runnable, self.store, self.options.retry_failed)
         self.summary.resumed = have_ok + kept_failed
-        if self.console is not None and (have_ok or kept_failed):
+        if have_ok or kept_failed:
             msg = f"resuming: {have_ok} trial(s) already ok"
             if kept_failed:
                 msg += f", {kept_failed} failed or predicted out of memory kept (use --retry-failed to re-run them)"
-            self.console.print(msg + f"; {len(todo)} to run", highlight=False)
+            self.observer.say(msg + f"; {len(todo)} to run")
         return todo
 
     def _resources(self, group: TrialGroup) -> dict[str, Any]:
@@ -552,8 +554,7 @@ class SweepRun:
         g.deaths += 1
         if g.deaths <= self.options.max_retries:
             self.summary.retries += 1
-            self._view.console.print(f"retry {g.deaths}/{self.options.max_retries}: {retry_text}",
-                                     highlight=False, markup=False)
+            self.observer.say(f"retry {g.deaths}/{self.options.max_retries}: {retry_text}")
             self.replace_actor(g)
             return
         # on_loaded ends the group and kills its actor: a hung one must not hold its GPU.
@@ -570,8 +571,7 @@ class SweepRun:
         if g.deaths <= self.options.max_retries:
             self.summary.retries += 1  # g.current stays: it re-runs once the fresh actor has loaded
             label = g.current.label() if g.current is not None else g.label
-            self._view.console.print(f"retry {g.deaths}/{self.options.max_retries}: actor died running "
-                                     f"{label}: {text}", highlight=False, markup=False)
+            self.observer.say(f"retry {g.deaths}/{self.options.max_retries}: actor died running {label}: {text}")
         else:
             self.finish(g, failed_row(Reason.ACTOR_DIED, f"actor died {g.deaths} time(s) running this trial: {text}"),
                         {})
@@ -586,11 +586,9 @@ class SweepRun:
         self.replace_actor(g)
 
 
-def run_plan(plan: Plan, store: ResultStore, cluster: ClusterInfo, *, retry_failed: bool = False,
-             quiet: bool = False, console: Console | None = None, max_retries: int = 2,
-             oom_pruning: bool = True, split_groups: bool = True, runner: ActorRunner | None = None) -> RunSummary:
-    """Run ``plan``'s missing trials on Ray actors (see ``SweepRun``), writing each one's shards as it ends."""
-    options = RunOptions(retry_failed=retry_failed, max_retries=max_retries, oom_pruning=oom_pruning,
-                         split_groups=split_groups)
-    return SweepRun(plan, store, cluster, runner or RayActorRunner(), options=options, console=console,
-                    quiet=quiet).run()
+def run_plan(plan: Plan, store: ResultStore, cluster: ClusterInfo, options: RunOptions | None = None, *,
+             quiet: bool = False, observer: Observer | None = None, runner: ActorRunner | None = None) -> RunSummary:
+    """Run ``plan``'s missing trials on Ray actors (see ``SweepRun``), writing each one's shards
+    as it ends; what the run says goes to ``observer`` (its console carries the live view)."""
+    return SweepRun(plan, store, cluster, runner or RayActorRunner(), options=options or RunOptions(),
+                    observer=observer, quiet=quiet).run()

@@ -10,7 +10,7 @@ import pytest
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
 from sweeper.run.storage import ResultStore
-from sweeper.run.sweep_run import run_plan
+from sweeper.run.sweep_run import RunOptions, run_plan
 from tests.conftest import run_cli
 
 REQUIRED = ["trial_id", "sweep", "model", "backend", "precision", "batch_size", "input_len",
@@ -118,5 +118,5 @@ measure: {{warmup_iters: 0, min_iters: 1, min_duration_s: 0, idle_s: 0}}
     # failed trials are kept on resume unless asked to retry them
     summary2 = run_plan(plan, store, ray_local, quiet=True)
     assert summary2.ran == 0 and summary2.resumed == 5
-    summary3 = run_plan(plan, store, ray_local, quiet=True, retry_failed=True)
+    summary3 = run_plan(plan, store, ray_local, RunOptions(retry_failed=True), quiet=True)
     assert summary3.ran == 0 and summary3.failed == 2  # the 2 load failures re-tried, failing again

@@ -19,7 +19,7 @@ from sweeper.core.trial import MeasureSettings
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
 from sweeper.run.storage import ResultStore
-from sweeper.run.sweep_run import predicted_oom, run_plan
+from sweeper.run.sweep_run import RunOptions, predicted_oom, run_plan
 from tests.conftest import ROOT
 
 
@@ -88,7 +88,7 @@ backend_options: {noop: {load_s: 600}}
 """)
     store = ResultStore(str(tmp_path / "out"))
     t0 = time.monotonic()
-    summary = run_plan(plan, store, ray_local, quiet=True, max_retries=1)
+    summary = run_plan(plan, store, ray_local, RunOptions(max_retries=1), quiet=True)
     assert time.monotonic() - t0 < 120
     rows = _rows(store)
     assert [(r["status"], r["reason"]) for r in rows.values()] == [("failed", "load_timeout")] * 2
@@ -167,7 +167,7 @@ def _run_killing(plan, store, ray_local, kills: int, max_retries: int, phase: st
     killer = threading.Thread(target=_kill_running_actors, args=(kills, stop, killed, phase), daemon=True)
     killer.start()
     try:
-        summary = run_plan(plan, store, ray_local, quiet=True, max_retries=max_retries)
+        summary = run_plan(plan, store, ray_local, RunOptions(max_retries=max_retries), quiet=True)
     finally:
         stop.set()
         killer.join()

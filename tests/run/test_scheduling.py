@@ -21,8 +21,9 @@ from sweeper.core.errors import SweepFileError
 from sweeper.core.presets import PRESETS
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
+from sweeper.run.observer import Quiet
 from sweeper.run.storage import ResultStore
-from sweeper.run.sweep_run import run_plan
+from sweeper.run.sweep_run import RunOptions, run_plan
 from tests.cluster_scenarios import run_scenario
 from tests.conftest import ROOT
 
@@ -102,8 +103,8 @@ def test_a_simulated_oom_fails_its_trial_and_prunes_larger_batches(ray_local, wr
     plan = _plan(write_sweep, OOM_SWEEP)
     store = ResultStore(str(tmp_path / "out"))
     log = io.StringIO()
-    summary = run_plan(plan, store, ray_local, quiet=True, console=Console(file=log, width=300),
-                       oom_pruning=pruning)
+    summary = run_plan(plan, store, ray_local, RunOptions(oom_pruning=pruning), quiet=True,
+                       observer=Quiet(console=Console(file=log, width=300)))
     rows = {r["batch_size"]: r for r in store.read_shards("trials").to_pylist()}
     assert (rows[1]["status"], rows[2]["status"], rows[2]["reason"]) == ("ok", "failed", "oom")
     if pruning:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sweeper.core.errors import SweepFileError, UserInputError
-from sweeper.run.session import Quiet, open_run, plan_sweep, run_sweep
+from sweeper.run.observer import Quiet
+from sweeper.run.session import open_run, plan_sweep, run_sweep
 from sweeper.run.sweep_run import RunOptions
 
 SWEEP = """

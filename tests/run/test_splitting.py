@@ -17,6 +17,7 @@ from sweeper.core.trial import Trial
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import parse_sweep
 from sweeper.run.cluster import ClusterInfo
+from sweeper.run.observer import Quiet
 from sweeper.run.splitting import MIN_SAVING_S, Split, best_split
 from sweeper.run.storage import ResultStore
 from sweeper.run.sweep_run import CallKind, GroupState, RunOptions, SweepRun
@@ -79,7 +80,7 @@ def run(tmp_path, runner: TimedRunner, sweep, cluster=FOUR_GPUS, **options) -> t
     plan = make_plan(sweep, "cuda")
     store = ResultStore(str(tmp_path / "out"))
     sweep_run = SweepRun(plan, store, cluster, runner, options=RunOptions(poll_s=0.01, **options),
-                         console=Console(file=io.StringIO()), quiet=True, clock=runner.clock)
+                         observer=Quiet(console=Console(file=io.StringIO())), quiet=True, clock=runner.clock)
     sweep_run.run()
     store.aggregate()
     return sweep_run, pq.read_table(tmp_path / "out" / "trials.parquet").to_pylist()

@@ -22,6 +22,7 @@ from sweeper.core.trial import Trial
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import parse_sweep
 from sweeper.run.cluster import ClusterInfo
+from sweeper.run.observer import Quiet
 from sweeper.run.storage import ResultStore
 from sweeper.run.sweep_run import ActorDied, CallKind, GroupState, RunOptions, SweepRun
 
@@ -97,7 +98,7 @@ def _run(tmp_path, runner: ScriptedRunner, sweep=None, **options: Any) -> tuple[
     plan = make_plan(sweep or _sweep(), "cpu")
     store = ResultStore(str(tmp_path / "out"))
     sweep_run = SweepRun(plan, store, CPU, runner, options=RunOptions(poll_s=0.01, **options),
-                         console=Console(file=io.StringIO()), quiet=True)
+                         observer=Quiet(console=Console(file=io.StringIO())), quiet=True)
     sweep_run.run()
     store.aggregate()
     return sweep_run, pq.read_table(tmp_path / "out" / "trials.parquet").to_pylist()
@@ -125,6 +126,9 @@ def test_an_actor_death_retries_the_trial_on_a_fresh_actor(tmp_path):
     assert [r["status"] for r in rows] == ["ok"] * 3
     assert run.summary.retries == 1 and run.summary.model_loads == 2
     assert runner.killed[0] == 1  # the dead actor's handle is released before the fresh one starts
+    # Said to the run's observer, not printed: the scheduler prints nothing itself.
+    assert [line for line in run.observer.said if line.startswith("retry ")] == [
+        "retry 1/2: actor died running tiny-llama noop/fp32 bs=2 in=8 out=4: node lost"]
 
 
 def test_a_trial_whose_actor_keeps_dying_is_failed_and_the_group_goes_on(tmp_path):
