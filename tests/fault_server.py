@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-per-chunk", type=int, default=1)
     p.add_argument("--no-done", action="store_true", help="end streams without data: [DONE]")
     p.add_argument("--continuous-usage", action="store_true", help="honour continuous_usage_stats")
+    p.add_argument("--prefix-block", type=int, default=None,
+                   help="a prefix cache of blocks this many tokens long: each reply's usage says how many "
+                        "prompt tokens it held (prompt_tokens_details.cached_tokens), as vLLM does")
     p.add_argument("--pid-file", default=None, help="append this process's pid (and its child's)")
     p.add_argument("--child", action="store_true", help="start a child process in the same process group")
     p.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (only SIGKILL ends it)")
@@ -66,6 +69,18 @@ class Faults:
         self.begun = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.blocks: set[tuple[int, ...]] = set()  # the prefix cache: every block-aligned prefix seen
+
+    def cached_tokens(self, prompt: list[int]) -> int:
+        """The prompt's leading full blocks that an earlier prompt held (never its last token: an
+        engine computes that one to start the reply), then its own blocks are cached."""
+        size = self.args.prefix_block
+        n = (len(prompt) - 1) // size
+        hit = 0
+        while hit < n and tuple(prompt[:(hit + 1) * size]) in self.blocks:
+            hit += 1
+        self.blocks.update(tuple(prompt[:(k + 1) * size]) for k in range(n))
+        return hit * size
 
 
 async def models(request: Any) -> Any:
@@ -116,6 +131,8 @@ async def completions(request: Any) -> Any:
     prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
     tokens = int(body.get("max_tokens", 16))
     continuous = a.continuous_usage and (body.get("stream_options") or {}).get("continuous_usage_stats")
+    # Looked up as the request arrives (its prefill), so concurrent requests see each other's blocks.
+    cached = f.cached_tokens(prompt) if a.prefix_block and isinstance(prompt, list) else None
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     f.in_flight += 1
@@ -137,6 +154,8 @@ async def completions(request: Any) -> Any:
             if sent < tokens:
                 await asyncio.sleep(a.token_s)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}
+        if cached is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
         await response.write(sse_event(a.model, "", chat, usage, finish="length"))
         if not a.no_done:
             await response.write(b"data: [DONE]\n\n")

@@ -31,6 +31,7 @@ from actors.serving.stats import (
     achieved_rate,
     in_flight,
     meets,
+    prefix_cache_columns,
     running,
     saturation,
     served_latency_columns,
@@ -169,7 +170,7 @@ def _columns(trial: Trial, run: ServedRun, window: SteadyWindow | None, telemetr
         "max_concurrency_reached": int(in_flight(run.requests, run.t_end_s).values.max(initial=0)),
         "goodput_req_s": ratio(good, run_s) if good is not None else None,
         "slo_attainment": good / len(run.requests) if good is not None and run.requests else None,
-        **served_latency_columns(run.requests),
+        **served_latency_columns(run.requests), **prefix_cache_columns(run.requests),
     }
     if window is None or window.duration_s <= 0:
         row.update(duration_s=0.0, output_tokens=0, throughput_tok_s=None, requests_per_s=None)
@@ -279,7 +280,7 @@ def _request_rows(trial: Trial, run: ServedRun, window: SteadyWindow | None,
         rows.append({
             "trial_id": trial.trial_id, "request_index": r.index, "input_len": r.prompt_tokens,
             "output_tokens": r.output_tokens, "arrival_s": rel(r.arrival_s), "t_start_s": rel(r.submit_s),
-            "send_lateness_s": r.send_lateness_s,
+            "send_lateness_s": r.send_lateness_s, "cached_tokens": r.cached_tokens,
             "scheduled_s": rel(r.scheduled_s), "first_token_s": rel(r.first_token_s), "finish_s": rel(r.finish_s),
             "ttft_s": r.ttft_s, "tpot_s": r.tpot_s, "e2e_s": r.e2e_s, "queue_s": r.queue_s,
             "itl_s": r.itl_s if r.ok else None,

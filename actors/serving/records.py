@@ -40,6 +40,7 @@ class ServedRequest:
     scheduled it (None where the engine does not say: its first token then stands in);
     ``token_times_s`` when each output token reached the client, the first being the
     first token. Several tokens may share a time when the engine delivered them together.
+    ``cached_tokens``: of its prompt tokens, those the engine's prefix cache held.
     """
 
     index: int
@@ -51,6 +52,9 @@ class ServedRequest:
     finish_s: float | None
     error: str | None = None
     due_s: float | None = None
+    # Prompt tokens the engine took from its prefix cache rather than computing them (None where
+    # it does not say: an engine without a prefix cache, a server that does not report it).
+    cached_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -148,6 +152,7 @@ class InFlight:
     scheduled_s: float | None = None
     finish_s: float | None = None
     error: str | None = None
+    cached_tokens: int | None = None  # prompt tokens served from the engine's prefix cache
 
     def cut(self) -> None:
         """The run is over: a request neither finished nor failed was cut by its time limit."""
@@ -156,7 +161,8 @@ class InFlight:
 
     def served(self) -> ServedRequest:
         return ServedRequest(self.request.index, self.request.prompt_tokens, self.arrival_s, self.submit_s,
-                             self.scheduled_s, tuple(self.times), self.finish_s, self.error, self.due_s)
+                             self.scheduled_s, tuple(self.times), self.finish_s, self.error, self.due_s,
+                             self.cached_tokens)
 
 
 def served_run(t_start_s: float, in_flight: Sequence[InFlight], now_s: float) -> ServedRun:

@@ -397,3 +397,13 @@ def served_latency_columns(requests: Sequence[ServedRequest]) -> dict[str, Any]:
     queue = [r.queue_s for r in ok if r.queue_s is not None]
     cols["queue_s"] = float(np.mean(queue)) if queue else None
     return cols
+
+
+def prefix_cache_columns(requests: Sequence[ServedRequest]) -> dict[str, Any]:
+    """``prefix_cache_hit_rate``: of the prompt tokens of the completed requests whose engine said
+    how many its prefix cache held, the share it held (vLLM's own hit rate, per request rather
+    than per block); null where no request's was reported."""
+    told = [r for r in requests if r.ok and r.cached_tokens is not None]
+    prompt_tokens = sum(r.prompt_tokens for r in told)
+    hit = sum(r.cached_tokens or 0 for r in told) / prompt_tokens if prompt_tokens else None
+    return {"prefix_cache_hit_rate": hit}

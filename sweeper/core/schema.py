@@ -152,6 +152,9 @@ _RESULT: tuple[Column, ...] = (
                        "requests waited behind a full engine as the window opened"),
     _c("saturation_reason", S, "serving: the figures behind saturated (the trend in req/s with its standard error, "
                                "or the completions against the Poisson interval)"),
+    _c("prefix_cache_hit_rate", F, "serving: of the completed requests' prompt tokens, the share the engine took "
+                                    "from its prefix cache (requests.parquet cached_tokens over input_len, over the "
+                                    "requests whose engine reported it); null where none did"),
     _c("queue_growth", F, "serving: the rise of the least-squares line through requests outstanding (arrived, not "
                           "finished) across the arrivals in the steady window, in requests; 0 with none there"),
     _c("send_lateness_p50_s", F, "serving: median send lateness over the run's requests (requests.parquet "
@@ -337,6 +340,9 @@ REQUESTS: tuple[Column, ...] = (
     _c("send_lateness_s", F, "serving: how late the client sent it: t_start_s less when it was due (arrival_s, or "
                              "the moment a slot came free where max_concurrency held it back); the client's own "
                              "delay, never the engine's (null: never sent)"),
+    _c("cached_tokens", I, "serving: of its prompt tokens, those the engine took from its prefix cache (vLLM's "
+                           "num_cached_tokens; a server's usage.prompt_tokens_details.cached_tokens); null where "
+                           "the engine does not say"),
     _c("scheduled_s", F, "serving: when the engine first scheduled it (null where the engine does not say)"),
     _c("first_token_s", F, "serving: when its first token reached the client"),
     _c("finish_s", F, "serving: when its last token reached the client"),

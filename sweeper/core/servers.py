@@ -212,7 +212,8 @@ ENGINES: dict[str, ServerEngine] = {
             cache_dirs={"VLLM_CACHE_ROOT": VLLM_CACHE_DIR}, api_key=ApiKeyPassing(env="VLLM_API_KEY"),
             # As the in-process backend: random prompts share no prefix, but the cache's
             # bookkeeping is work the numbers should not carry unless asked (args can turn it on).
-            extra_flags=("--no-enable-prefix-caching",),
+            # Each reply's usage says how many prompt tokens the cache held (cached_tokens).
+            extra_flags=("--no-enable-prefix-caching", "--enable-prompt-tokens-details"),
             precision_notes={"fp32": "its fast attention kernels have no fp32 path",
                              "int8": _NO_BNB, "nf4": _NO_BNB, "fp4": _NO_BNB},
             version_module="vllm",

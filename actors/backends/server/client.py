@@ -89,7 +89,8 @@ class _Stream(InFlight):
         if error is None and self.finish_s is not None and not times:
             error = "the server's reply held no token"
         return ServedRequest(self.request.index, prompt, self.arrival_s, self.submit_s, None, tuple(times),
-                             self.finish_s if error is None else None, error=error, due_s=self.due_s)
+                             self.finish_s if error is None else None, error=error, due_s=self.due_s,
+                             cached_tokens=self.cached_tokens)
 
 
 @dataclass(frozen=True)
@@ -315,6 +316,11 @@ def _chunk(s: _Stream, chunk: dict[str, Any], now: float, continuous_usage: bool
     if usage is not None:
         completion = usage.get("completion_tokens")
         s.usage_prompt_tokens = usage.get("prompt_tokens", s.usage_prompt_tokens)
+        # OpenAI's usage.prompt_tokens_details.cached_tokens: vLLM with --enable-prompt-tokens-details,
+        # SGLang with --enable-cache-report.
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        if isinstance(cached, int):
+            s.cached_tokens = cached
         if continuous_usage and completion is not None:
             counted = sum(s.chunk_tokens)
             if completion > counted:

@@ -100,6 +100,10 @@ class AsyncEngineRunner:
                     p.times.extend([now] * len(out.outputs[0].token_ids))
                     if out.finished:
                         metrics = out.metrics
+                    # Set with the request's first output (prefill done): what its prefix cache held.
+                    cached = getattr(out, "num_cached_tokens", None)
+                    if isinstance(cached, int):
+                        p.cached_tokens = cached
             except asyncio.CancelledError:
                 p.error = UNFINISHED
                 raise

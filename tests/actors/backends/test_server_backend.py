@@ -413,3 +413,36 @@ def test_without_an_energy_site_an_external_server_has_no_energy_and_says_why(tm
     assert "base_url" in row["energy_unmetered_reason"] and "energy" in row["energy_unmetered_reason"]
     assert row["server_command"] is None and row["server_url"] == server.base_url
     assert row["client_processes"] == 2 and row["n_requests"] == 30
+
+
+def test_a_servers_prefix_cache_hits_are_each_requests_and_the_trials_hit_rate(tmp_path):
+    """A server that reports its prefix cache (``usage.prompt_tokens_details.cached_tokens``, as
+    vLLM does with ``--enable-prompt-tokens-details``; here the fault server's cache of 16-token
+    blocks) and a workload of shared prefixes: each request records what the cache held, and
+    the trial's ``prefix_cache_hit_rate`` is their sum over the prompts' tokens."""
+    from actors.actor import TrialRunner
+    from sweeper.plan.expand import make_plan
+    from sweeper.plan.spec import parse_sweep
+
+    server = launch(tmp_path, "--prefix-block", "16")
+    try:
+        server.wait_ready(READY_S)
+        trial = make_plan(parse_sweep({
+            "name": "prefix", "models": ["tiny-llama"], "backends": "server", "precisions": "bf16",
+            "backend_options": {"server": {"base_url": server.base_url, "model": "fault", "dialect": "vllm"}},
+            "workload": {"mode": "serving", "output_len": 4, "request_rate": 50, "num_prompts": 20,
+                         "dataset": {"prefix_repetition": {"prefix_len": 32, "suffix_len": 8, "num_prefixes": 2}}},
+            "measure": {"warmup_iters": 1, "idle_s": 0.3, "min_window_s": 0.05},
+        }), "cpu").runnable[0]
+        runner = TrialRunner()
+        assert runner.load(trial).ok
+        outcome = runner.run(trial)
+        runner.close()
+    finally:
+        server.stop(2.0)
+    row, requests = outcome.row, outcome.tables["requests"]
+    assert row["status"] == "ok", row.get("error")
+    cached = [r["cached_tokens"] for r in requests]
+    # A prefix's two 16-token blocks are held once a request with it has arrived; a suffix never is.
+    assert set(cached) <= {0, 32} and cached.count(32) >= 20 - 2
+    assert row["prefix_cache_hit_rate"] == pytest.approx(sum(cached) / sum(r["input_len"] for r in requests))
