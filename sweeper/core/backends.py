@@ -105,6 +105,17 @@ class VllmOptions(BaseModel):
     # "engine" by default: on an H200 "trials" saved 1-2 s of a 40-80 s start, and one of
     # three paired runs measured its batch-32 throughput 21 % lower (docs/BENCHMARKS.md §17).
     cudagraph_capture_sizes: Literal["engine", "trials"] | tuple[Annotated[int, Field(gt=0)], ...] = "engine"
+    # Where the offline engine's core (its scheduler and step loop) runs: "process", a process of
+    # its own that the actor talks to over sockets (vLLM's default), or "actor", in the actor's
+    # own process (VLLM_ENABLE_V1_MULTIPROCESSING=0), which saves spawning and connecting that
+    # process at every engine start. Offline mode only: vLLM's AsyncLLM always runs it apart.
+    engine_core: Literal["process", "actor"] = "process"
+
+    def unsupported_serving(self) -> str | None:
+        if self.engine_core == "actor":
+            return ("engine_core: actor runs the offline engine's core in the actor's process; serving mode's "
+                    "AsyncLLM always runs it in a process of its own")
+        return None
 
     def unsupported_shape(self, input_len: int, output_len: int) -> str | None:
         """Why a trial of this shape cannot run with these options, or None."""

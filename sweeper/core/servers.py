@@ -38,6 +38,8 @@ Dialect = Literal["vllm", "sglang", "transformers", "openai"]
 # by every vLLM start there, in-process (actors/backends/vllm/backend.py) and launched `vllm serve`
 # (ENGINES below), so that each finds what another compiled.
 VLLM_CACHE_DIR = "vllm"
+# Triton's compiled kernels (vLLM's and Inductor's), beside vLLM's cache under sweeper's.
+TRITON_CACHE_DIR = "triton"
 
 # Placeholders a launch command may hold; each is replaced by the trial's value.
 COMMAND_FIELDS = ("port", "host", "model", "served_model", "dtype", "tensor_parallel", "seed", "device")
@@ -209,7 +211,7 @@ ENGINES: dict[str, ServerEngine] = {
                              "fp8": (*_DTYPE["bf16"], "--quantization", "fp8")},
             served_name_flag="--served-model-name", tensor_parallel_flag="--tensor-parallel-size",
             seed_flag="--seed", synthetic_flags=("--load-format", "dummy"), logs_start_phases=True,
-            cache_dirs={"VLLM_CACHE_ROOT": VLLM_CACHE_DIR}, api_key=ApiKeyPassing(env="VLLM_API_KEY"),
+            cache_dirs={"VLLM_CACHE_ROOT": VLLM_CACHE_DIR, "TRITON_CACHE_DIR": TRITON_CACHE_DIR}, api_key=ApiKeyPassing(env="VLLM_API_KEY"),
             # As the in-process backend: random prompts share no prefix, but the cache's
             # bookkeeping is work the numbers should not carry unless asked (args can turn it on).
             # Each reply's usage says how many prompt tokens the cache held (cached_tokens).

@@ -34,12 +34,13 @@ What is measured how
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ from actors.quality.divergence import TopK
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.backends import VllmOptions
 from sweeper.core.precisions import PRECISIONS
-from sweeper.core.servers import VLLM_CACHE_DIR
+from sweeper.core.servers import TRITON_CACHE_DIR, VLLM_CACHE_DIR
 
 log = logging.getLogger(__name__)
 
@@ -259,13 +260,31 @@ def _architecture(model_config: Any) -> dict[str, Any] | None:
 
 def share_compile_cache() -> str:
     """Point vLLM's cache (its torch.compile artefacts, keyed by vLLM on the model, dtype,
-    quantization and compilation settings) at one directory per node under sweeper's cache,
-    so that every group's engine on the node finds what an earlier one compiled, and wiping
-    sweeper's cache wipes it too. A ``VLLM_CACHE_ROOT`` the user set is kept. The engine's
-    processes inherit the environment, so it is set before the engine starts."""
+    quantization and compilation settings) and Triton's kernel cache at one directory each per
+    node under sweeper's cache, so that every group's engine on the node finds what an earlier
+    one compiled (a warm start then rebuilds no kernel either), and wiping sweeper's cache wipes
+    them too. A ``VLLM_CACHE_ROOT`` or ``TRITON_CACHE_DIR`` the user set is kept. The engine's
+    processes inherit the environment, so it is set before the engine starts. Returns vLLM's."""
     from actors.models import cache_root
 
+    os.environ.setdefault("TRITON_CACHE_DIR", str(cache_root() / TRITON_CACHE_DIR))
     return os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_root() / VLLM_CACHE_DIR))
+
+
+@contextlib.contextmanager
+def engine_core_in(where: str) -> Iterator[None]:
+    """vLLM's offline engine reads ``VLLM_ENABLE_V1_MULTIPROCESSING`` as it is built: set for the
+    group's ``engine_core`` (actor: 0, process: 1) while it is, then as it was, since an actor
+    handed on to another group must not carry this one's choice."""
+    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if where == "actor" else "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
 
 
 class VllmBackend(Backend):
@@ -314,8 +333,9 @@ class VllmBackend(Backend):
             self.serving = AsyncEngineRunner(kwargs, start_timeout_s=SERVING_START_TIMEOUT_S)
             model_config = self.serving.model_config
         else:
-            log.info("vllm.LLM(%s)", kwargs)
-            self.llm = vllm.LLM(**kwargs)
+            log.info("vllm.LLM(%s), engine core in the %s", kwargs, self.options.engine_core)
+            with engine_core_in(self.options.engine_core):
+                self.llm = vllm.LLM(**kwargs)
             engine = self.llm.llm_engine
             model_config = getattr(engine, "model_config", None) or engine.vllm_config.model_config
         vllm_start.carve_phases(vllm_start.read_phases(timing, offset, started_s, time.time()))

@@ -318,11 +318,13 @@ def test_a_launched_vllm_server_shares_the_node_s_compile_cache(tmp_path, monkey
 
     monkeypatch.setenv("SWEEPER_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     env_out = tmp_path / "env.json"
     row = _stand_in_group(monkeypatch, "vllm", "--model", "tiny-llama", "--env-out", str(env_out))
     assert row["status"] == "ok", row.get("error")
     seen = json.loads(env_out.read_text())
     assert seen["VLLM_CACHE_ROOT"] == str(tmp_path / "cache" / "vllm")
+    assert seen["TRITON_CACHE_DIR"] == str(tmp_path / "cache" / "triton")
     assert "VLLM_CACHE_ROOT" not in os.environ  # the server's environment, not the actor's
     assert share_compile_cache() == seen["VLLM_CACHE_ROOT"]  # the in-process engine's directory
 

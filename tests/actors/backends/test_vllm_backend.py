@@ -465,5 +465,33 @@ def test_engines_on_a_node_share_one_compile_cache_under_sweepers(monkeypatch, t
     import os
 
     assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "cache" / "vllm")  # the engine's processes inherit it
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "cache" / "triton")  # its kernels too
     monkeypatch.setenv("VLLM_CACHE_ROOT", "/elsewhere")  # the user's own choice stands
-    assert share_compile_cache() == "/elsewhere"
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/kernels")
+    assert share_compile_cache() == "/elsewhere" and os.environ["TRITON_CACHE_DIR"] == "/kernels"
+
+
+def test_the_engine_core_runs_where_the_group_asks_and_the_next_group_starts_clean(monkeypatch):
+    """engine_core: actor sets VLLM_ENABLE_V1_MULTIPROCESSING=0 while the offline engine is built
+    (vLLM reads it then), process sets 1; either way the variable is as it was afterwards, so an
+    actor handed on to another group does not carry the choice."""
+    import os
+
+    from actors.backends.vllm.backend import engine_core_in
+
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    with engine_core_in("actor"):
+        assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the user's own, outside any engine start
+    with engine_core_in("process"):
+        assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_an_engine_core_in_the_actor_is_offline_only():
+    from sweeper.core.backends import BACKENDS, VllmOptions
+
+    assert BACKENDS["vllm"].unsupported_serving(VllmOptions()) is None
+    reason = BACKENDS["vllm"].unsupported_serving(VllmOptions(engine_core="actor"))
+    assert reason is not None and reason.startswith("engine_core: actor") and "AsyncLLM" in reason
