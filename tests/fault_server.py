@@ -69,18 +69,19 @@ class Faults:
         self.begun = 0
         self.in_flight = 0
         self.max_in_flight = 0
-        self.blocks: set[tuple[int, ...]] = set()  # the prefix cache: every block-aligned prefix seen
+        # The noop engine's prefix cache (actors.backends.noop.PrefixCache), where asked for.
+        self.prefix_cache = _prefix_cache(args.prefix_block) if args.prefix_block else None
 
-    def cached_tokens(self, prompt: list[int]) -> int:
-        """The prompt's leading full blocks that an earlier prompt held (never its last token: an
-        engine computes that one to start the reply), then its own blocks are cached."""
-        size = self.args.prefix_block
-        n = (len(prompt) - 1) // size
-        hit = 0
-        while hit < n and tuple(prompt[:(hit + 1) * size]) in self.blocks:
-            hit += 1
-        self.blocks.update(tuple(prompt[:(k + 1) * size]) for k in range(n))
-        return hit * size
+
+def _prefix_cache(block_tokens: int) -> Any:
+    # Run as a script, sys.path[0] is tests/, whose own "actors" package (the tests') would shadow
+    # the repository's: the repository goes first.
+    root = str(Path(__file__).resolve().parents[1])
+    if sys.path[0] != root:
+        sys.path.insert(0, root)
+    from actors.backends.noop import PrefixCache
+
+    return PrefixCache(block_tokens)
 
 
 async def models(request: Any) -> Any:
@@ -132,7 +133,7 @@ async def completions(request: Any) -> Any:
     tokens = int(body.get("max_tokens", 16))
     continuous = a.continuous_usage and (body.get("stream_options") or {}).get("continuous_usage_stats")
     # Looked up as the request arrives (its prefill), so concurrent requests see each other's blocks.
-    cached = f.cached_tokens(prompt) if a.prefix_block and isinstance(prompt, list) else None
+    cached = f.prefix_cache.admit(prompt) if f.prefix_cache is not None and isinstance(prompt, list) else None
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     f.in_flight += 1

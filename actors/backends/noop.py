@@ -73,16 +73,43 @@ def _visible_gpus() -> str:
     return os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
 
 
+class PrefixCache:
+    """A prefix cache of fixed-size token blocks, as vLLM's: a prompt's leading full blocks that
+    an earlier prompt held are hits, never its last token (an engine computes that one to start
+    the reply); once admitted, all its full blocks are held. A block is named by a hash chained
+    over every block before it, so equal blocks after different prefixes differ, and memory
+    grows with the blocks held, not with their prefixes' lengths. Nothing is ever evicted."""
+
+    def __init__(self, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self.blocks: set[int] = set()
+
+    def admit(self, prompt_ids: Sequence[int] | np.ndarray) -> int:
+        """The prompt's tokens the cache held as it arrived; then its blocks are held too."""
+        size, tokens = self.block_tokens, [int(t) for t in prompt_ids]
+        key, hit, held = 0, 0, True
+        for k in range((len(tokens) - 1) // size):
+            key = hash((key, *tokens[k * size:(k + 1) * size]))
+            held = held and key in self.blocks
+            hit += size if held else 0
+            self.blocks.add(key)
+        return hit
+
+
 class NoopBackend(Backend):
     def __init__(self) -> None:
         self.options = NoopOptions()
         self.clock = time.monotonic
         self.sleep = time.sleep
         self._jitter = np.random.default_rng(0)
+        self.prefix_cache: PrefixCache | None = None
 
     def load(self, spec: ModelSpec) -> LoadInfo:
         self.options = spec.options_as(NoopOptions)
         self._jitter = np.random.default_rng(spec.seed)
+        # Held for the loaded model's life, as an engine's: warm-up fills it for the runs after.
+        block = self.options.prefix_block
+        self.prefix_cache = PrefixCache(block) if block is not None else None
         vocab_size = _vocab_size(spec)
         self.sleep(self.options.load_s)
         gpus = _visible_gpus()
@@ -124,7 +151,7 @@ class NoopBackend(Backend):
 
     def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
               deadline_s: float) -> ServedRun:
-        engine = SimulatedEngine(self.options, self.clock, self.sleep)
+        engine = SimulatedEngine(self.options, self.clock, self.sleep, self.prefix_cache)
         return run_requests(engine, requests, max_concurrency=max_concurrency, deadline_s=deadline_s,
                             clock=self.clock)
 
@@ -141,6 +168,7 @@ class _Live:
     due_s: float | None = None
     scheduled_s: float | None = None
     tokens: list[float] = field(default_factory=list)
+    cached_tokens: int | None = None
 
     @cached_property
     def target(self) -> int:
@@ -149,7 +177,7 @@ class _Live:
 
     def served(self, finish_s: float | None, error: str | None = None) -> ServedRequest:
         return ServedRequest(self.request.index, self.request.prompt_tokens, self.arrival_s, self.submit_s,
-                             self.scheduled_s, tuple(self.tokens), finish_s, error, self.due_s)
+                             self.scheduled_s, tuple(self.tokens), finish_s, error, self.due_s, self.cached_tokens)
 
 
 class SimulatedEngine:
@@ -167,9 +195,11 @@ class SimulatedEngine:
     time and every timestamp is known in advance.
     """
 
-    def __init__(self, options: NoopOptions, clock: Callable[[], float], sleep: Callable[[float], None]) -> None:
+    def __init__(self, options: NoopOptions, clock: Callable[[], float], sleep: Callable[[float], None],
+                 prefix_cache: PrefixCache | None = None) -> None:
         self.options = options
         self.clock, self.sleep = clock, sleep
+        self.prefix_cache = prefix_cache
         self.waiting: deque[_Live] = deque()
         self.running: list[_Live] = []
         self.step_end_s: float | None = None  # the step in progress ends then (None: between steps)
@@ -187,13 +217,15 @@ class SimulatedEngine:
                     if until_s > now and until_s != float("inf"):
                         _sleep_until(until_s, self.clock, self.sleep)
                     return []
-                admitted = False
+                admitted: list[_Live] = []
                 while self.waiting and len(self.running) < o.max_batch:
                     live = self.waiting.popleft()
                     live.scheduled_s = now
+                    if self.prefix_cache is not None:
+                        live.cached_tokens = self.prefix_cache.admit(live.request.prompt_ids)
                     self.running.append(live)
-                    admitted = True
-                self.step_end_s = now + (prefill_s if admitted else o.step_s)
+                    admitted.append(live)
+                self.step_end_s = now + (self._prefill_s(admitted, prefill_s) if admitted else o.step_s)
             if until_s < self.step_end_s:
                 # The next arrival comes before the step ends: the client sends it then.
                 _sleep_until(until_s, self.clock, self.sleep)
@@ -207,6 +239,14 @@ class SimulatedEngine:
             self.running = [live for live in self.running if len(live.tokens) < live.target]
             if finished or t >= until_s:
                 return [live.served(t) for live in finished]
+
+    def _prefill_s(self, admitted: list[_Live], prefill_s: float) -> float:
+        """A step that admits requests: prefill_s, less the share of their prompt tokens cached."""
+        if self.prefix_cache is None:
+            return prefill_s
+        prompt = sum(live.request.prompt_tokens for live in admitted)
+        cached = sum(live.cached_tokens or 0 for live in admitted)
+        return max(self.options.step_s, prefill_s * (1 - cached / prompt)) if prompt else prefill_s
 
     def abandon(self, now_s: float) -> list[ServedRequest]:
         left = list(self.waiting) + self.running

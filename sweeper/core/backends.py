@@ -67,6 +67,11 @@ class NoopOptions(BaseModel):
     # requests up to this, prefills them in prefill_s, then each running request gets a
     # token per step_s).
     max_batch: int = Field(256, gt=0, le=65536, strict=True)
+    # Serving mode's simulated prefix cache, in blocks of this many tokens (None: none): each
+    # request's cached_tokens are the leading blocks an earlier prompt held, and a step that
+    # admits requests lasts prefill_s times the share of their prompt tokens not cached (at
+    # least step_s): what prefix caching saves, on any machine.
+    prefix_block: int | None = Field(None, gt=0, le=4096, strict=True)
     # Every generate call waits until this file exists: holds a trial mid-run until a
     # test (or an operator) releases it, so interrupts and node losses land mid-trial
     # by construction rather than by timing.

@@ -138,3 +138,34 @@ def test_a_run_cut_by_the_time_limit_fails_with_what_it_measured():
     assert 0 < row["n_failed_requests"] < 100 and row["ttft_p50_s"] is not None
     assert {r["error"] for r in requests if r["error"]} <= {"unfinished: the run's time limit passed",
                                                            "not sent: the run's time limit passed"}
+
+
+def test_the_simulated_prefix_cache_holds_shared_prefixes_and_shortens_their_prefill():
+    """noop's prefix_block: shared prefixes (prefix_repetition) are held once a request with each
+    has been admitted, each request records what was held, the trial its hit rate, and a step
+    that admits mostly-cached prompts is that much shorter, in virtual time."""
+    shared = {"dataset": {"prefix_repetition": {"prefix_len": 32, "suffix_len": 8, "num_prefixes": 2}},
+              "input_len": None, "arrival": "constant"}
+    slow = {"step_s": 0.005, "prefill_s": 0.1}
+    cold, cold_requests = measure(2.0, slow, **shared)
+    warm, warm_requests = measure(2.0, {**slow, "prefix_block": 16}, **shared)
+    assert {r["cached_tokens"] for r in cold_requests} == {None} and cold["prefix_cache_hit_rate"] is None
+    # Warm-up sent the same prefixes: every measured prompt finds its two 16-token blocks held.
+    assert {r["cached_tokens"] for r in warm_requests} == {32}
+    assert warm["prefix_cache_hit_rate"] == pytest.approx(32 / 40)
+    # One request every 0.5 s, each done in under 0.15 s: each is admitted alone on arrival, its
+    # prefill 0.1 s cold and 0.1 x 8/40 = 0.02 s with its prefix cached.
+    assert cold["ttft_p50_s"] == pytest.approx(0.1) and warm["ttft_p50_s"] == pytest.approx(0.02)
+
+
+def test_a_prefix_cache_holds_leading_blocks_only_and_never_a_prompts_last_token():
+    from actors.backends.noop import PrefixCache
+
+    cache = PrefixCache(4)
+    assert cache.admit(list(range(12))) == 0  # nothing held yet; its blocks 0-3 and 4-7 now are
+    assert cache.admit(list(range(12))) == 8  # not its last block: it holds the last token
+    assert cache.admit(list(range(13))) == 8  # its third block (8-11) is new; now held
+    assert cache.admit(list(range(13))) == 12
+    assert cache.admit([*range(4), 99, 5, 6, 7, *range(8, 13)]) == 4  # a block differs: no hit after it
+    assert cache.admit([9, 9, 9, 9, *range(4, 12)]) == 0  # the same block after another prefix is another block
+    assert cache.admit([0, 1, 2]) == 0  # no full block
