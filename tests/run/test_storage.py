@@ -194,8 +194,9 @@ def test_schema_names_carry_units():
                    "idle_baseline_reused",
                    # the verdict: a bound on relative intervals (a ratio), the host-noise flag
                    "max_rel_ci", "noisy_host", "noisy_host_reason",
-                   # serving: the client's own lateness verdict, a flag and its reason
-                   "client_behind", "client_behind_reason",
+                   # serving: the client's own lateness verdict, a flag and its reason; how many
+                   # processes sent the requests; the prefix cache's hit rate (a share of tokens)
+                   "client_behind", "client_behind_reason", "client_processes", "prefix_cache_hit_rate",
                    # the server backend: names, a command line, a path, process lists, a flag, a reason
                    "server_engine", "server_command", "server_url", "server_log", "gpu_processes",
                    "energy_exclusive", "energy_unmetered_reason"}

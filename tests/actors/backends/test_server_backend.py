@@ -317,8 +317,9 @@ def test_a_launched_vllm_server_shares_the_node_s_compile_cache(tmp_path, monkey
     from actors.backends.vllm.backend import share_compile_cache
 
     monkeypatch.setenv("SWEEPER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
-    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    for name in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"):  # absent now, and again after the test
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     env_out = tmp_path / "env.json"
     row = _stand_in_group(monkeypatch, "vllm", "--model", "tiny-llama", "--env-out", str(env_out))
     assert row["status"] == "ok", row.get("error")

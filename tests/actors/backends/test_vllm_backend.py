@@ -459,7 +459,9 @@ def test_the_registry_finds_the_backend_and_the_package_does_not_stand_in_for_vl
 def test_engines_on_a_node_share_one_compile_cache_under_sweepers(monkeypatch, tmp_path):
     from actors.backends.vllm.backend import share_compile_cache
 
-    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    for name in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"):  # absent now, and again after the test
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setenv("SWEEPER_CACHE", str(tmp_path / "cache"))
     assert share_compile_cache() == str(tmp_path / "cache" / "vllm")
     import os
