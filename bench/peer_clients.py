@@ -143,7 +143,8 @@ def _sweeper(bench_file: str, send_log: str) -> list[dict[str, Any]]:
     res, all_sends = record["results"], read_send_log(send_log)
     out = []
     for seed, r in enumerate(res["rounds"]):  # one process count: round k has seed k
-        sends = [s for s in all_sends if s.prompt[0] // 1_000_000 == seed]
+        # http-client's prompts are token ids, the first naming the request: round * 1e6 + index.
+        sends = [s for s in all_sends if isinstance(s.prompt, tuple) and int(s.prompt[0]) // 1_000_000 == seed]
         out.append({"client": "sweeper", "rate": res["rate"], "output_len": res["output_len"], "round": seed,
                     **_server(sends, res["rate"]), "matched": r["matched"], "completed": r["completed"], "errored": r["failed"],
                     "ttft_p50_ms": round(r["ttft_p50_ms"], 2), "ttft_p99_ms": round(r["ttft_p99_ms"], 2),
