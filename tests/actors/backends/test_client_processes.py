@@ -18,36 +18,24 @@ from pydantic import ValidationError
 from actors.backends.server import fanout
 from actors.backends.server.client import run_http
 from actors.backends.server.fanout import ClientProcessError, processes_for
-from actors.backends.server.process import ServerProcess
 from actors.serving.records import ServingRequest
 from sweeper.core.servers import ServerOptions
 from tests.actors.backends.test_client_truth import (
-    CHUNK_S,
-    FIRST_CHUNK_S,
     MAX_ATTEMPTS,
-    READY_S,
     _disagreements,
     endpoint,
     requests,
     server_sends,
+    truth_server,
 )
-from tests.truth_server import TRUTH_SERVER, read_send_log
+from tests.truth_server import read_send_log
 
 
 @pytest.fixture(scope="module")
 def truth2(tmp_path_factory) -> Any:
     """The truth server with two worker processes on one port, each logging to a file of its own."""
-    tmp = tmp_path_factory.mktemp("truth2")
-    log = tmp / "sends.jsonl"
-    server = ServerProcess.launch(["python", str(TRUTH_SERVER), "--port", "{port}", "--model", "truth",
-                                   "--first-chunk-s", str(FIRST_CHUNK_S), "--chunk-s", str(CHUNK_S),
-                                   "--send-log", str(log), "--workers", "2"], log_path=tmp / "server.log",
-                                  stop_timeout_s=2.0)
-    try:
-        server.wait_ready(READY_S)
-        yield server, log
-    finally:
-        server.stop(2.0)
+    with truth_server(tmp_path_factory.mktemp("truth2"), workers=2) as served:
+        yield served
 
 
 def test_two_client_processes_read_the_servers_own_ttft_and_itl_request_by_request(truth2):

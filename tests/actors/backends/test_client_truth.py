@@ -12,7 +12,9 @@ the send path).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +40,25 @@ ITL_TOLERANCE_S = 0.5e-3
 MAX_ATTEMPTS = 3
 
 
-@pytest.fixture(scope="module")
-def truth(tmp_path_factory) -> Any:
-    tmp = tmp_path_factory.mktemp("truth")
+@contextlib.contextmanager
+def truth_server(tmp: Path, workers: int = 1) -> Iterator[tuple[ServerProcess, Path]]:
+    """The truth server with ``workers`` processes on one port, and its send log."""
     log = tmp / "sends.jsonl"
     server = ServerProcess.launch(["python", str(TRUTH_SERVER), "--port", "{port}", "--model", "truth",
                                    "--first-chunk-s", str(FIRST_CHUNK_S), "--chunk-s", str(CHUNK_S),
-                                   "--send-log", str(log)], log_path=tmp / "server.log", stop_timeout_s=2.0)
+                                   "--send-log", str(log), "--workers", str(workers)],
+                                  log_path=tmp / "server.log", stop_timeout_s=2.0)
     try:
         server.wait_ready(READY_S)
         yield server, log
     finally:
         server.stop(2.0)
+
+
+@pytest.fixture(scope="module")
+def truth(tmp_path_factory) -> Any:
+    with truth_server(tmp_path_factory.mktemp("truth")) as served:
+        yield served
 
 
 def endpoint(server: ServerProcess) -> Endpoint:
