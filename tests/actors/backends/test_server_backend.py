@@ -265,33 +265,48 @@ def test_a_killed_launcher_takes_its_server_with_it(tmp_path):
         launcher.kill()
 
 
+def plan_one(sweep: dict, device: str) -> Any:
+    """The sweep's one runnable trial."""
+    from sweeper.plan.expand import make_plan
+    from sweeper.plan.spec import parse_sweep
+
+    return make_plan(parse_sweep(sweep), device).runnable[0]
+
+
+def run_trial(trial: Any) -> Any:
+    """``trial`` loaded (it must load) and run on a fresh actor; its outcome."""
+    from actors.actor import TrialRunner
+
+    runner = TrialRunner()
+    try:
+        loaded = runner.load(trial)
+        assert loaded.ok, loaded.error
+        return runner.run(trial)
+    finally:
+        runner.close()
+
+
+def run_one_trial(sweep: dict, device: str) -> Any:
+    return run_trial(plan_one(sweep, device))
+
+
 def _stand_in_group(monkeypatch, engine: str, *flags: str, **fields: Any) -> dict[str, Any]:
     """Launch one group of ``launch: engine`` in this process (``TrialRunner``, no Ray) with the
     fault server standing in for the engine's program, through the engine's own command line
     (the flags it does not know, it ignores); returns the group's one trial row."""
     import dataclasses
 
-    from actors.actor import TrialRunner
     from sweeper.core import servers
-    from sweeper.plan.expand import make_plan
-    from sweeper.plan.spec import parse_sweep
 
     stand_in = dataclasses.replace(servers.ENGINES[engine], program=("python", str(FAULT_SERVER), *flags),
                                    devices=frozenset({"cpu", "cuda"}), module="json", **fields)
     monkeypatch.setitem(servers.ENGINES, engine, stand_in)
-    trial = make_plan(parse_sweep({
+    return run_one_trial({
         "name": "stand-in", "models": ["tiny-llama"], "backends": "server", "precisions": "bf16",
         "backend_options": {"server": {"launch": engine}},
         "workload": {"mode": "serving", "input_len": 8, "output_len": 4, "request_rate": 50, "num_prompts": 10},
         "measure": {"warmup_iters": 1, "idle_s": 0, "min_window_s": 0.05, "load_timeout_s": 60},
-    }), "cpu").runnable[0]
-    runner = TrialRunner()
-    try:
-        loaded = runner.load(trial)
-        assert loaded.ok, loaded.error
-        return runner.run(trial).row
-    finally:
-        runner.close()
+    }, "cpu").row
 
 
 def test_an_engine_whose_model_list_is_the_hub_cache_is_not_held_to_it(tmp_path, monkeypatch):
@@ -341,9 +356,6 @@ def test_an_energy_site_meters_the_named_gpus_and_lists_their_processes(tmp_path
     named ones (NVML is the test double: no GPU on a CPU machine), each on its own and summed,
     and records which processes were on them. The server is a real one (the fault server)
     serving real HTTP."""
-    from actors.actor import TrialRunner
-    from sweeper.plan.expand import make_plan
-    from sweeper.plan.spec import parse_sweep
     from tests.bench.test_bench_energy import RealClock
     from tests.fake_nvml import FakeGpu, FakeNvml, PowerTrace
 
@@ -357,19 +369,15 @@ def test_an_energy_site_meters_the_named_gpus_and_lists_their_processes(tmp_path
     server = launch(tmp_path, "--token-s", "0.01")
     try:
         server.wait_ready(READY_S)
-        trial = make_plan(parse_sweep({
+        trial = plan_one({
             "name": "site", "models": ["tiny-llama"], "backends": "server", "precisions": "bf16",
             "backend_options": {"server": {"base_url": server.base_url, "model": "fault", "dialect": "vllm",
                                            "energy": {"node": "127.0.0.1", "gpu_uuids": [site, second]}}},
             "workload": {"mode": "serving", "input_len": 8, "output_len": 8, "request_rate": 20, "num_prompts": 40},
             "measure": {"warmup_iters": 1, "idle_s": 0.3, "min_window_s": 0.2},
-        }), "cpu").runnable[0]
+        }, "cpu")
         assert trial.num_gpus == 0
-        runner = TrialRunner()
-        loaded = runner.load(trial)
-        assert loaded.ok, loaded.error
-        outcome = runner.run(trial)
-        runner.close()
+        outcome = run_trial(trial)
     finally:
         server.stop(2.0)
     row = outcome.row
@@ -390,25 +398,18 @@ def test_an_energy_site_meters_the_named_gpus_and_lists_their_processes(tmp_path
 
 
 def test_without_an_energy_site_an_external_server_has_no_energy_and_says_why(tmp_path):
-    from actors.actor import TrialRunner
-    from sweeper.plan.expand import make_plan
-    from sweeper.plan.spec import parse_sweep
 
     server = launch(tmp_path)
     try:
         server.wait_ready(READY_S)
-        trial = make_plan(parse_sweep({
+        row = run_one_trial({
             "name": "nosite", "models": ["tiny-llama"], "backends": "server", "precisions": "bf16",
             # Sent from two client processes (actors.backends.server.fanout), whatever the run's rate.
             "backend_options": {"server": {"base_url": server.base_url, "model": "fault", "dialect": "vllm",
                                            "client_processes": 2}},
             "workload": {"mode": "serving", "input_len": 8, "output_len": 4, "request_rate": 50, "num_prompts": 30},
             "measure": {"warmup_iters": 1, "idle_s": 0.3, "min_window_s": 0.05},
-        }), "cuda").runnable[0]
-        runner = TrialRunner()
-        assert runner.load(trial).ok
-        row = runner.run(trial).row
-        runner.close()
+        }, "cuda").row
     finally:
         server.stop(2.0)
     assert row["status"] == "ok", row.get("error")
@@ -423,24 +424,17 @@ def test_a_servers_prefix_cache_hits_are_each_requests_and_the_trials_hit_rate(t
     vLLM does with ``--enable-prompt-tokens-details``; here the fault server's cache of 16-token
     blocks) and a workload of shared prefixes: each request records what the cache held, and
     the trial's ``prefix_cache_hit_rate`` is their sum over the prompts' tokens."""
-    from actors.actor import TrialRunner
-    from sweeper.plan.expand import make_plan
-    from sweeper.plan.spec import parse_sweep
 
     server = launch(tmp_path, "--prefix-block", "16")
     try:
         server.wait_ready(READY_S)
-        trial = make_plan(parse_sweep({
+        outcome = run_one_trial({
             "name": "prefix", "models": ["tiny-llama"], "backends": "server", "precisions": "bf16",
             "backend_options": {"server": {"base_url": server.base_url, "model": "fault", "dialect": "vllm"}},
             "workload": {"mode": "serving", "output_len": 4, "request_rate": 50, "num_prompts": 20,
                          "dataset": {"prefix_repetition": {"prefix_len": 32, "suffix_len": 8, "num_prefixes": 2}}},
             "measure": {"warmup_iters": 1, "idle_s": 0.3, "min_window_s": 0.05},
-        }), "cpu").runnable[0]
-        runner = TrialRunner()
-        assert runner.load(trial).ok
-        outcome = runner.run(trial)
-        runner.close()
+        }, "cpu")
     finally:
         server.stop(2.0)
     row, requests = outcome.row, outcome.tables["requests"]
