@@ -94,9 +94,10 @@ class TrialRunner:
         if self.backend is not None:
             import gc
 
-            self.close()
-            self.backend, self.load_info, self.telemetry = None, None, None
-            gc.collect()  # cycles holding tensors go now, not at some later allocation
+            with stage("close"):
+                self.close()
+                self.backend, self.load_info, self.telemetry = None, None, None
+                gc.collect()  # cycles holding tensors go now, not at some later allocation
         self._fidelity = self._reference = None
         self._sources = None
         self.loads += 1

@@ -66,6 +66,16 @@
 #               an energy site of both GPUs; bench tp-energy on its rows (needs 2 GPUs)
 #   peer_bundled  bench server-peer on the bundled model (after smollm2): vllm bench serve and sweeper's
 #               client from 1 and from 4 processes, at 4 req/s and inf
+#   aiperf_install  AIPerf 0.13.0 into /tmp/aiperf-site (carry .stage/a1 in the same call: the 52 wheels
+#               the image and /tmp/site lack, 47 MB, staged by bench/stage_aiperf.sh); run as
+#               PYTHONPATH=/tmp/aiperf-site:$PYTHONPATH python3 -m aiperf
+#   peer_aiperf bench server-peer on the bundled model with four clients on one `vllm serve`: vllm bench
+#               serve, the same with sweeper's request fields (--matched), AIPerf and sweeper's client
+#               (auto processes), at 4 req/s and inf (after smollm2 and aiperf_install)
+#   core_pair   bench/start_gpu_core.yaml four times: cold, warm (actor core first), warm (process core
+#               first), warm with Triton's kernel cache emptied: engine starts and trial figures of the
+#               engine core in its own process against in the actor's, and what Triton's cache saves;
+#               CORE_RUNS="name:first ..." picks the runs (first: the engine_core whose groups lead)
 #   client_curve  bench http-client against the truth server (8 workers): 500 and 1000 req/s x 64 chunks,
 #               1, 2, 4 and 8 client processes (the client's capacity curve)
 #   server_engines  bench/server_engines_gpu.yaml: vllm serve and transformers serve, launched by
@@ -235,6 +245,31 @@ for kind in ('trials', 'requests', 'timeline'):
                           --duration-s 10 --max-prompts 600 --results "$RESULTS/peer_bundled" \
                           --out "$OUT/server_peer_bundled.json"
                       (cd "$RESULTS" && tar czf "$OUT/peer_bundled.tgz" peer_bundled/*/*.parquet) ;;
+        aiperf_install)
+                      mkdir -p /tmp/aiperf-wheels && cp .stage/a1/*.whl /tmp/aiperf-wheels/ \
+                          && python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/aiperf-site \
+                              /tmp/aiperf-wheels/*.whl \
+                          && PYTHONPATH=/tmp/aiperf-site:$PYTHONPATH python3 -m aiperf profile --help > /dev/null \
+                          && echo "aiperf: installed" ;;
+        peer_aiperf)  # Four clients on one vllm serve of the bundled model (issue 45's GPU evidence).
+                      python3 -m bench server-peer --model smollm2-135m --rates "${RATES:-4,inf}" --client-processes auto \
+                          --matched --aiperf "env PYTHONPATH=/tmp/aiperf-site:$PYTHONPATH python3 -m aiperf" \
+                          --duration-s 10 --max-prompts 600 --results "$RESULTS/peer_aiperf" \
+                          --out "$OUT/server_peer_aiperf.json"
+                      (cd "$RESULTS" && tar czf "$OUT/peer_aiperf.tgz" peer_aiperf/*/*.parquet) ;;
+        core_pair)    # engine_core process vs actor, alternating which starts first, then Triton's cache emptied.
+                      triton="${SWEEPER_CACHE:-$HOME/.cache/sweeper}/triton"
+                      for run in ${CORE_RUNS:-cold:process warm_a:actor warm_b:process triton_empty:process}; do
+                          name=${run%%:*} order=${run#*:}
+                          python3 -c "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); first = sys.argv[2]; v = d['backend_options']['vllm']; d['backend_options']['vllm'] = sorted(v, key=lambda o: o['engine_core'] != first); yaml.safe_dump(d, open(sys.argv[3], 'w'))" \
+                              bench/start_gpu_core.yaml "$order" "/tmp/core_$name.yaml"
+                          [ "$name" = triton_empty ] && rm -rf "$triton" && echo "emptied $triton"
+                          python3 -m sweeper run "/tmp/core_$name.yaml" -o "$RESULTS/core_$name" > "/tmp/core_$name.log" 2>&1
+                          tail -14 "/tmp/core_$name.log"; cp "/tmp/core_$name.log" "$RESULTS/core_$name/run.log"
+                          du -sh "$triton" "${VLLM_CACHE_ROOT:-$HOME/.cache/sweeper/vllm}" 2>/dev/null
+                          (cd "$RESULTS" && tar czf "$OUT/core_$name.tgz" "core_$name/trials.parquet" \
+                              "core_$name/stages.parquet" "core_$name/run.log")
+                      done ;;
         client_curve) # The HTTP client's capacity: chunks/s against send lateness, 1 to 8 processes, truth server of 8.
                       for rate in ${CURVE_RATES:-500 1000}; do
                           python3 -m bench http-client --rate "$rate" --arrival constant --duration-s 5 --output-len 64 \

@@ -15,6 +15,12 @@ serve`` sending the fields sweeper's client adds to each request (``min_tokens``
 decoding, per-chunk usage: ``stream_options.continuous_usage_stats``) through ``--extra-body``, so that
 a difference between the clients that those fields make shows as peer vs peer-matched.
 
+With ``--aiperf CMD`` (a command that runs AIPerf, e.g. ``"python3 -m aiperf"``), a fourth
+client runs in every repeat: AIPerf's ``profile`` with synthetic prompts of exactly
+``--input-len`` tokens, ``--output-len`` tokens (``ignore_eos`` and ``min_tokens`` as extra
+inputs), Poisson arrivals at the rate (at ``inf``: all requests at once, as ``--concurrency``),
+its TTFT, inter-token latency and the delay from each request's credit to its send saved.
+
 ``--client-processes 1,auto`` runs sweeper's client once per value in every repeat (its
 requests sent from that many processes: ``actors.backends.server.fanout``), paired on the one
 server. ``--tensor-parallel N`` serves on the first N GPUs and, with ``--energy``, sweeper
@@ -58,6 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs per rate and client, alternating")
     parser.add_argument("--matched", action="store_true",
                         help="also run vllm bench serve with sweeper's request fields (min_tokens, per-chunk usage)")
+    parser.add_argument("--aiperf", default=None,
+                        help='a command that runs AIPerf (e.g. "python3 -m aiperf"): a third client in every repeat')
     parser.add_argument("--client-processes", default="auto",
                         help="sweeper's client processes, comma-separated (a count or auto): each in every repeat")
     parser.add_argument("--tensor-parallel", type=int, default=1, help="the server's GPUs (the first N)")
@@ -104,6 +112,44 @@ def _peer(base: str, served: str, tokenizer: str, rate: float, n: int, seed: int
             "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
             "median_e2el_ms", "duration")
     return {**{k: r.get(k) for k in keys}, "wall_s": time.monotonic() - t0}
+
+
+def _aiperf(command: str, base: str, served: str, tokenizer: str, rate: float, n: int, seed: int,
+            args: argparse.Namespace, result_dir: Path) -> dict[str, Any]:
+    """AIPerf's ``profile`` on the same server and load: exact prompt and reply lengths, Poisson
+    arrivals at ``rate`` (at inf, every request at once). Milliseconds, from its own summary;
+    ``credit_to_start`` is how long after its scheduler released a request the request left."""
+    import shlex
+
+    art = result_dir / f"aiperf_{rate:g}_{seed}"
+    load = (["--concurrency", str(n)] if math.isinf(rate)
+            else ["--request-rate", str(rate), "--arrival-pattern", "poisson"])
+    cmd = [*shlex.split(command), "profile", "--model", served, "--url", base, "--endpoint-type", "completions",
+           "--streaming", "--tokenizer", tokenizer, "--isl", str(args.input_len), "--isl-stddev", "0",
+           "--osl", str(args.output_len), "--osl-stddev", "0", "--extra-inputs", "ignore_eos:true",
+           "--extra-inputs", f"min_tokens:{args.output_len}", *load, "--request-count", str(n),
+           "--random-seed", str(seed), "--ui", "none", "--no-gpu-telemetry", "--no-server-metrics",
+           "--artifact-dir", str(art)]
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    (result_dir / f"aiperf_{rate:g}_{seed}.log").write_text(done.stdout[-20000:] + done.stderr[-20000:])
+    summary_path = art / "profile_export_aiperf.json"
+    if done.returncode != 0 or not summary_path.exists():
+        return {"error": (done.stderr or done.stdout)[-2000:], "wall_s": time.monotonic() - t0}
+    r = json.loads(summary_path.read_text())
+
+    def pct(key: str, p: str) -> float | None:
+        return (r.get(key) or {}).get(p)
+
+    return {"completed": (r.get("request_count") or {}).get("avg"),
+            "request_throughput": pct("request_throughput", "avg"),
+            "median_ttft_ms": pct("time_to_first_token", "p50"), "p99_ttft_ms": pct("time_to_first_token", "p99"),
+            "median_itl_ms": pct("inter_token_latency", "p50"), "p99_itl_ms": pct("inter_token_latency", "p99"),
+            "median_chunk_gap_ms": pct("inter_chunk_latency", "p50"),
+            "median_e2el_ms": pct("request_latency", "p50"),
+            "credit_to_start_p50_ms": pct("credit_to_start_latency", "p50"),
+            "credit_to_start_p99_ms": pct("credit_to_start_latency", "p99"),
+            "errors": r.get("error_summary"), "wall_s": time.monotonic() - t0}
 
 
 def _sweeper(base: str, served: str, rate: float, n: int, seed: int, args: argparse.Namespace, results: Path,
@@ -189,7 +235,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         results["ready_s"] = server.wait_ready(900.0)
         base = server.base_url.removesuffix("/v1")
-        peer_dir = Path(tempfile.mkdtemp())
+        peer_dir = out.with_name(out.stem + "_clients")  # every client's own output, kept
+        peer_dir.mkdir(parents=True, exist_ok=True)
         for text in args.rates.split(","):
             rate = float(text)
             n = _count(rate, args.duration_s, args.max_prompts)
@@ -202,6 +249,8 @@ def run(args: argparse.Namespace) -> int:
                     key = "sweeper" if processes == args.client_processes.split(",")[0] else f"sweeper_{processes}"
                     entry[key] = _sweeper(base, served, rate, n, seed, args,
                                           Path(args.results) / f"rate_{text}_{seed}_{processes}", log, processes, site)
+                if args.aiperf:
+                    entry["aiperf"] = _aiperf(args.aiperf, base, served, model, rate, n, seed, args, peer_dir)
                 if args.matched:
                     entry["peer_matched"] = _peer(base, served, model, rate, n, seed, args, peer_dir,
                                                   extra_body=_matched_body(args.output_len))

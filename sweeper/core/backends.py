@@ -116,6 +116,12 @@ class VllmOptions(BaseModel):
     # process at every engine start. Offline mode only: vLLM's AsyncLLM always runs it apart.
     engine_core: Literal["process", "actor"] = "process"
 
+    def releases_gpu_on_close(self) -> bool:
+        """Whether closing the engine leaves the actor's process holding nothing on its GPUs:
+        only when the engine core and workers run in processes of their own, which end with
+        it; in the actor's process they leave a CUDA context behind."""
+        return self.engine_core == "process"
+
     def unsupported_serving(self) -> str | None:
         if self.engine_core == "actor":
             return ("engine_core: actor runs the offline engine's core in the actor's process; serving mode's "
@@ -162,6 +168,13 @@ class BackendSpec:
     # process (imports done, its GPU already held): the backend's close() must give back
     # every byte of device memory and every child process it made.
     reuses_actor: bool = False
+    # Whether its model runs in the actor's own process, which then holds a CUDA context on its
+    # GPU for as long as the process lives.
+    context_in_actor: bool = False
+    # Whether its engine runs in processes of its own that read the GPU's memory as theirs (vLLM
+    # sizes its KV cache from what is free): such a group is never loaded by an actor that holds
+    # a context from an earlier group, which would sit on the GPU beside the engine.
+    engine_in_processes: bool = False
     # Whether it runs offline mode (static batches of generate calls); a server does not.
     offline: bool = True
     # Whether its load starts an engine or a server (a minute or more on a GPU: processes,
@@ -173,6 +186,13 @@ class BackendSpec:
 
     def default_options(self) -> BaseModel:
         return self.options()
+
+    def reuses_actor_with(self, options: BaseModel | None) -> bool:
+        """Whether an actor that closed this backend, run with these options, may load the next
+        group: the backend allows it and the options leave nothing on the GPU (options models
+        that can keep the GPU define ``releases_gpu_on_close``)."""
+        release = getattr(options, "releases_gpu_on_close", None)
+        return self.reuses_actor and (release is None or release())
 
     def unsupported_shape(self, options: BaseModel, input_len: int, output_len: int) -> str | None:
         """Why a trial of this shape cannot run with these options (options models that
@@ -264,6 +284,7 @@ BACKENDS: dict[str, BackendSpec] = {
             serving=True,
             full_logprobs=True,
             reuses_actor=True,
+            context_in_actor=True,
         ),
         # No model: generate sleeps. Measures the harness and scheduler themselves.
         BackendSpec(
@@ -291,6 +312,10 @@ BACKENDS: dict[str, BackendSpec] = {
             max_tensor_parallel=8,
             serving=True,
             slow_start=True,
+            # close() ends the engine's processes and waits until they are gone; the actor's
+            # own process never touches the GPU unless engine_core: actor (releases_gpu_on_close).
+            reuses_actor=True,
+            engine_in_processes=True,
             precision_notes=tuple((p, _VLLM_NO_BNB) for p in ("int8", "nf4", "fp4")) + (
                 ("fp32", "its fast attention kernels (FlashAttention, FlashInfer) have no fp32 path, "
                          "so an fp32 number would measure a fallback"),),

@@ -397,7 +397,7 @@ LAYERS: tuple[Column, ...] = (
 STAGES: tuple[Column, ...] = (
     _c("trial_id", S, "trial the span is recorded with (a group's stages: with the first trial recorded after "
                       "its load)"),
-    _c("stage", S, "actor_start | pre_load_idle | reference | materialize | load | engine_start | weights | "
+    _c("stage", S, "actor_start | close | pre_load_idle | reference | materialize | load | engine_start | weights | "
                    "engine_compile | kv_cache | cuda_graphs | engine_warmup (scope group; the last six: a vLLM "
                    "engine's start, from its log) | compile | warmup | idle_baseline | measure | fidelity | layer_pass | harness "
                    "(scope trial); sweeper/core/stages.py says what each holds"),

@@ -28,6 +28,8 @@ class Stage:
 
 _STAGES = (
     Stage("actor_start", "group", "the actor's process started and imported the data plane (before its first call)"),
+    Stage("close", "group", "an actor handed on from the previous group releasing that group's model first "
+                            "(a vLLM engine: its processes ended and gone)"),
     Stage("pre_load_idle", "group", "the untouched GPU's idle power, measured before the model loads"),
     Stage("reference", "group", "the fidelity reference step (its own model, loaded and released)"),
     Stage("materialize", "group", "weights or a checkpoint built on the node's disk (synthetic weights, the "

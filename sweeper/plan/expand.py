@@ -80,13 +80,22 @@ class TrialGroup:
             steps |= {t.batch_size, t.batch_size * t.input_len}
         return tuple(sorted(steps))
 
+    def may_follow(self, previous: TrialGroup) -> bool:
+        """Whether an actor that ran ``previous`` may load this group next: both let an actor go
+        on, and ``previous`` left no CUDA context in the actor's process that this group's
+        engine processes would find on their GPU."""
+        if not (self.reuses_actor and previous.reuses_actor):
+            return False
+        return not (BACKENDS[self.backend].engine_in_processes and BACKENDS[previous.backend].context_in_actor)
+
     @property
     def reuses_actor(self) -> bool:
         """Whether every backend the group loads (a fidelity reference's included) lets an actor
         go on to another group after closing it."""
         t = self.trials[0]
-        used = {t.backend} | ({t.fidelity.reference_backend} if t.fidelity and t.fidelity.reference_backend else set())
-        return all(BACKENDS[b].reuses_actor for b in used)
+        reference = t.fidelity.reference_backend if t.fidelity else None
+        return (BACKENDS[t.backend].reuses_actor_with(t.backend_options)
+                and (reference is None or BACKENDS[reference].reuses_actor_with(None)))
 
 
 @dataclass

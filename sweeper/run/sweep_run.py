@@ -406,10 +406,8 @@ class SweepRun:
     def _successor(self, g: GroupRun) -> GroupRun | None:
         """The first group still waiting for an actor that ``g``'s could serve: the same
         resources, and backends that let an actor go on after closing them."""
-        if not g.group.reuses_actor:
-            return None
         return next((h for h in self.open if h.state is GroupState.WAITING and h.resources == g.resources
-                     and h.group.reuses_actor), None)
+                     and h.group.may_follow(g.group)), None)
 
     def hand_over(self, g: GroupRun, h: GroupRun) -> None:
         """``g`` is done: its actor, already started and holding its GPU, loads ``h``'s model

@@ -288,6 +288,28 @@ def test_a_finished_groups_actor_loads_the_next_waiting_group(tmp_path):
     assert all(g.state is GroupState.DONE for g in run.groups)
 
 
+def test_an_actor_whose_model_ran_in_it_is_not_handed_to_an_engine_that_runs_apart(tmp_path, monkeypatch):
+    """A transformers actor keeps a CUDA context on its GPU after closing its model: an engine
+    that runs in processes of its own (as vLLM's does) and sizes itself by the GPU's free
+    memory must start on a fresh actor. The other way round, and between groups of one
+    backend, the actor is handed on."""
+    import dataclasses
+
+    from sweeper.core.backends import BACKENDS
+
+    monkeypatch.setitem(BACKENDS, "noop", dataclasses.replace(BACKENDS["noop"], engine_in_processes=True))
+    sweep = _sweep(backends=["transformers", "noop"], precisions="fp32")
+    runner = OneSlotRunner()
+    run, rows = _run(tmp_path, runner, sweep)
+    assert [g.group.backend for g in run.groups] == ["transformers", "noop"]
+    assert sorted(r["status"] for r in rows) == ["ok"] * 6
+    assert run.summary.actor_handovers == 0 and runner.closed == [1, 2]
+
+    monkeypatch.setitem(BACKENDS, "noop", dataclasses.replace(BACKENDS["noop"], engine_in_processes=False))
+    run, rows = _run(tmp_path / "again", OneSlotRunner(), sweep)
+    assert run.summary.actor_handovers == 1
+
+
 def test_an_actor_is_not_handed_to_a_backend_that_needs_a_fresh_process(tmp_path, monkeypatch):
     import dataclasses
 

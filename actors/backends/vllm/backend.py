@@ -491,6 +491,10 @@ class VllmBackend(Backend):
         if serving is not None:
             serving.close()
             gc.collect()
+        self._shut_down_llm()
+        _await_children(CHILD_EXIT_TIMEOUT_S)
+
+    def _shut_down_llm(self) -> None:
         llm, self.llm = self.llm, None
         if llm is None:
             return
@@ -515,6 +519,26 @@ class VllmBackend(Backend):
         return any(marker in text for marker in (
             "out of memory", "No available memory for the cache blocks",
             "larger than the maximum number of tokens that can be stored in KV cache"))
+
+
+# How long close() waits for the engine's processes to exit before it kills them.
+CHILD_EXIT_TIMEOUT_S = 30.0
+
+
+def _await_children(timeout_s: float) -> None:
+    """Wait until every process this one started (the engine core and its workers) has
+    exited, killing those still alive after ``timeout_s``. vLLM's shutdown asks them to end;
+    a GPU is free only once they have, and an actor handed on to the next group starts its
+    engine right after close(): the new engine would see the old one's memory as taken."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    _, alive = psutil.wait_procs(children, timeout=timeout_s)
+    for proc in alive:
+        log.warning("vLLM process %d outlived the engine's shutdown by %.0f s: killed", proc.pid, timeout_s)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5.0)
 
 
 def _compute_capability(uuid: str) -> tuple[int, int]:

@@ -497,3 +497,34 @@ def test_an_engine_core_in_the_actor_is_offline_only():
     assert BACKENDS["vllm"].unsupported_serving(VllmOptions()) is None
     reason = BACKENDS["vllm"].unsupported_serving(VllmOptions(engine_core="actor"))
     assert reason is not None and reason.startswith("engine_core: actor") and "AsyncLLM" in reason
+
+
+def test_a_vllm_actor_is_handed_on_unless_its_engine_core_stays_in_it():
+    """An engine whose core and workers are processes of their own leaves the actor's process
+    holding nothing on the GPU once closed: the actor may load the next group. An engine core
+    in the actor's process leaves a CUDA context there: a fresh actor for the next group."""
+    from sweeper.core.backends import TransformersOptions
+
+    vllm = BACKENDS["vllm"]
+    assert vllm.reuses_actor_with(VllmOptions()) and vllm.reuses_actor_with(VllmOptions(engine_core="process"))
+    assert not vllm.reuses_actor_with(VllmOptions(engine_core="actor"))
+    assert BACKENDS["transformers"].reuses_actor_with(TransformersOptions())
+    assert not BACKENDS["server"].reuses_actor_with(None)
+
+
+def test_closing_waits_for_the_engine_processes_and_kills_those_that_outlive_it():
+    """close() returns only once the processes it started are gone (the next engine on the
+    GPU would otherwise find their memory taken): one that ends by itself is waited for, one
+    that ignores the shutdown is killed at the bound."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from actors.backends.vllm.backend import _await_children
+
+    ends = subprocess.Popen([sys.executable, "-c", "pass"])
+    stays = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    _await_children(0.5)  # reaps both (so Popen sees no status of its own)
+    assert not psutil.pid_exists(ends.pid)
+    assert not psutil.pid_exists(stays.pid)  # it would have slept for 600 s: killed
