@@ -492,7 +492,14 @@ class VllmBackend(Backend):
             serving.close()
             gc.collect()
         self._shut_down_llm()
-        _await_children(CHILD_EXIT_TIMEOUT_S)
+        if self._readers:
+            from actors.telemetry.nvml import TelemetryError, gpu_processes
+
+            uuids = [r.gpu.uuid for r in self._readers]
+            try:
+                release_gpus(lambda: {pid for pid, _ in gpu_processes(uuids)}, GPU_RELEASE_TIMEOUT_S)
+            except TelemetryError as exc:  # NVML cannot list them: the shutdown's own wait stands
+                log.warning("could not check that the engine let go of its GPUs: %s", exc)
 
     def _shut_down_llm(self) -> None:
         llm, self.llm = self.llm, None
@@ -521,24 +528,37 @@ class VllmBackend(Backend):
             "larger than the maximum number of tokens that can be stored in KV cache"))
 
 
-# How long close() waits for the engine's processes to exit before it kills them.
-CHILD_EXIT_TIMEOUT_S = 30.0
+# How long close() waits for the engine's processes to let go of the GPUs before it kills them.
+GPU_RELEASE_TIMEOUT_S = 30.0
 
 
-def _await_children(timeout_s: float) -> None:
-    """Wait until every process this one started (the engine core and its workers) has
-    exited, killing those still alive after ``timeout_s``. vLLM's shutdown asks them to end;
-    a GPU is free only once they have, and an actor handed on to the next group starts its
-    engine right after close(): the new engine would see the old one's memory as taken."""
+def release_gpus(holders: Callable[[], set[int]], timeout_s: float, poll_s: float = 0.1) -> list[int]:
+    """Wait until no process this one started holds a GPU (``holders()``: the pids NVML lists
+    on the engine's GPUs), killing those that still do after ``timeout_s``; returns their pids.
+
+    vLLM's shutdown asks its engine core and workers to end, and a GPU is free only once they
+    have: an actor handed on to the next group starts its engine right after close(), and the
+    new engine would find the old one's memory taken. Only holders count: a child that never
+    touched the GPU (multiprocessing's resource tracker lives as long as its parent) is none
+    of the next engine's business and is left alone."""
     import psutil
 
-    children = psutil.Process().children(recursive=True)
-    _, alive = psutil.wait_procs(children, timeout=timeout_s)
-    for proc in alive:
-        log.warning("vLLM process %d outlived the engine's shutdown by %.0f s: killed", proc.pid, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ours = {p.pid: p for p in psutil.Process().children(recursive=True)}
+        holding = [ours[pid] for pid in holders() if pid in ours]
+        if not holding:
+            return []
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
+    for proc in holding:
+        log.warning("vLLM process %d still held its GPU %.0f s after the engine's shutdown: killed",
+                    proc.pid, timeout_s)
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
-    psutil.wait_procs(alive, timeout=5.0)
+    psutil.wait_procs(holding, timeout=5.0)
+    return [p.pid for p in holding]
 
 
 def _compute_capability(uuid: str) -> tuple[int, int]:

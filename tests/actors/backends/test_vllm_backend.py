@@ -512,19 +512,41 @@ def test_a_vllm_actor_is_handed_on_unless_its_engine_core_stays_in_it():
     assert not BACKENDS["server"].reuses_actor_with(None)
 
 
-def test_closing_waits_for_the_engine_processes_and_kills_those_that_outlive_it():
-    """close() returns only once the processes it started are gone (the next engine on the
-    GPU would otherwise find their memory taken): one that ends by itself is waited for, one
-    that ignores the shutdown is killed at the bound."""
+def test_closing_waits_until_no_engine_process_holds_the_gpu_and_kills_those_that_keep_it():
+    """close() returns only once no process it started holds the engine's GPUs (the next
+    engine on them would otherwise find their memory taken): a holder that ends by itself is
+    waited for, one that ignores the shutdown is killed at the bound, and a child that never
+    held the GPU (as multiprocessing's resource tracker, which lives as long as its parent) is
+    left alone. NVML's list of the GPU's processes is the one part given here: these are real
+    child processes, and which of them "hold the GPU" is what the test says."""
     import subprocess
     import sys
 
     import psutil
 
-    from actors.backends.vllm.backend import _await_children
+    from actors.backends.vllm.backend import release_gpus
 
-    ends = subprocess.Popen([sys.executable, "-c", "pass"])
-    stays = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    _await_children(0.5)  # reaps both (so Popen sees no status of its own)
-    assert not psutil.pid_exists(ends.pid)
-    assert not psutil.pid_exists(stays.pid)  # it would have slept for 600 s: killed
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    ends = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    stays = subprocess.Popen(sleeper)
+    bystander = subprocess.Popen(sleeper)
+    try:
+        holders = {ends.pid, stays.pid, 999_999_999}  # and a process of another namespace
+
+        def alive(pid: int) -> bool:  # an exited process holds nothing, reaped or not
+            try:
+                return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return False
+
+        def on_gpu() -> set[int]:
+            return {pid for pid in holders if alive(pid)} | {999_999_999}
+
+        assert release_gpus(on_gpu, timeout_s=2.0, poll_s=0.02) == [stays.pid]
+        assert ends.wait(timeout=5) == 0  # ended by itself, before the bound
+        assert not psutil.pid_exists(stays.pid)  # it would have slept for 600 s: killed
+        assert bystander.poll() is None  # never held the GPU: still running
+        assert release_gpus(on_gpu, timeout_s=2.0) == []  # nothing of ours holds it now
+    finally:
+        bystander.kill()
+        bystander.wait()
