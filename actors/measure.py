@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from actors.backends.base import Backend, Generation, LoadInfo
+from actors.backends.speculation import window_columns
 from actors.convergence import ENERGY_SETTLE_S, WindowPrecision, window_precision
 from actors.method import (
     WINDOW_ENERGY_COLUMNS,
@@ -217,6 +218,7 @@ class OfflineWindow(Window):
         self.generations: list[Generation] = []
         self.t0_s = self.t1_s = 0.0
         self.prepared: Any = None
+        self.speculation: dict[str, float | None] = {}
 
     def prepare(self) -> None:
         # Compilation and graph capture for the shape, timed apart: never in the window.
@@ -235,6 +237,7 @@ class OfflineWindow(Window):
         m, clock, backend, generations = self.trial.measure, self.clock, self.backend, self.generations
         cap_s = m.window_cap_s
         backend.sync()
+        counted = backend.speculation_counts()  # read outside the window: host work
         t0 = self.t0_s = clock()
         checked_s = t0
         while True:
@@ -252,6 +255,7 @@ class OfflineWindow(Window):
                     break
         backend.sync()
         self.t1_s = clock()
+        self.speculation = window_columns(counted, backend.speculation_counts())
 
     def figures(self, handle: MeterReading, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
         trial, generations, source = self.trial, self.generations, self.source
@@ -267,6 +271,7 @@ class OfflineWindow(Window):
             **offline_latency_columns(requests),
             "peak_memory_bytes": self.backend.peak_memory_bytes(),
             "compile_s": self.prepared.compile_s, "compile_status": self.prepared.compile_status,
+            **self.speculation,
         }
         marks = [mark for g in generations for mark in g.marks]
         decode_tokens = sum(max(r.output_tokens - 1, 0) for g in generations for r in g.requests)

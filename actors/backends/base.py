@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import BaseModel
 
+from actors.backends.speculation import SpeculationCounts
 from actors.quality.divergence import TopK
 from actors.serving.records import ServedRun, ServingRequest
 
@@ -176,6 +177,11 @@ class Backend(ABC):
 
     def recover(self) -> None:  # noqa: B027 - optional hook
         """Free what a failed call left behind (e.g. after out-of-memory)."""
+
+    def speculation_counts(self) -> SpeculationCounts | None:
+        """The engine's cumulative speculative-decoding counts (None: no speculation, or not
+        readable); a window's figures are the difference of two readings."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         pass

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from actors.backends.base import Backend, LoadInfo
+from actors.backends.speculation import window_columns
 from actors.measure import reply_length_columns
 from actors.method import Figures, Measurement, Window, measure, ratio, window_energy_columns
 from actors.serving import attribution, lateness
@@ -78,6 +79,7 @@ class ServingWindow(Window):
         self.last_arrival_s = max(r.arrival_offset_s for r in self.measured)
         self.served: ServedRun | None = None
         self.t_end_s = self.started_s
+        self.speculation: dict[str, float | None] = {}
 
     def _requests(self, stream: int, count: int | None = None) -> list:
         made = serving_requests(self.settings, request_rate=self.rate, source=self.source,
@@ -100,12 +102,15 @@ class ServingWindow(Window):
         self.backend.sync()
 
     def run(self, telemetry: TelemetryBase) -> None:
-        trial = self.trial
-        self.served = self.backend.serve(
+        trial, backend = self.trial, self.backend
+        counted = backend.speculation_counts()
+        self.served = backend.serve(
             self.measured, max_concurrency=trial.max_concurrency,
             deadline_s=_run_deadline(trial, self.last_arrival_s, self.started_s, self.clock()))
-        self.backend.sync()
+        backend.sync()
         self.t_end_s = self.clock()
+        # The whole run's, not the steady window's: the counters are the engine's, per step.
+        self.speculation = window_columns(counted, backend.speculation_counts())
 
     def figures(self, handle: MeterReading, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
         run, trial = self.served, self.trial
@@ -118,7 +123,7 @@ class ServingWindow(Window):
         cut_s = (engine_window.duration_s if engine_window else 0.0) - (window.duration_s if window else 0.0)
         late = lateness.send_lateness(run.requests, window, bound_s, ttft_p50, cut_s)
         row, request_energy = _columns(trial, run, window, telemetry, handle, idle_power_w, self.last_arrival_s)
-        row.update(late.columns(), client_processes=run.client_processes)
+        row.update(late.columns(), client_processes=run.client_processes, **self.speculation)
         if self.source.varies():
             done = [r for r in run.requests if r.ok]
             row.update(reply_length_columns([r.prompt_tokens for r in done], [r.output_tokens for r in done]))

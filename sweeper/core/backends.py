@@ -8,7 +8,7 @@ its data-plane implementation lives (imported inside the actor only).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -78,6 +78,35 @@ class NoopOptions(BaseModel):
     gate_file: str | None = None
 
 
+class SpeculativeOptions(BaseModel):
+    """Speculative decoding (``backend_options.vllm.speculative``): a drafter proposes tokens
+    that the model checks in one step, accepting the longest run it would have produced itself.
+    n-gram prompt lookup needs no draft model: it proposes what followed the last n tokens
+    where they occurred earlier in the sequence. Its acceptance depends on the text, so on a
+    synthetic (random-weight) model it means nothing."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Literal["ngram"] = "ngram"
+    # Tokens proposed per step (and at most accepted per step, besides the model's own).
+    num_speculative_tokens: int = Field(gt=0, le=32, strict=True)
+    # The longest and shortest n-gram looked up in the sequence so far.
+    prompt_lookup_max: int = Field(4, gt=0, le=64, strict=True)
+    prompt_lookup_min: int | None = Field(None, gt=0, le=64, strict=True)
+
+    @field_validator("prompt_lookup_min")
+    @classmethod
+    def _at_most_max(cls, value: int | None, info: ValidationInfo) -> int | None:
+        high = info.data.get("prompt_lookup_max")
+        if value is not None and high is not None and value > high:
+            raise ValueError(f"must be at most prompt_lookup_max ({high})")
+        return value
+
+    def engine_config(self) -> dict[str, Any]:
+        """vLLM's ``speculative_config`` (``LLM(speculative_config=...)``, ``--speculative-config``)."""
+        return self.model_dump(exclude_none=True)
+
+
 class VllmOptions(BaseModel):
     """Options of the ``vllm`` backend (``backend_options.vllm``): engine arguments of ``vllm.LLM``.
 
@@ -115,6 +144,11 @@ class VllmOptions(BaseModel):
     # own process (VLLM_ENABLE_V1_MULTIPROCESSING=0), which saves spawning and connecting that
     # process at every engine start. Offline mode only: vLLM's AsyncLLM always runs it apart.
     engine_core: Literal["process", "actor"] = "process"
+    # Speculative decoding (None: off). The row records its acceptance from vLLM's own counters.
+    speculative: SpeculativeOptions | None = None
+
+    def speculates(self) -> bool:
+        return self.speculative is not None
 
     def releases_gpu_on_close(self) -> bool:
         """Whether closing the engine leaves the actor's process holding nothing on its GPUs:

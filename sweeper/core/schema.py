@@ -155,6 +155,15 @@ _RESULT: tuple[Column, ...] = (
     _c("prefix_cache_hit_rate", F, "serving: of the completed requests' prompt tokens, the share the engine took "
                                     "from its prefix cache (requests.parquet cached_tokens over input_len, over the "
                                     "requests whose engine reported it); null where none did"),
+    _c("spec_drafts", F, "speculative decoding (vLLM, in-process or a server's /metrics): draft steps the engine ran "
+                         "over the window (offline) or the run (serving), from its spec_decode counters; null "
+                         "without speculation"),
+    _c("spec_draft_tokens", F, "speculative decoding: tokens the drafts proposed over the same span"),
+    _c("spec_accepted_tokens", F, "speculative decoding: proposed tokens the model accepted over the same span"),
+    _c("spec_acceptance_rate", F, "speculative decoding: spec_accepted_tokens / spec_draft_tokens; on a synthetic "
+                                  "(random-weight) model it says nothing of real text"),
+    _c("spec_tokens_per_step", F, "speculative decoding: tokens a draft step yields, 1 + spec_accepted_tokens / "
+                                  "spec_drafts (its accepted drafts and the model's own token)"),
     _c("queue_growth", F, "serving: the rise of the least-squares line through requests outstanding (arrived, not "
                           "finished) across the arrivals in the steady window, in requests; 0 with none there"),
     _c("send_lateness_p50_s", F, "serving: median send lateness over the run's requests (requests.parquet "

@@ -186,7 +186,9 @@ class ServerEngine:
 
 
 def engine_args(args: Mapping[str, Any]) -> list[str]:
-    """``{max-num-seqs: 64, enforce-eager: true}`` as ``--max-num-seqs 64 --enforce-eager``."""
+    """``{max-num-seqs: 64, enforce-eager: true}`` as ``--max-num-seqs 64 --enforce-eager``; a
+    mapping or list value as JSON, which is how vLLM and SGLang take structured flags
+    (``speculative-config: {method: ngram, num_speculative_tokens: 4}``)."""
     out: list[str] = []
     for key, value in args.items():
         flag = "--" + key.replace("_", "-")
@@ -194,6 +196,8 @@ def engine_args(args: Mapping[str, Any]) -> list[str]:
             out.append(flag)
         elif value is False:
             out.append("--no-" + key.replace("_", "-"))
+        elif isinstance(value, Mapping | list):
+            out += [flag, json.dumps(value, separators=(",", ":"))]
         else:
             out += [flag, str(value)]
     return out
@@ -320,14 +324,20 @@ class EnergySite(BaseModel):
     gpu_uuids: list[str] = Field(min_length=1)
 
 
+# Engine flags that turn speculative decoding on (vLLM: --speculative-config; SGLang:
+# --speculative-algorithm), by name without the dashes.
+SPECULATION_FLAGS = frozenset({"speculative-config", "speculative-algorithm"})
+
+
 class ServerOptions(BaseModel):
     """Options of the ``server`` backend (``backend_options.server``): which server, and how to reach it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     launch: EngineName | LaunchCommand | None = None
-    # Extra engine flags, by name without the dashes: {max-num-seqs: 64, enforce-eager: true}.
-    args: dict[str, str | int | float | bool] = {}
+    # Extra engine flags, by name without the dashes: {max-num-seqs: 64, enforce-eager: true}; a
+    # mapping or list is passed as JSON ({speculative-config: {method: ngram, ...}}).
+    args: dict[str, str | int | float | bool | dict[str, Any] | list[Any]] = {}
     base_url: str | None = Field(None, pattern=r"^https?://[^\s/]+(/\S*)?$")
     # The name the external server serves the model under (base_url only).
     model: str | None = None
@@ -407,6 +417,10 @@ class ServerOptions(BaseModel):
         """Environment variables the trial's actor needs from the driver's environment: the
         external server's key, which reaches the actor's node through Ray's runtime environment."""
         return (self.api_key_env,) if self.api_key_env is not None else ()
+
+    def speculates(self) -> bool:
+        """Whether the launched engine is asked to speculate (vLLM's and SGLang's flags)."""
+        return any(k.replace("_", "-") in SPECULATION_FLAGS for k in self.args)
 
     @property
     def holds_gpus(self) -> bool:

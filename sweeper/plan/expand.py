@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -269,6 +269,21 @@ def dataset_settings(sweep: Sweep, sweep_path: str = "<sweep>",
                            max_input_len=w.max_input_len, chat=bool(w.chat))
 
 
+def speculation_warnings(trials: Iterable[Trial]) -> list[str]:
+    """One warning per synthetic model run with speculative decoding: a drafter's proposals are
+    accepted as often as the model would have produced them, and a random-weight model's
+    choices have nothing to do with the text, so its acceptance (and what speculation saves)
+    says nothing of a real model's. The trials still run: the cost of the drafts is real."""
+    warnings: dict[str, None] = {}
+    for t in trials:
+        speculates = getattr(t.backend_options, "speculates", None)
+        if t.model_source == "synthetic" and speculates is not None and speculates():
+            warnings.setdefault(f"{t.model} {t.backend}: speculative decoding on a synthetic (random-weight) model: "
+                                "its acceptance rate says nothing of real text; measure it on a real model "
+                                "(e.g. the bundled smollm2-135m)")
+    return list(warnings)
+
+
 def compatibility(trial: Trial, device: Device, capabilities: Capabilities | None = None) -> str | None:
     """Why this trial cannot run on ``device``, or None.
 
@@ -354,7 +369,8 @@ def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", chec
     if capabilities is not None:
         _check_width(planned, device, capabilities, sweep_path)
     plan = Plan(sweep=sweep, device=device, trials=planned, excluded=excluded,
-                warnings=steady_window_warnings(p.trial for p in planned if p.runnable))
+                warnings=steady_window_warnings(p.trial for p in planned if p.runnable)
+                + speculation_warnings(p.trial for p in planned))
     if capabilities is not None:
         plan.notes.append(f"installed libraries checked in: {capabilities.source}")
     return plan

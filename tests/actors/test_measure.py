@@ -149,3 +149,39 @@ def test_a_window_cut_before_it_can_judge_its_precision_is_flagged():
     assert row["throughput_rel_ci95"] is None and row["ci_blocks"] == 1
     assert row["unstable"] is True
     assert row["unstable_reason"].startswith("window 1.60 s holds 1 block(s) of >= 1 s, too few (< 3)")
+
+
+class Speculating(NoopBackend):
+    """The simulated engine with speculation counters that every generate call advances, as
+    vLLM's do per draft step: 3 drafts of 4 proposed tokens, 6 of them accepted, per call."""
+
+    calls = 0
+
+    def generate_batch(self, batch):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return super().generate_batch(batch)
+
+    def speculation_counts(self):  # type: ignore[no-untyped-def]
+        from actors.backends.speculation import SpeculationCounts
+
+        return SpeculationCounts(drafts=3.0 * self.calls, draft_tokens=12.0 * self.calls,
+                                 accepted_tokens=6.0 * self.calls)
+
+
+def test_a_window_counts_the_speculation_of_its_own_calls_only():
+    sweep = parse_sweep({
+        "name": "spec", "models": "tiny-llama", "backends": "noop", "precisions": "bf16", "batch_sizes": 1,
+        "workload": {"input_len": 8, "output_len": 4}, "backend_options": {"noop": {"step_s": 0.1}},
+        "measure": {"warmup_iters": 3, "min_iters": 2, "min_duration_s": 0, "idle_s": 0},
+    })
+    trial = expand(sweep)[0][0]
+    backend, clock = Speculating(), FakeClock()
+    backend.clock, backend.sleep = clock, clock.sleep
+    load = backend.load(ModelSpec("synthetic", "tiny-llama", "bf16", trial.backend_options))
+    row = measure_trial(backend, trial, load, NullTelemetry(reason="test"), clock=clock).row
+    calls = row["n_iterations"]
+    assert backend.calls == calls + 3  # the warm-up's three are not the window's
+    assert row["spec_drafts"] == 3.0 * calls and row["spec_accepted_tokens"] == 6.0 * calls
+    assert row["spec_acceptance_rate"] == 0.5 and row["spec_tokens_per_step"] == 3.0
+    plain = run({"warmup_iters": 1})[1]
+    assert "spec_drafts" not in plain  # no speculation, no columns

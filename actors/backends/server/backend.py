@@ -26,7 +26,8 @@ import numpy as np
 from actors.backends.base import Backend, Generation, LoadInfo, ModelSpec
 from actors.backends.server.client import Endpoint, run_http
 from actors.backends.server.fanout import processes_for
-from actors.backends.server.process import ServerError, ServerProcess, get_json
+from actors.backends.server.process import ServerError, ServerProcess, get_json, get_text
+from actors.backends.speculation import SpeculationCounts
 from actors.backends.vllm import start as vllm_start
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.servers import RequestDialect, ServerEngine, ServerOptions, dtype_of, engine_args
@@ -38,6 +39,8 @@ DEFAULT_READY_TIMEOUT_S = 1800.0
 # Share of measure.load_timeout_s the readiness wait may use: the actor, not the driver's
 # watchdog, then reports why the server never answered (its log's last lines).
 READY_SHARE_OF_LOAD_TIMEOUT = 0.95
+# How long a read of the server's /metrics page (speculation counters) may take.
+METRICS_TIMEOUT_S = 5.0
 
 
 def server_log_dir() -> Path:
@@ -224,6 +227,18 @@ class ServerBackend(Backend):
         return Endpoint(url=f"{self.base_url}/{'chat/completions' if self.chat else 'completions'}",
                         body=self._body, continuous_usage=self._dialect.continuous_usage, headers=self.headers,
                         warm_url=f"{self.base_url}/models")
+
+    def speculation_counts(self) -> SpeculationCounts | None:
+        """From the server's ``/metrics`` (vLLM's counters; None where it has none, or no such page)."""
+        if not self.base_url:
+            return None
+        try:
+            text = get_text(self.base_url.removesuffix("/v1") + "/metrics", timeout_s=METRICS_TIMEOUT_S,
+                            headers=self.headers)
+            return SpeculationCounts.from_prometheus_text(text)
+        except (OSError, ValueError) as exc:
+            log.debug("no speculation counters from %s/metrics: %s", self.base_url, exc)
+            return None
 
     def process_owner(self) -> int | None:
         # A launched server is this actor's child (in a session of its own); an external

@@ -90,6 +90,13 @@ def get_json(url: str, timeout_s: float = READY_REQUEST_TIMEOUT_S,
         return json.loads(response.read().decode())
 
 
+def get_text(url: str, timeout_s: float = READY_REQUEST_TIMEOUT_S, headers: Mapping[str, str] | None = None) -> str:
+    """GET ``url`` (with ``headers``) as text; raises ``OSError``."""
+    request = urllib.request.Request(url, headers=dict(headers or {}))
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - an http(s) URL we built
+        return response.read().decode(errors="replace")
+
+
 def _copy_redacted(source: IO[bytes], log_path: Path, secrets: Sequence[str]) -> None:
     """Append the server's output to its log line by line, each secret replaced: a server may
     print its own arguments (vLLM logs its non-default ones, its key among them)."""

@@ -55,6 +55,7 @@ from actors.backends.base import (
     PromptBatch,
     RequestTiming,
 )
+from actors.backends.speculation import SpeculationCounts
 from actors.backends.vllm import start as vllm_start
 from actors.backends.vllm.worker import WORKER_EXTENSION
 from actors.quality.divergence import TopK
@@ -142,6 +143,8 @@ def engine_kwargs(*, model_path: str, precision: str, options: VllmOptions, tens
         value = getattr(options, name)
         if value is not None:
             kwargs[name] = value
+    if options.speculative is not None:
+        kwargs["speculative_config"] = options.speculative.engine_config()
     if hf_overrides:
         kwargs["hf_overrides"] = hf_overrides
     sizes = capture_sizes(options, step_tokens)
@@ -481,6 +484,15 @@ class VllmBackend(Backend):
         if self.serving is None:
             raise RuntimeError("serve() needs the engine loaded for serving mode (ModelSpec.serving)")
         return self.serving.serve(requests, max_concurrency=max_concurrency, deadline_s=deadline_s)
+
+    def speculation_counts(self) -> SpeculationCounts | None:
+        # The engine's stat loggers record into this process's Prometheus registry (offline LLM
+        # and AsyncLLM alike; disable_log_stats=False), whichever process runs its core.
+        if self.options.speculative is None:
+            return None
+        from vllm.v1.metrics.reader import get_metrics_snapshot
+
+        return SpeculationCounts.from_metrics(get_metrics_snapshot())
 
     def peak_memory_bytes(self) -> int | None:
         used = [r.memory_used_bytes() for r in self._readers]

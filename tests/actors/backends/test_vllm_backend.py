@@ -62,6 +62,13 @@ def sweep(**patch):
     ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "backend_options.vllm.max_num_batched_tokens",
      "at least max_num_seqs (64)"),
     ({"tensor_parallel_size": 2}, "backend_options.vllm.tensor_parallel_size", "Extra inputs"),
+    ({"speculative": {"method": "eagle", "num_speculative_tokens": 4}}, "backend_options.vllm.speculative.method",
+     "'ngram'"),
+    ({"speculative": {"num_speculative_tokens": 0}}, "backend_options.vllm.speculative.num_speculative_tokens",
+     "greater than 0"),
+    ({"speculative": {"method": "ngram"}}, "backend_options.vllm.speculative.num_speculative_tokens", "required"),
+    ({"speculative": {"num_speculative_tokens": 4, "prompt_lookup_max": 2, "prompt_lookup_min": 3}},
+     "backend_options.vllm.speculative.prompt_lookup_min", "at most prompt_lookup_max (2)"),
 ])
 def test_bad_options_name_the_field(options, field, says):
     with pytest.raises(SweepFileError) as info:
@@ -550,3 +557,124 @@ def test_closing_waits_until_no_engine_process_holds_the_gpu_and_kills_those_tha
     finally:
         bystander.kill()
         bystander.wait()
+
+
+# -- speculative decoding ------------------------------------------------------------------
+
+# What vLLM's /metrics says with speculation on, two engines (data parallel): its counters carry
+# ``_total`` and a ``_created`` sample each (prometheus_client's exposition), one sample per engine.
+VLLM_METRICS = """\
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 100.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 60.0
+# HELP vllm:spec_decode_num_drafts_created Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_created gauge
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e+09
+# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 400.0
+vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="m"} 240.0
+# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 150.0
+vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 90.0
+# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 90.0
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 5000.0
+"""
+
+
+def test_speculation_counts_are_summed_over_engines_and_a_window_is_a_difference():
+    from actors.backends.speculation import SpeculationCounts, window_columns
+
+    after = SpeculationCounts.from_prometheus_text(VLLM_METRICS)
+    assert after == SpeculationCounts(drafts=160.0, draft_tokens=640.0, accepted_tokens=240.0)
+    before = SpeculationCounts(drafts=60.0, draft_tokens=240.0, accepted_tokens=40.0)
+    columns = window_columns(before, after)
+    assert columns == {"spec_drafts": 100.0, "spec_draft_tokens": 400.0, "spec_accepted_tokens": 200.0,
+                       "spec_acceptance_rate": 0.5, "spec_tokens_per_step": 3.0}
+    # Speculation off: the engine counts none of them, and the row gets no such columns.
+    assert SpeculationCounts.from_prometheus_text("vllm:generation_tokens_total 5.0\n") is None
+    assert window_columns(None, after) == {} and window_columns(before, None) == {}
+    # No draft in the window: the rates are unknown, not zero.
+    idle = window_columns(before, before)
+    assert idle["spec_acceptance_rate"] is None and idle["spec_tokens_per_step"] is None
+
+
+def test_speculation_counts_from_vllms_in_process_snapshot():
+    """``vllm.v1.metrics.reader.get_metrics_snapshot()`` gives objects with a name and, for
+    counters and gauges, a value (histograms and vectors have none), without ``_total``."""
+    from types import SimpleNamespace as Metric
+
+    from actors.backends.speculation import SpeculationCounts
+
+    snapshot = [Metric(name="vllm:spec_decode_num_drafts", value=10),
+                Metric(name="vllm:spec_decode_num_draft_tokens", value=40),
+                Metric(name="vllm:spec_decode_num_accepted_tokens", value=25),
+                Metric(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[10, 8, 5, 2]),
+                Metric(name="vllm:time_to_first_token_seconds", buckets={})]
+    assert SpeculationCounts.from_metrics(snapshot) == SpeculationCounts(10.0, 40.0, 25.0)
+
+
+def test_the_speculative_options_reach_the_engine_and_the_plan_warns_on_random_weights():
+    options = VllmOptions(speculative={"num_speculative_tokens": 4})
+    kwargs = engine_kwargs(model_path="/m", precision="bf16", options=options, tensor_parallel=1, seed=0,
+                           dummy_weights=True)
+    assert kwargs["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
+    assert "speculative_config" not in engine_kwargs(model_path="/m", precision="bf16", options=VllmOptions(),
+                                                     tensor_parallel=1, seed=0, dummy_weights=True)
+    spec = {"vllm": {"speculative": {"num_speculative_tokens": 4}}}
+    synthetic = make_plan(sweep(backend_options=spec), "cuda")
+    assert [w for w in synthetic.warnings if "speculative decoding" in w] == [
+        "tiny-llama vllm: speculative decoding on a synthetic (random-weight) model: its acceptance rate says "
+        "nothing of real text; measure it on a real model (e.g. the bundled smollm2-135m)"]
+    real = make_plan(sweep(models=["smollm2-135m"], backend_options=spec), "cuda")
+    assert not [w for w in real.warnings if "speculative decoding" in w]
+    assert not [w for w in make_plan(sweep(), "cuda").warnings if "speculative decoding" in w]
+
+
+def test_a_launched_server_takes_structured_flags_as_json_and_its_speculation_is_seen():
+    from sweeper.core.servers import ServerOptions, engine_args
+
+    args = {"speculative-config": {"method": "ngram", "num_speculative_tokens": 4}, "max-num-seqs": 64}
+    assert engine_args(args) == ["--speculative-config", '{"method":"ngram","num_speculative_tokens":4}',
+                                 "--max-num-seqs", "64"]
+    assert ServerOptions(launch="vllm", args=args).speculates()
+    assert not ServerOptions(launch="vllm", args={"max-num-seqs": 64}).speculates()
+
+
+def test_a_servers_speculation_counters_are_read_from_its_metrics_page():
+    """ServerBackend reads /metrics beside the API's /v1 (a real HTTP server here); a server
+    with no such page, or none of the counters, gives no reading rather than an error."""
+    import http.server
+    import threading
+
+    from actors.backends.server.backend import ServerBackend
+    from actors.backends.speculation import SpeculationCounts
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the handler's API
+            body = VLLM_METRICS.encode() if self.path == "/metrics" else b"not here"
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        backend = ServerBackend()
+        backend.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        assert backend.speculation_counts() == SpeculationCounts(160.0, 640.0, 240.0)
+        backend.base_url = f"http://127.0.0.1:{server.server_address[1]}/other/v1"
+        assert backend.speculation_counts() is None  # 404
+    finally:
+        server.shutdown()
+        server.server_close()
