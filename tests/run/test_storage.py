@@ -197,6 +197,9 @@ def test_schema_names_carry_units():
                    # serving: the client's own lateness verdict, a flag and its reason; how many
                    # processes sent the requests; the prefix cache's hit rate (a share of tokens)
                    "client_behind", "client_behind_reason", "client_processes", "prefix_cache_hit_rate",
+                   # speculative decoding: counts of draft steps and tokens, a share, tokens per step
+                   "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "spec_acceptance_rate",
+                   "spec_tokens_per_step",
                    # the server backend: names, a command line, a path, process lists, a flag, a reason
                    "server_engine", "server_command", "server_url", "server_log", "gpu_processes",
                    "energy_exclusive", "energy_unmetered_reason"}
