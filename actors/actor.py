@@ -132,10 +132,7 @@ class TrialRunner:
             log.exception("load failed")
             return LoadResult(ok=False, error=_error_text(exc),
                               reason=Reason.OOM if self._is_oom(exc) else Reason.LOAD_FAILED)
-        return LoadResult(ok=True, load_s=self.load_s, info={
-            "device": self.load_info.device, "device_name": self.load_info.device_name,
-            "weight_memory_bytes": self.load_info.weight_memory_bytes,
-        })
+        return LoadResult(ok=True, load_s=self.load_s)
 
     @staticmethod
     def _pre_load_idle(trial: Trial) -> IdleBaseline | None:

@@ -174,7 +174,10 @@ def run_config(model: str, precision: str, batches: list[int], args, result: dic
     trials = make_trials(model, precision, batches, args, json.loads(args.options))
     runner = TrialRunner()
     load = runner.load(trials[0])
-    entry["load"] = {"ok": load.ok, "load_s": load.load_s, "error": load.error, "info": load.info,
+    info = runner.load_info
+    entry["load"] = {"ok": load.ok, "load_s": load.load_s, "error": load.error,
+                     "info": {"device": info.device, "device_name": info.device_name,
+                              "weight_memory_bytes": info.weight_memory_bytes} if info else {},
                      "engine_kwargs": {k: v for k, v in (runner.load_info.extra.get("engine_kwargs", {})
                                                          if runner.load_info else {}).items()
                                        if k != "hf_overrides"}}

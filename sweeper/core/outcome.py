@@ -31,5 +31,4 @@ class LoadResult:
     load_s: float | None = None
     error: str | None = None
     reason: Reason | None = None  # why a load that is not ok failed (oom, load_failed, ...)
-    info: dict[str, Any] = field(default_factory=dict)  # weight_memory_bytes, device, ...
     stages: list[StageSpan] = field(default_factory=list)  # the actor's start and the load's stages
