@@ -80,7 +80,8 @@
 #               bundled model, real prompts, natural replies, 2 to inf req/s: acceptance from vLLM's counters,
 #               TPOT and J/token
 #   prefix8b    bench/prefix_gpu_8b.yaml: llama-3.1-8b's shape, 8 shared 2,048-token prefixes, vLLM's prefix
-#               cache off and on at 4, 16, 32 req/s: hit rate, TTFT, J/request
+#               cache off and on at 4, 16, 32 req/s: hit rate, TTFT, J/request; then vllm bench serve's
+#               prefix_repetition against sweeper's client on one `vllm serve` with its cache on (the peer)
 #   client_curve  bench http-client against the truth server (8 workers): 500 and 1000 req/s x 64 chunks,
 #               1, 2, 4 and 8 client processes (the client's capacity curve)
 #   server_engines  bench/server_engines_gpu.yaml: vllm serve and transformers serve, launched by
@@ -279,7 +280,11 @@ for kind in ('trials', 'requests', 'timeline'):
                       (cd "$RESULTS" && tar czf "$OUT/spec.tgz" spec/trials.parquet spec/requests.parquet spec/stages.parquet) ;;
         prefix8b)     python3 -m sweeper run bench/prefix_gpu_8b.yaml -o "$RESULTS/prefix8b" 2>&1 | tee "$OUT/prefix8b_run.log" | tail -30
                       (cd "$RESULTS" && tar czf "$OUT/prefix8b.tgz" prefix8b/trials.parquet prefix8b/requests.parquet \
-                          prefix8b/stages.parquet) ;;
+                          prefix8b/stages.parquet)
+                      # The peer on the same shape: vllm bench serve's prefix_repetition and sweeper's client, cache on.
+                      python3 -m bench server-peer --model llama-3.1-8b --prefix-repetition 2048,128,8 --rates 4,16 \
+                          --args '{"max-num-seqs": 128, "enable-prefix-caching": true}' --client-processes auto \
+                          --duration-s 15 --results "$RESULTS/prefix8b_peer" --out "$OUT/server_peer_prefix8b.json" ;;
         client_curve) # The HTTP client's capacity: chunks/s against send lateness, 1 to 8 processes, truth server of 8.
                       for rate in ${CURVE_RATES:-500 1000}; do
                           python3 -m bench http-client --rate "$rate" --arrival constant --duration-s 5 --output-len 64 \

@@ -21,6 +21,11 @@ client runs in every repeat: AIPerf's ``profile`` with synthetic prompts of exac
 inputs), Poisson arrivals at the rate (at ``inf``: all requests at once, as ``--concurrency``),
 its TTFT, inter-token latency and the delay from each request's credit to its send saved.
 
+With ``--prefix-repetition PREFIX,SUFFIX,PREFIXES`` both clients send vLLM bench's shared-prefix
+prompts instead of random ones: ``vllm bench serve --dataset-name prefix_repetition`` and
+sweeper's ``dataset: {prefix_repetition: ...}`` with the same lengths (``--args`` turns the
+server's prefix cache on: ``{"enable-prefix-caching": true}``); AIPerf is not run then.
+
 ``--client-processes 1,auto`` runs sweeper's client once per value in every repeat (its
 requests sent from that many processes: ``actors.backends.server.fanout``), paired on the one
 server. ``--tensor-parallel N`` serves on the first N GPUs and, with ``--energy``, sweeper
@@ -64,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs per rate and client, alternating")
     parser.add_argument("--matched", action="store_true",
                         help="also run vllm bench serve with sweeper's request fields (min_tokens, per-chunk usage)")
+    parser.add_argument("--prefix-repetition", default=None, metavar="PREFIX,SUFFIX,PREFIXES",
+                        help="shared-prefix prompts (token lengths and the number of prefixes) for both clients")
     parser.add_argument("--aiperf", default=None,
                         help='a command that runs AIPerf (e.g. "python3 -m aiperf"): a third client in every repeat')
     parser.add_argument("--client-processes", default="auto",
@@ -91,13 +98,30 @@ def _count(rate: float, duration_s: float, cap: int) -> int:
     return cap if math.isinf(rate) else min(cap, max(1, round(rate * duration_s)))
 
 
+def _prefix_repetition(args: argparse.Namespace) -> dict[str, int] | None:
+    if not args.prefix_repetition:
+        return None
+    prefix, suffix, prefixes = (int(x) for x in args.prefix_repetition.split(","))
+    return {"prefix_len": prefix, "suffix_len": suffix, "num_prefixes": prefixes}
+
+
+def _peer_dataset(args: argparse.Namespace) -> list[str]:
+    shared = _prefix_repetition(args)
+    if shared is None:
+        return ["--dataset-name", "random", "--random-input-len", str(args.input_len),
+                "--random-output-len", str(args.output_len)]
+    return ["--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", str(shared["prefix_len"]),
+            "--prefix-repetition-suffix-len", str(shared["suffix_len"]),
+            "--prefix-repetition-num-prefixes", str(shared["num_prefixes"]),
+            "--prefix-repetition-output-len", str(args.output_len)]
+
+
 def _peer(base: str, served: str, tokenizer: str, rate: float, n: int, seed: int, args: argparse.Namespace,
           result_dir: Path, extra_body: dict[str, Any] | None = None) -> dict[str, Any]:
     name = f"peer_{rate:g}_{seed}{'_matched' if extra_body else ''}.json"
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
            "--base-url", base, "--endpoint", "/v1/completions", "--model", served, "--tokenizer", tokenizer,
-           "--dataset-name", "random", "--random-input-len", str(args.input_len),
-           "--random-output-len", str(args.output_len), "--num-prompts", str(n),
+           *_peer_dataset(args), "--num-prompts", str(n),
            "--request-rate", "inf" if math.isinf(rate) else str(rate), "--ignore-eos", "--seed", str(seed),
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
            "--save-result", "--result-dir", str(result_dir), "--result-filename", name]
@@ -164,7 +188,9 @@ def _sweeper(base: str, served: str, rate: float, n: int, seed: int, args: argpa
         "name": "server-peer", "models": [args.model], "backends": ["server"],
         "backend_options": {"server": options},
         "precisions": [args.precision],
-        "workload": {"mode": "serving", "input_len": args.input_len, "output_len": args.output_len,
+        "workload": {"mode": "serving", "output_len": args.output_len,
+                     **({"input_len": args.input_len} if _prefix_repetition(args) is None
+                        else {"dataset": {"prefix_repetition": _prefix_repetition(args)}}),
                      "request_rate": ["inf" if math.isinf(rate) else rate], "num_prompts": n, "seed": seed},
         "measure": {"warmup_iters": 1, "idle_s": 0.5, "min_window_s": 3.0},
     }
@@ -191,7 +217,7 @@ def _sweeper(base: str, served: str, rate: float, n: int, seed: int, args: argpa
 
     return {"n_requests": int(r["n_requests"]), "achieved_rate_req_s": r["achieved_rate_req_s"],
             "throughput_tok_s": r["throughput_tok_s"], **ms, "unstable_reason": r["unstable_reason"],
-            **{k: plain(k) for k in ("client_processes", "send_lateness_p50_s", "send_lateness_p99_s",
+            **{k: plain(k) for k in ("client_processes", "prefix_cache_hit_rate", "send_lateness_p50_s", "send_lateness_p99_s",
                                      "send_lateness_max_s", "client_behind", "energy_j", "gpu_energy_j", "gpu_uuids",
                                      "energy_per_request_j", "energy_per_token_j", "avg_power_w",
                                      "energy_unmetered_reason")}}
@@ -249,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
                     key = "sweeper" if processes == args.client_processes.split(",")[0] else f"sweeper_{processes}"
                     entry[key] = _sweeper(base, served, rate, n, seed, args,
                                           Path(args.results) / f"rate_{text}_{seed}_{processes}", log, processes, site)
-                if args.aiperf:
+                if args.aiperf and not args.prefix_repetition:
                     entry["aiperf"] = _aiperf(args.aiperf, base, served, model, rate, n, seed, args, peer_dir)
                 if args.matched:
                     entry["peer_matched"] = _peer(base, served, model, rate, n, seed, args, peer_dir,
