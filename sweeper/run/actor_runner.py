@@ -36,6 +36,7 @@ class CallKind(enum.Enum):
     PING = "ping"  # answered once the actor is placed, before its load
     LOAD = "load"
     RUN = "run"
+    CLOSE = "close"  # the actor releases its backend (a vLLM engine's processes end); then it is ended
 
 
 class ActorRunner(Protocol):
@@ -53,8 +54,12 @@ class ActorRunner(Protocol):
     def result(self, future: Any) -> Any:
         """The call's value; raises ``ActorDied`` or ``CallFailed``."""
 
-    def close(self, actor: Any, timeout_s: float) -> None:
-        """Ask ``actor`` to release its backend (bounded by ``timeout_s``), then end it."""
+    def close(self, actor: Any) -> Any:
+        """Ask ``actor`` to release its backend; returns a future that is done once it has. The
+        caller ends the actor then (``release``), or when the close runs past its bound (``kill``)."""
+
+    def release(self, actor: Any) -> None:
+        """End an actor that has closed its backend: its resources go to the next actor."""
 
     def kill(self, actor: Any) -> None:
         """End ``actor`` now (a dead one is already gone; a hung one must not hold its GPU)."""
@@ -94,10 +99,12 @@ class RayActorRunner:
         except RayError as exc:
             raise CallFailed(first_line(exc)) from exc
 
-    def close(self, actor: Any, timeout_s: float) -> None:
+    def close(self, actor: Any) -> Any:
         # close() first: a backend whose engine runs in child processes (vLLM)
         # must end them, or they keep the GPU after the actor is killed.
-        self._ray.wait([actor.close.remote()], timeout=timeout_s)
+        return actor.close.remote()
+
+    def release(self, actor: Any) -> None:
         self._ray.kill(actor)
 
     def kill(self, actor: Any) -> None:

@@ -177,6 +177,10 @@ class _Call:
     group: GroupRun
     kind: CallKind
     attempt: int  # the group's actor attempt the call went to
+    # A close: the actor it ends (the group may have handed its own on) and when it is killed
+    # if it has not closed by then.
+    actor: Any = None
+    deadline_s: float = 0.0
 
 
 class SweepRun:
@@ -254,6 +258,9 @@ class SweepRun:
         for g in self.groups:
             if g.actor is not None and g.state is not GroupState.DONE:
                 self.runner.kill(g.actor)
+        for call in self.calls.values():
+            if call.kind is CallKind.CLOSE:
+                self.runner.kill(call.actor)
 
     def step(self) -> None:
         """Handle the calls that have returned, then the trials past their time limit."""
@@ -266,11 +273,16 @@ class SweepRun:
                 self._answer_ping(g, future, call.attempt)
             elif call.kind is CallKind.LOAD:
                 self._answer_load(g, future)
+            elif call.kind is CallKind.CLOSE:
+                self.on_closed(call)
             else:
                 self._answer_run(g, future)
         now_s = self.clock()
         for future, call in list(self.calls.items()):
-            if call.kind is CallKind.RUN and call.group.timed_out(now_s):
+            if call.kind is CallKind.CLOSE and now_s > call.deadline_s:
+                del self.calls[future]
+                self.runner.kill(call.actor)  # a close that hangs must not hold its GPU
+            elif call.kind is CallKind.RUN and call.group.timed_out(now_s):
                 del self.calls[future]
                 self.on_timeout(call.group)
             elif call.kind is CallKind.LOAD and call.group.load_timed_out(now_s):
@@ -365,10 +377,23 @@ class SweepRun:
         if successor is not None:
             self.hand_over(g, successor)
         elif close:
-            self.runner.close(g.actor, CLOSE_TIMEOUT_S)  # frees its GPU for a waiting group
+            self._close_actor(g)
         else:
             self.runner.kill(g.actor)
         self._view.group_done(g)
+
+    def _close_actor(self, g: GroupRun) -> None:
+        """Ask the finished group's actor to release its backend, then (``on_closed``) end it, which
+        frees its GPU for a waiting group. The driver goes on meanwhile: a vLLM engine takes
+        seconds to end, and other GPUs' trials must not wait for it."""
+        actor, g.actor = g.actor, None
+        future = self.runner.close(actor)
+        self.calls[future] = _Call(g, CallKind.CLOSE, g.attempt, actor=actor,
+                                   deadline_s=self.clock() + CLOSE_TIMEOUT_S)
+
+    def on_closed(self, call: _Call) -> None:
+        """A finished group's actor has released its backend (or its close failed): end it."""
+        self.runner.release(call.actor)
 
     def _split_long_group(self) -> bool:
         """Give the last trials of the running group that gains most to a second copy of its

@@ -56,6 +56,8 @@ class ScriptedRunner:
     started: list[dict[str, Any]] = field(default_factory=list)
     killed: list[int] = field(default_factory=list)
     closed: list[int] = field(default_factory=list)
+    released: list[int] = field(default_factory=list)  # ended after their close returned
+    closes_hang: set[int] = field(default_factory=set)  # actors whose close never returns
     runs: list[str] = field(default_factory=list)
     _counter: Any = field(default_factory=itertools.count)
     _attempts: dict[str, int] = field(default_factory=dict)
@@ -87,8 +89,13 @@ class ScriptedRunner:
             raise future.value
         return future.value
 
-    def close(self, actor: Any, timeout_s: float) -> None:
+    def close(self, actor: Any) -> _Future:
+        # Closed at once, unless the script makes this actor's close hang (closes_hang).
         self.closed.append(actor)
+        return _Future(HANG if actor in self.closes_hang else None, next(self._counter))
+
+    def release(self, actor: Any) -> None:
+        self.released.append(actor)
 
     def kill(self, actor: Any) -> None:
         self.killed.append(actor)
@@ -358,3 +365,28 @@ def test_shards_are_written_off_the_drivers_thread_in_order_and_a_failed_write_i
     assert written == {t.trial_id for t in trials} - {trials[2].trial_id}
     # a trial's requests shard is written before its trials shard (the commit)
     assert trials[2].trial_id in {p.stem for p in (tmp_path / "out" / "shards" / "requests").glob("*.parquet")}
+
+
+def test_a_finished_groups_close_does_not_hold_up_the_sweep_and_a_hung_one_is_killed(tmp_path):
+    """Closing an actor (a vLLM engine's processes ending) takes seconds: the driver asks for
+    it and goes on with the other groups, ends the actor once its close returns, and kills one
+    whose close has not returned within CLOSE_TIMEOUT_S (a clock the test sets: one second per
+    reading)."""
+    import itertools
+
+    from sweeper.run.actor_runner import CLOSE_TIMEOUT_S
+
+    ticks = itertools.count(step=1.0)
+    runner = ScriptedRunner(closes_hang={1})
+    store = ResultStore(str(tmp_path / "out"))
+    run = SweepRun(make_plan(_sweep(), "cpu"), store, CPU, runner, options=RunOptions(poll_s=0.01),
+                   observer=Quiet(console=Console(file=io.StringIO())), quiet=True, clock=lambda: next(ticks))
+    summary = run.run()
+    store.aggregate()
+    rows = pq.read_table(tmp_path / "out" / "trials.parquet").to_pylist()
+    assert sorted(r["status"] for r in rows) == ["ok"] * 6 and summary.ok == 6
+    assert sorted(runner.closed) == [1, 2]
+    assert runner.released == [2]  # its close returned: ended then
+    assert runner.killed == [1]  # never returned: killed at its bound, not waited on for ever
+    # The hung close kept the run going until its bound, and no longer.
+    assert CLOSE_TIMEOUT_S <= summary.wall_s < CLOSE_TIMEOUT_S + 200
