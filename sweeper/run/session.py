@@ -32,9 +32,10 @@ from sweeper.plan.servers import check_energy_sites, check_servers
 from sweeper.plan.spec import Sweep, load_sweep
 from sweeper.run.lock import RunLock
 from sweeper.run.observer import Observer, Quiet
+from sweeper.run.resume import is_settled
 from sweeper.run.storage import ResultStore, StoredTrial, check_destination
 from sweeper.run.summary import RunSummary
-from sweeper.run.sweep_run import RunOptions, is_settled, run_plan
+from sweeper.run.sweep_run import RunOptions, run_plan
 
 if TYPE_CHECKING:
 
