@@ -251,7 +251,7 @@ backend_options:
   server:
 {variants}
 precisions: fp32
-workload: {{mode: serving, input_len: 8, output_len: 4, request_rate: 2, num_prompts: 100, seed: 0}}
+workload: {{mode: serving, input_len: 8, output_len: 4, request_rate: 2, num_prompts: 60, seed: 0}}
 measure: {{warmup_iters: 1, idle_s: 0, min_window_s: 0.2}}
 """)
     out = tmp_path / "out"
@@ -269,7 +269,7 @@ measure: {{warmup_iters: 1, idle_s: 0, min_window_s: 0.2}}
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
         worker.wait(timeout=30)
-        # One server goes within seconds of its node (its run had about 50 s left); the other runs on.
+        # One server goes within seconds of its node (its run had about 30 s left); the other runs on.
         deadline = time.monotonic() + 20.0
         while not any(not any(alive(p) for p in pids) for pids in first):
             assert time.monotonic() < deadline, f"no server went with the lost node: {first}"
