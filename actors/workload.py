@@ -9,7 +9,9 @@ requests (``PromptSource.requests``) from one source:
   the reuse a prefix cache exists for, on purpose);
 - ``DatasetSource``: a prompt file's prompts (``sweeper.core.datasets``), tokenized
   with the model's tokenizer (in its chat template when asked), filtered by length and
-  sampled with the seed; batches and requests go through the sample in order, cycling.
+  sampled with the seed; batches and requests go through the sample in order, cycling;
+- ``ConversationSource``: a prompt file's conversations, replayed turn by turn in serving
+  mode (``actors.serving.conversations``).
 
 Each prompt carries the output length it asks for: the trial's exact ``output_len``,
 its cap (natural lengths: the reply ends at EOS), or its record's reference length.
@@ -18,6 +20,7 @@ its cap (natural lengths: the reply ends at EOS), or its record's reference leng
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,17 +28,20 @@ from typing import Any
 import numpy as np
 
 from actors.backends.base import PromptBatch
+from actors.serving.conversations import ConversationScript, Dialogue, HistoryEncoder
 from sweeper.core.datasets import (
     BYTES_PER_TOKEN_FALLBACK,
+    ConversationRecord,
     PromptRecord,
     fallback_tokens,
+    read_conversations,
     read_records,
     sha256_of,
 )
-from sweeper.core.settings import DatasetSettings, SharedPrefix
+from sweeper.core.settings import ConversationSettings, DatasetSettings, SharedPrefix
 from sweeper.core.trial import Trial
 
-__all__ = ["BYTES_PER_TOKEN_FALLBACK", "DatasetSource", "NoPromptsLeft", "Prompt", "PromptSource", "PromptSources",
+__all__ = ["BYTES_PER_TOKEN_FALLBACK", "ConversationSource", "DatasetSource", "NoPromptsLeft", "Prompt", "PromptSource", "PromptSources",
            "RandomPrompts", "RandomSource", "SharedPrefixSource", "dataset_prompts", "prompt_source"]
 
 
@@ -156,6 +162,32 @@ class DatasetSource(PromptSource):
         return self._take(stream * count, count)
 
 
+class ConversationSource(PromptSource):
+    """A prompt file's conversations (``actors.serving.conversations``): serving runs replay them
+    turn by turn (``script``); warm-up bursts send first turns (``requests``)."""
+
+    def __init__(self, dialogues: list[Dialogue], encoder: HistoryEncoder, settings: ConversationSettings,
+                 stop_at_eos: bool):
+        if not dialogues:
+            raise ValueError("a conversation source needs conversations")
+        self.dialogues, self.encoder, self.settings, self.stop_at_eos = dialogues, encoder, settings, stop_at_eos
+        self._firsts = [Prompt(encoder.ids(d.record.system, [], d.record.turns[0].user), d.output_lens[0],
+                               d.record.turns[0].user) for d in dialogues]
+
+    def batch(self, iteration: int, batch_size: int) -> PromptBatch:
+        raise ValueError("conversations are replayed in serving mode only")
+
+    def requests(self, count: int, stream: int) -> list[Prompt]:
+        n = len(self._firsts)
+        return [self._firsts[(stream * count + j) % n] for j in range(count)]
+
+    def script(self, offsets_s: Sequence[float]) -> ConversationScript:
+        """One conversation per arrival offset, the sample's in order (cycled if shorter)."""
+        n = len(self.dialogues)
+        chosen = [self.dialogues[j % n] for j in range(len(offsets_s))]
+        return ConversationScript(chosen, offsets_s, self.encoder, self.settings, self.stop_at_eos)
+
+
 class NoPromptsLeft(ValueError):
     """A dataset with no prompt within the trial's length bounds for this model."""
 
@@ -174,6 +206,10 @@ def prompt_source(trial: Trial, vocab_size: int, max_positions: int | None = Non
         return RandomSource(vocab_size, trial.input_len, trial.output_len, trial.seed)
     if tokenizer is _LOAD:
         tokenizer = _tokenizer(trial)
+    if trial.prompts.conversations is not None:
+        return conversation_source(trial.prompts, tokenizer, vocab_size, trial.seed, stop_at_eos=trial.stops_at_eos,
+                                   output_lengths=trial.output_lengths, cap=trial.output_len,
+                                   max_positions=max_positions)
     prompts = dataset_prompts(trial.prompts, tokenizer, vocab_size, trial.seed,
                               output_lengths=trial.output_lengths, cap=trial.output_len,
                               max_positions=max_positions)
@@ -223,10 +259,7 @@ def _tokenizer(trial: Trial) -> Any:
 def dataset_prompts(settings: DatasetSettings, tokenizer: Any, vocab_size: int, seed: int, *,
                     output_lengths: str, cap: int, max_positions: int | None = None) -> list[Prompt]:
     """The file's prompts as token ids: tokenized, kept within the length bounds, sampled."""
-    path = Path(settings.path)
-    if not path.is_file() or sha256_of(path) != settings.sha256:
-        raise FileNotFoundError(f"{path} on this node is missing or differs from the file the plan read "
-                                f"(sha256 {settings.sha256[:12]}...): put the same file at the same path on every node")
+    path = _checked_file(settings)
     records = read_records(path, settings.format)
     rng = np.random.default_rng([seed, 2**22])
     kept: list[Prompt] = []
@@ -252,6 +285,61 @@ def dataset_prompts(settings: DatasetSettings, tokenizer: Any, vocab_size: int, 
                             f"{', '.join(bounds) or 'the model context'}"
                             + (f" ({max_positions} positions with {cap} output tokens)" if max_positions else ""))
     return kept
+
+
+def conversation_source(settings: DatasetSettings, tokenizer: Any, vocab_size: int, seed: int, *, stop_at_eos: bool,
+                        output_lengths: str, cap: int, max_positions: int | None = None) -> ConversationSource:
+    """The file's conversations in a seeded order, ``num_prompts`` of them, each kept where its
+    first turn is within the length bounds; a conversation is cut before the first turn whose
+    prompt and reply would not fit the model's context (its history only grows)."""
+    assert settings.conversations is not None
+    path = _checked_file(settings)
+    records = read_conversations(path, settings.format)
+    encoder = HistoryEncoder(tokenizer, settings.chat, vocab_size, seed)
+    rng = np.random.default_rng([seed, 2**22])
+    kept: list[Dialogue] = []
+    for index in rng.permutation(len(records)):
+        record = records[int(index)]
+        lens = tuple(cap if output_lengths != "reference" else min(cap, _reference_len(
+            PromptRecord(t.user, None, t.reference), tokenizer)) for t in record.turns)
+        first = len(encoder.ids(record.system, [], record.turns[0].user))
+        if not _within(first, settings.min_input_len, settings.max_input_len):
+            continue
+        if max_positions is not None:
+            record = _fitting(record, lens, encoder, max_positions)
+            if not record.turns:
+                continue
+        kept.append(Dialogue(record, lens[:len(record.turns)]))
+        if settings.num_prompts is not None and len(kept) == settings.num_prompts:
+            break
+    if not kept:
+        raise NoPromptsLeft(f"dataset {settings.name}: none of its {len(records)} conversations has a first turn "
+                            f"within the length bounds and the model's context")
+    return ConversationSource(kept, encoder, settings.conversations, stop_at_eos)
+
+
+def _within(n: int, low: int | None, high: int | None) -> bool:
+    return (low is None or n >= low) and (high is None or n <= high)
+
+
+def _fitting(record: ConversationRecord, lens: tuple[int, ...], encoder: HistoryEncoder,
+             max_positions: int) -> ConversationRecord:
+    """The record's turns up to the last whose prompt (with every earlier turn answered at its
+    full reply length, the longest it can be) and reply fit ``max_positions``."""
+    total = 0
+    for t, turn in enumerate(record.turns):
+        total += len(encoder.ids(None, [], turn.user)) + lens[t]
+        if total > max_positions:
+            return ConversationRecord(record.turns[:t], record.system)
+    return record
+
+
+def _checked_file(settings: DatasetSettings) -> Path:
+    path = Path(settings.path)
+    if not path.is_file() or sha256_of(path) != settings.sha256:
+        raise FileNotFoundError(f"{path} on this node is missing or differs from the file the plan read "
+                                f"(sha256 {settings.sha256[:12]}...): put the same file at the same path on every node")
+    return path
 
 
 def _prompt_ids(record: PromptRecord, tokenizer: Any, chat: bool, vocab_size: int, seed: int,

@@ -39,6 +39,7 @@ SUBCOMMANDS = (
     "trials-table",
     "tp-energy",
     "readme-plot",
+    "conversations",
 )
 
 

@@ -79,6 +79,9 @@
 #   spec_bundled  bench/spec_gpu.yaml (after smollm2): n-gram speculative decoding against none on the
 #               bundled model, real prompts, natural replies, 2 to inf req/s: acceptance from vLLM's counters,
 #               TPOT and J/token
+#   conversations_bundled  bench/conversations_gpu.yaml (after smollm2): 64 conversations of 4 turns from the
+#               bundled prompts, the model's own replies as history, vLLM's prefix cache off and on, 1 and 8
+#               conversations/s: energy per turn as the history grows; its report (energy_per_turn.png)
 #   prefix8b    bench/prefix_gpu_8b.yaml: llama-3.1-8b's shape, 8 shared 2,048-token prefixes, vLLM's prefix
 #               cache off and on at 4, 16, 32 req/s: hit rate, TTFT, J/request; then vllm bench serve's
 #               prefix_repetition against sweeper's client on one `vllm serve` with its cache on (the peer)
@@ -278,6 +281,13 @@ for kind in ('trials', 'requests', 'timeline'):
                       done ;;
         spec_bundled) python3 -m sweeper run bench/spec_gpu.yaml -o "$RESULTS/spec" 2>&1 | tee "$OUT/spec_run.log" | tail -30
                       (cd "$RESULTS" && tar czf "$OUT/spec.tgz" spec/trials.parquet spec/requests.parquet spec/stages.parquet) ;;
+        conversations_bundled)
+                      python3 -m bench conversations --count 64 --turns 4 --out /tmp/conversations_bundled.json
+                      python3 -m sweeper run bench/conversations_gpu.yaml -o "$RESULTS/conversations" 2>&1 \
+                          | tee "$OUT/conversations_run.log" | tail -30
+                      python3 -m sweeper report "$RESULTS/conversations" > "$OUT/conversations_report.txt" 2>&1
+                      (cd "$RESULTS" && tar czf "$OUT/conversations.tgz" conversations/trials.parquet \
+                          conversations/requests.parquet conversations/stages.parquet conversations/report) ;;
         prefix8b)     python3 -m sweeper run bench/prefix_gpu_8b.yaml -o "$RESULTS/prefix8b" 2>&1 | tee "$OUT/prefix8b_run.log" | tail -30
                       (cd "$RESULTS" && tar czf "$OUT/prefix8b.tgz" prefix8b/trials.parquet prefix8b/requests.parquet \
                           prefix8b/stages.parquet)

@@ -118,6 +118,10 @@ def plan_footer(view: PlanView, output: str | None) -> list[str]:
                    else f"random token ids, each after one of {shared.num_prefixes} shared prefixes of "
                         f"{shared.prefix_len} tokens" if shared is not None
                    else f"dataset {w.dataset} ({sample}{', in the chat template' if w.chat else ''})")
+        if w.conversations:
+            history = "the file's replies" if w.history == "reference" else "the model's own replies"
+            prompts += (f", replayed as conversations: each next turn {w.turn_gap_s or 0:g} s after the reply "
+                        f"before it, with the history so far ({history})")
         replies = {"fixed": "exactly out tokens", "natural": "natural (until EOS), at most out tokens",
                    "reference": "the dataset's reference lengths, at most out tokens"}[w.output_lengths]
         lines.append(f"prompts: {prompts}; replies: {replies}")

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from actors.backends.speculation import SpeculationCounts
 from actors.quality.divergence import TopK
+from actors.serving.client import Follow
 from actors.serving.records import ServedRun, ServingRequest
 
 Options = TypeVar("Options", bound=BaseModel)
@@ -218,10 +219,12 @@ class Backend(ABC):
 
     # -- serving mode (actors.serving); optional ------------------------------------------
     def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
-              deadline_s: float) -> ServedRun:
+              deadline_s: float, follow: Follow | None = None) -> ServedRun:
         """Send ``requests`` at their arrival offsets from now (at most ``max_concurrency``
         in flight), stream each one's tokens and return what happened to every request by
-        ``deadline_s`` (the actor's monotonic clock). Greedy, exactly ``output_len`` tokens."""
+        ``deadline_s`` (the actor's monotonic clock). Greedy, exactly ``output_len`` tokens.
+        ``follow``: asked as each request finishes, the request that follows it (a
+        conversation's next turn, ``actors.serving.conversations``), sent in its turn."""
         raise NotImplementedError(f"{type(self).__name__} has no serving mode")
 
     def process_owner(self) -> int | None:

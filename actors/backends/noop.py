@@ -28,7 +28,7 @@ from actors.backends.base import (
     PromptBatch,
     RequestTiming,
 )
-from actors.serving.client import run_requests
+from actors.serving.client import Follow, run_requests
 from actors.serving.records import UNFINISHED, ServedRequest, ServedRun, ServingRequest
 from sweeper.core.backends import NoopOptions
 from sweeper.core.presets import PRESETS
@@ -150,10 +150,10 @@ class NoopBackend(Backend):
         pass
 
     def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
-              deadline_s: float) -> ServedRun:
+              deadline_s: float, follow: Follow | None = None) -> ServedRun:
         engine = SimulatedEngine(self.options, self.clock, self.sleep, self.prefix_cache)
         return run_requests(engine, requests, max_concurrency=max_concurrency, deadline_s=deadline_s,
-                            clock=self.clock)
+                            clock=self.clock, follow=follow)
 
     @staticmethod
     def is_out_of_memory(exc: BaseException) -> bool:

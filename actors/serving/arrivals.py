@@ -48,6 +48,15 @@ def serving_requests(settings: ServingSettings, *, request_rate: float, source: 
     """The run's requests: ``source``'s prompts, arriving by the settings' process,
     ``num_prompts`` of them or as many as arrive within ``duration_s``. ``stream``
     picks another set of prompts and arrivals of the same seed (warm-up runs)."""
+    offsets = run_offsets(settings, request_rate=request_rate, seed=seed, stream=stream)
+    prompts = source.requests(int(offsets.size), stream)
+    return [ServingRequest(i, p.ids, p.output_len, float(offsets[i]), source.stop_at_eos, p.text)
+            for i, p in enumerate(prompts)]
+
+
+def run_offsets(settings: ServingSettings, *, request_rate: float, seed: int, stream: int = 0) -> np.ndarray:
+    """When the run's requests (or conversations: their first turns) arrive, in seconds from its
+    start: ``num_prompts`` of them, or as many as arrive within ``duration_s``."""
     rate = request_rate
     if settings.num_prompts is not None:
         n = settings.num_prompts
@@ -60,6 +69,4 @@ def serving_requests(settings: ServingSettings, *, request_rate: float, source: 
         offsets = offsets[offsets <= settings.duration_s]
         if offsets.size == 0:
             offsets = np.zeros(1)
-    prompts = source.requests(int(offsets.size), stream)
-    return [ServingRequest(i, p.ids, p.output_len, float(offsets[i]), source.stop_at_eos, p.text)
-            for i, p in enumerate(prompts)]
+    return offsets

@@ -25,7 +25,8 @@ from actors.backends.speculation import window_columns
 from actors.measure import reply_length_columns
 from actors.method import Figures, Measurement, Window, measure, ratio, window_energy_columns
 from actors.serving import attribution, lateness
-from actors.serving.arrivals import serving_requests
+from actors.serving.arrivals import run_offsets, serving_requests
+from actors.serving.conversations import ConversationScript, conversation_columns
 from actors.serving.records import ServedRun
 from actors.serving.stats import (
     SteadyWindow,
@@ -40,7 +41,7 @@ from actors.serving.stats import (
     window_output_tokens,
 )
 from actors.stability import Verdict
-from actors.workload import PromptSource, prompt_source
+from actors.workload import ConversationSource, PromptSource, prompt_source
 from sweeper.core.status import Reason, Status
 from sweeper.core.trial import Trial
 
@@ -75,7 +76,10 @@ class ServingWindow(Window):
         self.backend, self.trial, self.source, self.clock = backend, trial, source, clock
         self.settings, self.rate = trial.serving, trial.request_rate
         self.started_s = clock()
-        self.measured = self._requests(stream=0)
+        # Conversations: their first turns arrive by the process, later turns as replies end.
+        self.script = source.script(run_offsets(self.settings, request_rate=self.rate, seed=trial.seed)) \
+            if isinstance(source, ConversationSource) else None
+        self.measured = self.script.first if self.script is not None else self._requests(stream=0)
         self.last_arrival_s = max(r.arrival_offset_s for r in self.measured)
         self.served: ServedRun | None = None
         self.t_end_s = self.started_s
@@ -106,7 +110,8 @@ class ServingWindow(Window):
         counted = backend.speculation_counts()
         self.served = backend.serve(
             self.measured, max_concurrency=trial.max_concurrency,
-            deadline_s=_run_deadline(trial, self.last_arrival_s, self.started_s, self.clock()))
+            deadline_s=_run_deadline(trial, self.last_arrival_s, self.started_s, self.clock()),
+            follow=self.script.next_turn if self.script is not None else None)
         backend.sync()
         self.t_end_s = self.clock()
         # The whole run's, not the steady window's: the counters are the engine's, per step.
@@ -136,7 +141,10 @@ class ServingWindow(Window):
             row.update(status=Status.FAILED, reason=Reason.TIMEOUT,
                        error=f"{cut} of {len(run.requests)} requests had not finished when the run's time limit "
                              f"({RUN_SHARE_OF_TIMEOUT:.0%} of measure.timeout_s) passed")
-        return Figures(row=row, requests=_request_rows(trial, run, window, request_energy), verdict=verdict,
+        if self.script is not None:
+            row.update(conversation_columns(run, self.script, request_energy))
+        return Figures(row=row, requests=_request_rows(trial, run, window, request_energy, self.script),
+                       verdict=verdict,
                        t_zero_s=run.t_start_s, t_end_s=self.t_end_s, marks=_marks(run, window))
 
 
@@ -272,7 +280,7 @@ def _verdict(row: dict[str, Any], window: SteadyWindow | None, trial: Trial, tel
 
 
 def _request_rows(trial: Trial, run: ServedRun, window: SteadyWindow | None,
-                  energies: list[float] | None) -> list[dict[str, Any]]:
+                  energies: list[float] | None, script: ConversationScript | None = None) -> list[dict[str, Any]]:
     settings = trial.serving
     bounds = settings.slo.bounds_s() if settings is not None and settings.slo is not None else {}
     t0 = run.t_start_s
@@ -282,7 +290,9 @@ def _request_rows(trial: Trial, run: ServedRun, window: SteadyWindow | None,
 
     rows = []
     for k, r in enumerate(run.requests):
+        conversation, turn = (script.turn_of(r.index) if script is not None else None) or (None, None)
         rows.append({
+            "conversation_id": conversation, "turn": turn,
             "trial_id": trial.trial_id, "request_index": r.index, "input_len": r.prompt_tokens,
             "output_tokens": r.output_tokens, "arrival_s": rel(r.arrival_s), "t_start_s": rel(r.submit_s),
             "send_lateness_s": r.send_lateness_s, "cached_tokens": r.cached_tokens,

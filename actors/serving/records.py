@@ -23,6 +23,13 @@ class ServingRequest:
     arrival_offset_s: float
     stop_at_eos: bool = False  # natural lengths: the reply ends where the model ends it
     text: str | None = None  # a dataset prompt's text before any chat template (chat endpoints)
+    # A turn of a replayed conversation (actors.serving.conversations): which one, which turn
+    # (0-based), the whole history as chat messages (role, text) for a chat endpoint, and
+    # whether the client must keep the reply (a later turn's prompt holds it).
+    conversation_id: int | None = None
+    turn: int | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
+    keeps_reply: bool = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -55,6 +62,10 @@ class ServedRequest:
     # Prompt tokens the engine took from its prefix cache rather than computing them (None where
     # it does not say: an engine without a prefix cache, a server that does not report it).
     cached_tokens: int | None = None
+    # The reply itself, kept only where the request asked (``ServingRequest.keeps_reply``): its
+    # token ids (in-process engines) or its text (an HTTP server's stream).
+    reply_ids: tuple[int, ...] | None = None
+    reply_text: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -153,6 +164,12 @@ class InFlight:
     finish_s: float | None = None
     error: str | None = None
     cached_tokens: int | None = None  # prompt tokens served from the engine's prefix cache
+    reply_ids: list[int] | None = None  # filled where the request keeps its reply
+    reply_text: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.request.keeps_reply:
+            self.reply_ids, self.reply_text = [], []
 
     def cut(self) -> None:
         """The run is over: a request neither finished nor failed was cut by its time limit."""
@@ -162,7 +179,8 @@ class InFlight:
     def served(self) -> ServedRequest:
         return ServedRequest(self.request.index, self.request.prompt_tokens, self.arrival_s, self.submit_s,
                              self.scheduled_s, tuple(self.times), self.finish_s, self.error, self.due_s,
-                             self.cached_tokens)
+                             self.cached_tokens, tuple(self.reply_ids) if self.reply_ids else None,
+                             "".join(self.reply_text) if self.reply_text else None)
 
 
 def served_run(t_start_s: float, in_flight: Sequence[InFlight], now_s: float) -> ServedRun:

@@ -1,7 +1,8 @@
 """``sweeper report``: plots, a best-configuration table and the stability record of a results directory.
 
 The report is built from the aggregated tables (``trials.parquet`` and, when
-present, ``timeline.parquet`` and ``layers.parquet``) into ``OUTPUT/report/``:
+present, ``timeline.parquet``, ``layers.parquet`` and, for the energy per turn of
+replayed conversations, the per-turn sums of ``requests.parquet``) into ``OUTPUT/report/``:
 one PNG per plot and either a self-contained ``index.html`` (images embedded as
 data URIs, so the file can be mailed or attached to a CI run) or ``report.md``
 with the images beside it. A plot whose data is missing is replaced by a
@@ -42,12 +43,13 @@ from sweeper.analysis.tables import (
     unstable_trials,
 )
 from sweeper.core.budget import BUDGET_COLUMNS
+from sweeper.core.errors import ResultsError
 from sweeper.core.settings import ReportSettings
 from sweeper.core.status import Status
 
 FORMATS = ("html", "md")
 PLOT_FILES = ("throughput.png", "latency.png", "energy_per_token.png", "pareto.png", "serving_latency.png",
-              "serving_energy.png", "goodput.png", "weight_memory.png",
+              "serving_energy.png", "goodput.png", "energy_per_turn.png", "prefix_caching.png", "weight_memory.png",
               "fidelity.png", "quality.png", "power_timeline.png", "layer_shares.png", "stages.png")
 
 
@@ -325,6 +327,17 @@ class _Shown:
         return plots.plot_layer_shares(self.layers, self.layer_id)
 
 
+def _energy_per_turn_fig(results: Results) -> Any:
+    """Energy per conversation turn. requests.parquet holds a row per request of the sweep:
+    it is read (as sums per trial and turn) only once the sweep is known to have serving trials."""
+    serving_plots.serving_trials(results.trials)
+    try:
+        turns = results.turn_energy()
+    except ResultsError as exc:  # one unreadable table costs this plot, not the whole page
+        raise plots.PlotUnavailable(str(exc)) from None
+    return serving_plots.plot_energy_per_turn(results.trials, turns)
+
+
 PlotSpec = tuple[str, str, str, Callable[[], Any]]  # title, file, caption, how to draw it
 
 
@@ -351,6 +364,14 @@ def _wanted_plots(results: Results, shown: _Shown, slo_percentile: int) -> list[
          lambda: serving_plots.plot_serving_energy(trials)),
         ("Goodput vs offered rate (serving)", "goodput.png", "goodput: requests/s meeting every SLO bound",
          lambda: serving_plots.plot_goodput(trials)),
+        ("Energy per conversation turn (serving)", "energy_per_turn.png",
+         "mean energy of a replayed conversation's request at each turn (0: its first), over the requests that "
+         "completed inside their trial's steady window, repeats pooled; one line per configuration and rate; "
+         "below: how many requests each mean is over", lambda: _energy_per_turn_fig(results)),
+        ("Energy per request with prefix caching (serving)", "prefix_caching.png",
+         "the configurations of a model that report a prefix-cache hit rate (the share of prompt tokens the engine "
+         "took from its cache), J/request above and the hit rate below against the achieved rate; the dotted line "
+         "marks each configuration's saturation knee", lambda: serving_plots.plot_prefix_caching(trials)),
         ("Weight memory per precision", "weight_memory.png", "", lambda: plots.plot_weight_memory(trials)),
         ("Fidelity vs J/token", "fidelity.png", marked, lambda: plots.plot_fidelity(trials)),
         ("Quality vs energy", "quality.png",

@@ -4,6 +4,8 @@
 them, ``requests.parquet``, ``timeline.parquet`` and ``layers.parquet`` at the
 top of a results directory. The report, ``sweeper query`` and the notebooks
 all start here; pandas and pyarrow are imported only when something is read.
+The two large tables are read on demand: the timeline one trial at a time, the
+requests only as the aggregates a plot asks for (``Results.turn_energy``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sweeper.core.budget import BUDGET_COLUMNS
-from sweeper.core.errors import ResultsError
+from sweeper.core.errors import ResultsError, first_line
 from sweeper.core.plan_record import PLAN_FILE, PlanRecord
 from sweeper.core.settings import ReportSettings
 
@@ -32,6 +34,7 @@ class Results:
     timeline_path: Path | None = None
     report: ReportSettings = ReportSettings()  # how energy is priced (co2e_g_per_1k_tokens, cost_per_1m_tokens)
     stages: pd.DataFrame | None = None  # where the sweep's time went (sweeper.core.stages)
+    requests_path: Path | None = None  # requests.parquet, read only by the plots that need it (it is large)
 
     def timeline(self, trial_id: str) -> pd.DataFrame | None:
         if self.timeline_path is None:
@@ -47,6 +50,16 @@ class Results:
 
         ids = pq.read_table(self.timeline_path, columns=["trial_id"]).column("trial_id")
         return set(ids.unique().to_pylist()) - {None}
+
+    def turn_energy(self) -> pd.DataFrame | None:
+        """Per trial and conversation turn (requests.parquet ``turn``, 0-based): ``turn_requests``,
+        every request of that turn; ``n_requests``, those that completed inside the steady
+        window with an attributed energy; ``energy_sum_j``, their energies summed. None where
+        requests.parquet is absent or has no ``turn`` column (a sweep that replayed no
+        conversations, or one aggregated before conversations existed)."""
+        if self.requests_path is None:
+            return None
+        return request_turn_energy(self.requests_path, self.root)
 
 
 def table_path(root: str | os.PathLike[str], kind: str) -> Path | None:
@@ -81,6 +94,41 @@ def _read(pd: Any, path: Path, root: str | os.PathLike[str]) -> Any:
         lines = str(exc).strip().splitlines()
         raise ResultsError(f"{path}: not a readable Parquet table ({lines[0] if lines else type(exc).__name__}); "
                            f"`sweeper aggregate {root}` rebuilds it from the shards") from None
+
+
+def request_turn_energy(path: Path, root: str | os.PathLike[str]) -> pd.DataFrame | None:
+    """``Results.turn_energy`` of the requests table at ``path``: aggregated in DuckDB, which
+    reads only the columns named here and never holds the table itself (it has a row per
+    request of the whole sweep); rows with a null turn (not part of a conversation) are skipped."""
+    import duckdb
+    import pyarrow.parquet as pq
+
+    try:
+        names = set(pq.read_schema(path).names)
+    except Exception as exc:  # pyarrow raises several kinds for a truncated or empty file
+        raise ResultsError(f"{path}: not a readable Parquet table ({first_line(exc)}); "
+                           f"`sweeper aggregate {root}` rebuilds it from the shards") from None
+    if "turn" not in names:
+        return None
+    # Only completed requests (error null) that finished inside their trial's steady window.
+    # A replay starts every conversation's first turn in the ramp-up and ends its last turns in
+    # the drain, where few requests share the GPU and each is attributed a larger share of its
+    # energy: counting those would bend the curve up at both ends for a reason that is not the
+    # turn. The window is also what the trial's headline figures (energy_j, J/token) cover.
+    measured = " AND ".join(["energy_j IS NOT NULL", *(["error IS NULL"] if "error" in names else []),
+                             *(["in_window IS TRUE"] if "in_window" in names else [])])
+    sql = (f"SELECT trial_id, CAST(turn AS BIGINT) AS turn, COUNT(*) AS turn_requests, "
+           f"COUNT(*) FILTER (WHERE {measured}) AS n_requests, "
+           f"COALESCE(SUM(energy_j) FILTER (WHERE {measured}), 0.0) AS energy_sum_j "
+           "FROM read_parquet(?) WHERE turn IS NOT NULL GROUP BY trial_id, turn ORDER BY trial_id, turn")
+    con = duckdb.connect()
+    try:
+        return con.execute(sql, [str(path)]).df()
+    except duckdb.Error as exc:
+        raise ResultsError(f"{path}: cannot read the conversations' turns ({first_line(exc)}); "
+                           f"`sweeper aggregate {root}` rebuilds it from the shards") from None
+    finally:
+        con.close()
 
 
 def report_settings(root: str | os.PathLike[str], **overrides: float | None) -> ReportSettings:
@@ -132,4 +180,5 @@ def load_results(root: str | os.PathLike[str], report: ReportSettings | None = N
     stages_path = table_path(path, "stages")
     stages = _read(pd, stages_path, root) if stages_path else None
     return Results(path, trials, layers if layers is not None and not layers.empty else None, timeline_path,
-                   report, stages if stages is not None and not stages.empty else None)
+                   report, stages if stages is not None and not stages.empty else None,
+                   requests_path=table_path(path, "requests"))

@@ -1,7 +1,9 @@
 """The report's serving-mode figures: latency against achieved throughput, energy per
 token and per request against the achieved rate with the saturation knee, goodput
-against the offered rate. One line per configuration (every axis but the request
-rate), one column of panels per model; a saturated trial is drawn as an ``x``.
+against the offered rate, energy per request with prefix caching beside its hit rate.
+One line per configuration (every axis but the request rate), one column of panels per
+model; a saturated trial is drawn as an ``x``. Energy per conversation turn draws one
+line per configuration at its rate, from requests.parquet (``Results.turn_energy``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 from sweeper.analysis.plot_kit import (
     UNSTABLE_NOTE,
     PlotNotApplicable,
+    PlotUnavailable,
+    load_label,
+    log_if_wide,
     new_figure,
     plottable,
     require,
@@ -69,11 +74,16 @@ def _draw(ax: Any, x: Any, y: Any, g: pd.DataFrame, colour: str, label: str, sty
 
 
 def _finish(fig: Figure, axes: Any, title: str, notes: list[str]) -> Figure:
+    import textwrap
+
     for ax in axes.flat:
         ax.grid(True, alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=7)
-    fig.suptitle(title + "".join("\n" + note for note in notes), fontsize=10)
+    # Notes wrapped to the figure's width (~13 characters an inch at 10 pt): one model's
+    # column is 6 inches, narrower than a note, whose ends were cut off.
+    chars = max(60, int(fig.get_figwidth() * 13))
+    fig.suptitle(title + "".join("\n" + textwrap.fill(note, chars) for note in notes), fontsize=10)
     return fig
 
 
@@ -109,6 +119,29 @@ def knee_rate(g: pd.DataFrame) -> float | None:
     return float(value) if value == value else None
 
 
+def _rate_panel(ax: Any, mdf: pd.DataFrame, column: str, ylabel: str, scale: float = 1.0,
+                energy: bool = True) -> None:
+    """``column`` (times ``scale``) of each configuration of one model against its achieved
+    request rate. ``energy``: mark each configuration's knee and go log over a wide span; a
+    share (a hit rate) keeps its linear axis, where 0 % is a value to see."""
+    for j, label, g in _series(mdf):
+        g = g[g[column].notna()]
+        if g.empty:
+            continue
+        colour = f"C{j % 10}"
+        _draw(ax, g["achieved_rate_req_s"].to_numpy(dtype=float), g[column].to_numpy(dtype=float) * scale,
+              g, colour, label)
+        knee = knee_rate(g) if energy else None
+        if knee is not None:
+            ax.axvline(knee, color=colour, ls=":", lw=1.2, gid=f"knee {label}")
+    ax.set_xlabel("achieved requests / s")
+    ax.set_ylabel(ylabel)
+    ax.set_title(str(mdf["model"].iloc[0]), fontsize=10)
+    values = mdf[column].dropna().to_numpy(dtype=float)
+    if energy and len(values) and values.min() > 0 and values.max() / values.min() > 20:
+        set_log(ax, "y")
+
+
 def plot_serving_energy(trials: pd.DataFrame) -> Figure:
     """J/token and J/request against the achieved request rate, the saturation knee marked."""
     df = serving_trials(trials)
@@ -116,25 +149,8 @@ def plot_serving_energy(trials: pd.DataFrame) -> Figure:
     fig, grid, models = _panels(df, 2)
     for c, model in enumerate(models):
         mdf = df[df["model"] == model]
-        for r, (column, ylabel) in enumerate((("energy_per_token_j", "J / output token"),
-                                              ("energy_per_request_j", "J / request"))):
-            ax = grid[r][c]
-            for j, label, g in _series(mdf):
-                g = g[g[column].notna()]
-                if g.empty:
-                    continue
-                colour = f"C{j % 10}"
-                _draw(ax, g["achieved_rate_req_s"].to_numpy(dtype=float), g[column].to_numpy(dtype=float),
-                      g, colour, label)
-                knee = knee_rate(g)
-                if knee is not None:
-                    ax.axvline(knee, color=colour, ls=":", lw=1.2, gid=f"knee {label}")
-            ax.set_xlabel("achieved requests / s")
-            ax.set_ylabel(ylabel)
-            ax.set_title(model, fontsize=10)
-            values = mdf[column].dropna().to_numpy(dtype=float)
-            if len(values) and values.min() > 0 and values.max() / values.min() > 20:
-                set_log(ax, "y")
+        _rate_panel(grid[0][c], mdf, "energy_per_token_j", "J / output token")
+        _rate_panel(grid[1][c], mdf, "energy_per_request_j", "J / request")
     return _finish(fig, grid, "Energy vs achieved request rate (serving)", [SATURATED_NOTE])
 
 
@@ -164,3 +180,112 @@ def plot_goodput(trials: pd.DataFrame) -> Figure:
         ax.set_ylabel("requests / s")
         ax.set_title(model, fontsize=10)
     return _finish(fig, grid, "Goodput vs offered rate (serving)", [SATURATED_NOTE])
+
+
+# -- prefix caching ------------------------------------------------------------------------
+
+
+def caching_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    """The ok serving trials with a prefix-cache hit rate, of the models that have something to
+    compare: two configurations or more (cache on and off, block sizes, engines) with a hit
+    rate, one of them above 0. PlotNotApplicable where no model has."""
+    df = serving_trials(trials)
+    if "prefix_cache_hit_rate" not in df.columns:
+        raise PlotNotApplicable("no prefix_cache_hit_rate column (results aggregated before it existed)")
+    # A trial whose engine does not say what it took from its cache (null) cannot be placed on
+    # the hit-rate axis: the comparison is between configurations that each report one.
+    df = df[df["prefix_cache_hit_rate"].notna()]
+    compared = [model for model, mdf in df.groupby("model", sort=True)
+                if (mdf["prefix_cache_hit_rate"] > 0).any() and sum(1 for _ in _series(mdf)) > 1]
+    if not compared:
+        raise PlotNotApplicable("no model has two serving configurations with a prefix-cache hit rate, "
+                                "one of them above 0")
+    return df[df["model"].isin(compared)]
+
+
+def plot_prefix_caching(trials: pd.DataFrame) -> Figure:
+    """J/request against the achieved request rate, one line per configuration, above the
+    share of prompt tokens each trial took from the prefix cache at the same rates."""
+    df = caching_trials(trials)
+    require(df, ("energy_per_request_j",), "no energy measured: CPU-only run?")
+    fig, grid, models = _panels(df, 2)
+    for c, model in enumerate(models):
+        mdf = df[df["model"] == model]
+        _rate_panel(grid[0][c], mdf, "energy_per_request_j", "J / request")
+        _rate_panel(grid[1][c], mdf, "prefix_cache_hit_rate", "prefix-cache hit rate (%)", 100.0, energy=False)
+        grid[1][c].set_ylim(-4.0, 104.0)
+    return _finish(fig, grid, "Energy per request with prefix caching (serving)", [SATURATED_NOTE])
+
+
+# -- energy per conversation turn ------------------------------------------------------------
+
+TURN_NOTE = "x: a configuration with a saturated trial; hollow markers: one with an unstable trial"
+
+
+def _any(g: pd.DataFrame, flag: str) -> bool:
+    return flag in g.columns and bool(g[flag].fillna(False).astype(bool).any())
+
+
+def turn_energy(trials: pd.DataFrame, turns: pd.DataFrame | None) -> pd.DataFrame:
+    """The mean energy of a conversation's request at each turn, per configuration.
+
+    ``turns``: ``Results.turn_energy()`` (per trial and turn, the requests measured and their
+    energy summed). One row per model, configuration (every axis but the repeat: the
+    repeats' requests are pooled, so each mean is over every request behind it) and turn:
+    ``series`` (its label), ``colour`` (its index among the model's configurations), ``turn``,
+    ``n_requests``, ``energy_per_request_j``, and whether a trial of the configuration was
+    ``saturated`` or ``unstable``. A turn none of whose requests was measured has no row.
+    PlotNotApplicable: no ok serving trial has a request that is a conversation's turn;
+    PlotUnavailable: none of those requests has an attributed energy.
+    """
+    import pandas as pd
+
+    if turns is None or turns.empty:
+        raise PlotNotApplicable("no request is a turn of a conversation (requests.parquet turn)")
+    df = serving_trials(trials)
+    df = df[df["trial_id"].isin(set(turns["trial_id"]))]
+    if df.empty:
+        raise PlotNotApplicable("no ok serving trial replayed conversations")
+    turns = turns[turns["trial_id"].isin(set(df["trial_id"]))]
+    if not (turns["n_requests"] > 0).any():
+        raise PlotUnavailable("no completed request of a conversation has an attributed energy in its trial's "
+                              "steady window (no GPU energy measured: CPU-only run?)")
+    keys = [k for k in AXES.config_columns() if k in df.columns and k != "model"]
+    parts = []
+    for model, mdf in df.groupby("model", sort=True):
+        for j, (_, g) in enumerate(mdf.groupby(keys, sort=True, dropna=False)):
+            per_turn = (turns[turns["trial_id"].isin(set(g["trial_id"]))]
+                        .groupby("turn", sort=True)[["n_requests", "energy_sum_j"]].sum())
+            per_turn = per_turn[per_turn["n_requests"] > 0]
+            parts.append(pd.DataFrame({
+                "model": model, "series": f"{series_label(g.iloc[0], mdf)} {load_label(g.iloc[0])}", "colour": j,
+                "turn": per_turn.index.to_numpy(dtype="int64"),
+                "n_requests": per_turn["n_requests"].to_numpy(dtype="int64"),
+                "energy_per_request_j": (per_turn["energy_sum_j"] / per_turn["n_requests"]).to_numpy(dtype=float),
+                "saturated": _any(g, "saturated"), "unstable": _any(g, "unstable")}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def plot_energy_per_turn(trials: pd.DataFrame, turns: pd.DataFrame | None) -> Figure:
+    """Mean J per request against the turn of a conversation (0: its first request), one line
+    per configuration at its rate; below, how many requests each mean is over (later turns
+    are reached by fewer conversations)."""
+    from matplotlib.ticker import MaxNLocator
+
+    data = turn_energy(trials, turns)
+    fig, grid, models = _panels(data, 2)
+    for c, model in enumerate(models):
+        mdf = data[data["model"] == model]
+        for (j, label), g in mdf.groupby(["colour", "series"], sort=True):
+            x = g["turn"].to_numpy(dtype=float)
+            _draw(grid[0][c], x, g["energy_per_request_j"].to_numpy(dtype=float), g, f"C{j % 10}", label)
+            grid[1][c].plot(x, g["n_requests"].to_numpy(dtype=float), "o-", color=f"C{j % 10}", lw=1.0, ms=3,
+                            label=label)
+        for ax, ylabel in ((grid[0][c], "J / request (mean)"), (grid[1][c], "requests measured")):
+            ax.set_xlabel("turn (0: a conversation's first request)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(str(model), fontsize=10)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        grid[1][c].set_ylim(bottom=0)
+        log_if_wide(grid[0][c], mdf["energy_per_request_j"], "y")
+    return _finish(fig, grid, "Energy per request vs conversation turn (serving)", [TURN_NOTE])

@@ -10,6 +10,13 @@ Two formats, as serving benchmarks use them:
   the first turn is the prompt and the second the reference reply. Conversations with
   fewer than two turns are left out.
 
+Replayed as conversations (``workload.conversations: true``, ``read_conversations``), a
+file's records are whole conversations: a ShareGPT record's turns, or a JSONL line's
+``{"conversations": [...]}``, each turn ``{"from": "human"|"gpt"|"system", "value": ...}``
+or ``{"role": "user"|"assistant"|"system", "content": ...}``. Each assistant turn answers
+the user turn before it (the file's reference reply); a user turn may go unanswered (a file of
+user turns alone is replayed with the model's own replies).
+
 The dataset ``bundled`` is sweeper's own prompt set (``sweeper/data/prompts.jsonl``,
 CC0, described in ``sweeper/data/PROMPTS-LICENSE.md``).
 
@@ -59,6 +66,27 @@ class PromptRecord:
     prompt: str
     output_len: int | None = None  # the reference reply's length in tokens, when the file states it
     reference: str | None = None  # the reference reply's text, when the file has one
+
+
+@dataclass(frozen=True)
+class ConversationTurn:
+    """One user turn of a conversation and the file's reply to it (None: the file has none)."""
+
+    user: str
+    reference: str | None = None
+
+
+@dataclass(frozen=True)
+class ConversationRecord:
+    """One conversation of a file: its user turns in order, with an optional system prompt."""
+
+    turns: tuple[ConversationTurn, ...]
+    system: str | None = None
+
+
+# The roles a conversation file may name, as ShareGPT ("from") and OpenAI messages ("role") write them.
+_USER_ROLES = frozenset({"human", "user"})
+_ASSISTANT_ROLES = frozenset({"gpt", "assistant", "chatgpt", "bard", "model"})
 
 
 def dataset_path(name: str, base_dir: Path | None = None) -> Path:
@@ -163,3 +191,82 @@ def _sharegpt(where: str, text: str) -> list[PromptRecord]:
         if texts[0].strip():
             records.append(PromptRecord(texts[0], None, texts[1]))
     return records
+
+
+def read_conversations(path: Path, fmt: DatasetFormat | None = None) -> list[ConversationRecord]:
+    """Every conversation of ``path``, checked (``DatasetError`` names the record and field)."""
+    where = str(path)
+    if not path.is_file():
+        raise DatasetError(where, "no such file")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise DatasetError(where, f"larger than {MAX_FILE_BYTES // 2**30} GiB")
+    fmt = fmt or file_format(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DatasetError(where, "not UTF-8 text") from None
+    items = _json_lines(where, text) if fmt == "jsonl" else _json_list(where, text)
+    records = []
+    for number, item in items:
+        turns = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(turns, list):
+            raise DatasetError(where, "missing or not a list", number, "conversations")
+        record = _conversation(where, number, turns)
+        if record.turns:
+            records.append(record)
+    if not records:
+        raise DatasetError(where, "holds no conversation with a user turn")
+    return records
+
+
+def _json_lines(where: str, text: str) -> list[tuple[int, object]]:
+    items = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                items.append((number, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise DatasetError(where, f"not JSON ({exc.msg}, column {exc.colno})", number) from None
+    return items
+
+
+def _json_list(where: str, text: str) -> list[tuple[int, object]]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(where, f"not JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(data, list):
+        raise DatasetError(where, "a ShareGPT file is a JSON list of {\"conversations\": [...]} records")
+    return list(enumerate(data, start=1))
+
+
+def _conversation(where: str, number: int, messages: list) -> ConversationRecord:
+    """The user turns of one record's messages, each with the reply that follows it."""
+    system, turns = None, []
+    for position, message in enumerate(messages):
+        role, text = _message(where, number, message)
+        if role == "system":
+            if position != 0:
+                raise DatasetError(where, "a system message may only open a conversation", number, "conversations")
+            system = text
+        elif role in _USER_ROLES:
+            turns.append(ConversationTurn(text))  # after another user turn: that one has no reply in the file
+        else:
+            if not turns or turns[-1].reference is not None:
+                raise DatasetError(where, "an assistant turn that answers no user turn", number, "conversations")
+            turns[-1] = ConversationTurn(turns[-1].user, text)
+    return ConversationRecord(tuple(turns), system)
+
+
+def _message(where: str, number: int, message: object) -> tuple[str, str]:
+    if not isinstance(message, dict):
+        raise DatasetError(where, "a turn is an object {\"from\", \"value\"} or {\"role\", \"content\"}",
+                           number, "conversations")
+    role = message.get("from", message.get("role"))
+    text = message.get("value", message.get("content"))
+    if not isinstance(text, str) or not text.strip():
+        raise DatasetError(where, "a turn without text", number, "conversations.value")
+    if role != "system" and role not in _USER_ROLES | _ASSISTANT_ROLES:
+        raise DatasetError(where, f"unknown role {role!r} (human/user, gpt/assistant or system)",
+                           number, "conversations.from")
+    return str(role), text

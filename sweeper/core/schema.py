@@ -56,6 +56,11 @@ _RESULT: tuple[Column, ...] = (
     _c("min_input_len", I, "dataset prompts shorter than this (tokens) were left out"),
     _c("max_input_len", I, "dataset prompts longer than this (tokens) were left out"),
     _c("chat", B, "dataset prompts were wrapped in the model's chat template"),
+    _c("conversations", B, "serving: the prompt file's records were replayed as multi-turn conversations "
+                            "(num_prompts and request_rate count conversations; null: one prompt per record)"),
+    _c("turn_gap_s", F, "conversations: seconds between a reply's end and the next turn's send"),
+    _c("history", S, "conversations: earlier replies in each turn's prompt: model (what the model replied) | "
+                     "reference (the file's replies)"),
     _c("output_lengths", S, "fixed (exactly output_len, EOS ignored) | natural (until EOS, at most output_len) | "
                             "reference (the dataset's reply length, EOS ignored, at most output_len)"),
     _c("seed", I, "prompt seed"),
@@ -155,6 +160,18 @@ _RESULT: tuple[Column, ...] = (
     _c("prefix_cache_hit_rate", F, "serving: of the completed requests' prompt tokens, the share the engine took "
                                     "from its prefix cache (requests.parquet cached_tokens over input_len, over the "
                                     "requests whose engine reported it); null where none did"),
+    _c("n_conversations", I, "conversations: conversations started (their first turns, by the arrival process)"),
+    _c("conversations_completed", I, "conversations: conversations whose every turn completed"),
+    _c("turns_per_conversation", F, "conversations: user turns per conversation, mean over those started"),
+    _c("energy_per_conversation_j", F, "conversations: energy of a completed conversation (the sum of its turns' "
+                                       "requests.parquet energy_j), mean"),
+    _c("first_turn_energy_j", F, "conversations: energy of a completed first turn (requests.parquet energy_j), mean"),
+    _c("last_turn_energy_j", F, "conversations: energy of a completed conversation's last turn, the one with the "
+                                "longest history, mean"),
+    _c("first_turn_ttft_s", F, "conversations: TTFT of a completed first turn, mean"),
+    _c("last_turn_ttft_s", F, "conversations: TTFT of a completed conversation's last turn, mean"),
+    _c("conversation_s", F, "conversations: from a completed conversation's first send to its last reply's end "
+                            "(replies, turn gaps and sends), mean"),
     _c("spec_drafts", F, "speculative decoding (vLLM, in-process or a server's /metrics): draft steps the engine ran "
                          "over the window (offline) or the run (serving), from its spec_decode counters; null "
                          "without speculation"),
@@ -336,7 +353,12 @@ _RESULT: tuple[Column, ...] = (
 REQUESTS: tuple[Column, ...] = (
     _c("trial_id", S, "trial the request belongs to"),
     _c("iteration", I, "measured generate call (0-based); null in serving mode"),
-    _c("request_index", I, "sequence index within the batch; serving: the request's number in arrival order"),
+    _c("request_index", I, "sequence index within the batch; serving: the request's number in arrival order "
+                           "(conversations: numbered by conversation, then turn)"),
+    _c("conversation_id", I, "conversations: the conversation the request is a turn of (0-based, in the order "
+                             "the conversations arrived); null outside conversations"),
+    _c("turn", I, "conversations: the request's turn in its conversation (0-based); its prompt holds every "
+                  "earlier turn and reply"),
     _c("input_len", I, "prompt tokens"),
     _c("output_tokens", I, "generated tokens"),
     _c("t_start_s", F, "request start, seconds from the start of the measured window; serving: when the client "

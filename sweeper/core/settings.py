@@ -290,6 +290,24 @@ class SharedPrefix(Settings):
         return self.model_dump(mode="json")
 
 
+# Where a replayed conversation's earlier replies come from: what the model under test
+# actually replied (a real chat session), or the file's own replies (every trial of the sweep
+# then sends the same histories, whatever each model says).
+History = Literal["model", "reference"]
+
+
+class ConversationSettings(Settings):
+    """A prompt file replayed as multi-turn conversations: each conversation starts at the
+    workload's arrival process, and each next turn is sent ``turn_gap_s`` after the previous
+    reply has finished, with the whole history so far as its prompt."""
+
+    turn_gap_s: float = Field(0.0, ge=0, description="seconds between a reply's end and the next turn (a user's reading time)")
+    history: History = Field("model", description="earlier replies in each prompt: the model's own, or the file's")
+
+    def identity(self) -> dict[str, object]:
+        return self.model_dump(mode="json")
+
+
 class DatasetSettings(Settings):
     """Where a trial's prompts come from when they are real text (``sweeper.core.datasets``).
 
@@ -306,6 +324,8 @@ class DatasetSettings(Settings):
     min_input_len: int | None = Field(None, gt=0, description="prompts shorter than this (tokens) are left out")
     max_input_len: int | None = Field(None, gt=0, description="prompts longer than this (tokens) are left out")
     chat: bool = Field(False, description="wrap each prompt in the model's chat template (as a user turn)")
+    conversations: ConversationSettings | None = Field(
+        None, description="replay each record as a conversation, turn by turn (null: its first turn as one prompt)")
 
     def identity(self) -> dict[str, object]:
         return self.model_dump(mode="json", exclude={"path", "records"}, exclude_none=True)

@@ -256,6 +256,8 @@ class Trial:
             p = self.prompts
             d.update(dataset_sha256=p.sha256, num_prompts=p.num_prompts, min_input_len=p.min_input_len,
                      max_input_len=p.max_input_len, chat=p.chat)
+            if p.conversations is not None:
+                d.update(conversations=True, turn_gap_s=p.conversations.turn_gap_s, history=p.conversations.history)
         if self.serving is not None:
             s = self.serving
             slo = s.slo.bounds_s() if s.slo is not None else {}
@@ -286,6 +288,10 @@ class Trial:
         prompts = f"in={self.input_len}" if self.prompts is None else f"data={PurePath(self.dataset).name}"
         if self.shared_prefix is not None:  # e.g. in=2176 (8 prefixes of 2048)
             prompts += f" ({self.shared_prefix.num_prefixes} prefixes of {self.shared_prefix.prefix_len})"
+        if self.prompts is not None and self.prompts.conversations is not None:  # e.g. data=chats.json (conversations)
+            c = self.prompts.conversations
+            prompts += " (conversations" + (f", gap {c.turn_gap_s:g} s" if c.turn_gap_s else "") + \
+                (", reference history" if c.history == "reference" else "") + ")"
         out = (f"out={self.output_len}" if self.output_lengths == "fixed"
                else f"out={self.output_lengths}<={self.output_len}")
         return (f"{self.model} {self.backend}/{self.precision} {load} {prompts} {out}"

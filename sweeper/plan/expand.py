@@ -14,10 +14,13 @@ from sweeper.core.axes import AXES, AxisPoint, ModelRef
 from sweeper.core.backends import BACKENDS
 from sweeper.core.datasets import (
     BYTES_PER_TOKEN_FALLBACK,
+    ConversationRecord,
     DatasetError,
+    PromptRecord,
     dataset_path,
     fallback_tokens,
     file_format,
+    read_conversations,
     read_records,
     sha256_of,
 )
@@ -245,15 +248,24 @@ def dataset_settings(sweep: Sweep, sweep_path: str = "<sweep>",
     path = dataset_path(w.dataset_name, base)
     try:
         fmt = file_format(path)
-        records = read_records(path, fmt)
+        conversations = read_conversations(path, fmt) if w.conversations else None
+        records = read_records(path, fmt) if conversations is None else [
+            PromptRecord(c.turns[0].user, None, c.turns[0].reference) for c in conversations]
     except DatasetError as exc:
         raise SweepFileError(sweep_path, "workload.dataset", str(exc)) from None
+    if conversations is not None and w.history == "reference":
+        unanswered = next((i for i, c in enumerate(conversations, 1)
+                           if any(t.reference is None for t in c.turns[:-1])), None)
+        if unanswered is not None:
+            raise SweepFileError(sweep_path, "workload.history", str(DatasetError(
+                str(path), "history: reference sends the file's replies, but a user turn before the last has "
+                "none (use history: model)", unanswered, "conversations")))
     if w.output_lengths == "reference":
-        missing = next((i for i, r in enumerate(records, 1) if r.output_len is None and r.reference is None), None)
+        missing = _without_reference(records) if conversations is None else _turn_without_reference(conversations)
         if missing is not None:
             raise SweepFileError(sweep_path, "workload.dataset", str(DatasetError(
                 str(path), "has no reference length for output_len: reference (give \"output_len\" or "
-                "\"completion\")", missing, "output_len")))
+                "\"completion\"; in a conversation, an assistant turn after every user turn)", missing, "output_len")))
     if any(ref.source == "synthetic" for ref in models or []):
         # Synthetic models have no tokenizer: their prompt lengths are known here, so a filter that
         # keeps nothing is found now (real models' tokenizers run on the actor, which says so there).
@@ -266,7 +278,18 @@ def dataset_settings(sweep: Sweep, sweep_path: str = "<sweep>",
                                  f"{BYTES_PER_TOKEN_FALLBACK}, having no tokenizer)")
     return DatasetSettings(name=w.dataset_name, path=str(path), format=fmt, sha256=sha256_of(path),
                            records=len(records), num_prompts=w.num_prompts, min_input_len=w.min_input_len,
-                           max_input_len=w.max_input_len, chat=bool(w.chat))
+                           max_input_len=w.max_input_len, chat=bool(w.chat),
+                           conversations=w.conversation_settings())
+
+
+def _without_reference(records: list[PromptRecord]) -> int | None:
+    """The first record (1-based) without a reference length, or None."""
+    return next((i for i, r in enumerate(records, 1) if r.output_len is None and r.reference is None), None)
+
+
+def _turn_without_reference(conversations: list[ConversationRecord]) -> int | None:
+    """The first conversation (1-based) with a user turn the file does not answer, or None."""
+    return next((i for i, c in enumerate(conversations, 1) if any(t.reference is None for t in c.turns)), None)
 
 
 def speculation_warnings(trials: Iterable[Trial]) -> list[str]:

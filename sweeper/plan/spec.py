@@ -38,7 +38,9 @@ from sweeper.core.precisions import PRECISIONS
 from sweeper.core.settings import (
     MAX_SECONDS,
     Arrival,
+    ConversationSettings,
     FidelitySettings,
+    History,
     MeasureSettings,
     OutputLengths,
     ProfileSettings,
@@ -173,6 +175,12 @@ class Workload(_Strict):
     num_prompts: int | None = Field(None, gt=0, le=1_000_000, strict=True)
     duration_s: float | None = Field(None, gt=0, le=MAX_SECONDS)
     slo: SloSettings | None = None
+    # Replay a prompt file's records as multi-turn conversations (serving mode): request_rate
+    # and num_prompts count conversations; each next turn is sent turn_gap_s after the previous
+    # reply ends, with the history so far (the model's replies, or the file's: history).
+    conversations: bool | None = None
+    turn_gap_s: float | None = Field(None, ge=0, le=MAX_SECONDS)
+    history: History | None = None
 
     _dedupe = field_validator("input_len", "request_rate", "max_concurrency")(_dedupe)
 
@@ -274,6 +282,28 @@ class Workload(_Strict):
         if self.burstiness is not None and self.arrival != "gamma":
             raise ValueError("burstiness is the gamma distribution's shape: it needs arrival: gamma")
         return self
+
+    @model_validator(mode="after")
+    def _conversations_fit(self) -> Workload:
+        if not self.conversations:
+            extra = next((k for k in ("turn_gap_s", "history") if getattr(self, k) is not None), None)
+            if extra:
+                raise ValueError(f"{extra}: applies to conversations replayed turn by turn; "
+                                 "set workload.conversations: true, or remove it")
+            return self
+        if self.mode != "serving":
+            raise ValueError("conversations: turns are sent as their previous replies end, which needs "
+                             "workload.mode: serving")
+        if self.random_tokens:
+            raise ValueError("conversations: replays the conversations of a prompt file (ShareGPT .json, or .jsonl "
+                             "with a \"conversations\" list); set workload.dataset to one")
+        return self
+
+    def conversation_settings(self) -> ConversationSettings | None:
+        """How the prompt file's conversations are replayed (None: not as conversations)."""
+        if not self.conversations:
+            return None
+        return ConversationSettings(turn_gap_s=self.turn_gap_s or 0.0, history=self.history or "model")
 
     def serving(self) -> ServingSettings | None:
         """The trial-level serving settings (None in offline mode)."""

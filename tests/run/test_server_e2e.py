@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -121,6 +122,37 @@ measure: {{warmup_iters: 1, idle_s: 0, min_window_s: 0.5}}
         assert row["throughput_tok_s"] > 0 and row["ttft_p50_s"] > 0 and row["n_failed_requests"] == 0
         assert row["energy_j"] is None or row["energy_j"] != row["energy_j"]  # null, never 0
         assert "base_url" in row["energy_unmetered_reason"]
+        # A short multi-turn replay through the same real server: every turn's prompt resends the
+        # conversation so far, the model's replies included.
+        chats = tmp_path / "chats.jsonl"
+        chats.write_text("\n".join(json.dumps({"conversations": [
+            {"role": "user", "content": f"question {i} about the weather"}, {"role": "assistant", "content": "sun"},
+            {"role": "user", "content": "and tomorrow?"}, {"role": "assistant", "content": "rain"},
+            {"role": "user", "content": "thanks"}]}) for i in range(3)))
+        sweep = write_sweep(f"""
+name: external-chat
+models: [tiny-llama]
+backends: server
+backend_options:
+  server: {{base_url: "{server.base_url}", model: "{model}", dialect: transformers}}
+precisions: fp32
+workload: {{mode: serving, dataset: "{chats}", conversations: true, turn_gap_s: 0.1, output_len: 6,
+           request_rate: 4, num_prompts: 3, seed: 0}}
+measure: {{warmup_iters: 1, idle_s: 0, min_window_s: 0.2}}
+""")
+        out = tmp_path / "external-chat"
+        proc = run_cli("run", str(sweep), "-o", str(out), "-q")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        row = duckdb.sql(f"SELECT * FROM '{out}/trials.parquet'").df().iloc[0]
+        assert row["status"] == "ok", row["error"]
+        assert row["n_conversations"] == 3 and row["conversations_completed"] == 3
+        turns = duckdb.sql(f"SELECT conversation_id, turn, input_len, error FROM '{out}/requests.parquet' "
+                           "ORDER BY conversation_id, turn").fetchall()
+        assert [(c, t) for c, t, _, _ in turns] == [(c, t) for c in range(3) for t in range(3)]
+        assert all(e is None for *_, e in turns)
+        for c in range(3):  # the server counted each turn's history: it only grows
+            lens = [n for cc, _, n, _ in turns if cc == c]
+            assert lens[0] < lens[1] < lens[2], lens
         assert server.popen.poll() is None  # sweeper leaves a server it did not start running
     finally:
         server.stop(10.0)

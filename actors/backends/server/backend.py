@@ -29,6 +29,7 @@ from actors.backends.server.fanout import processes_for
 from actors.backends.server.process import ServerError, ServerProcess, get_json, get_text
 from actors.backends.speculation import SpeculationCounts
 from actors.backends.vllm import start as vllm_start
+from actors.serving.client import Follow
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.servers import RequestDialect, ServerEngine, ServerOptions, dtype_of, engine_args
 
@@ -212,14 +213,14 @@ class ServerBackend(Backend):
 
     # -- serve -----------------------------------------------------------------------------
     def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
-              deadline_s: float) -> ServedRun:
+              deadline_s: float, follow: Follow | None = None) -> ServedRun:
         if self.options is None:
             raise RuntimeError("serve() before load()")
         processes = self.options.client_processes
         if processes == "auto":
             processes = processes_for(requests, max_concurrency)
         return run_http(self.endpoint(), requests, max_concurrency=max_concurrency, deadline_s=deadline_s,
-                        processes=processes)
+                        processes=processes, follow=follow)
 
     def endpoint(self) -> Endpoint:
         """Where the requests go and how each is built; its connections are opened ahead of a
@@ -257,11 +258,14 @@ class ServerBackend(Backend):
                                 **dialect.length_fields(request.output_len, exact=not request.stop_at_eos,
                                                         eos_token_id=self.eos_token_id)}
         if self.chat:
-            body["messages"] = [{"role": "user", "content": request.text or self._text(request.prompt_ids)}]
+            messages = request.messages or (("user", request.text or self._text(request.prompt_ids)),)
+            body["messages"] = [{"role": role, "content": content} for role, content in messages]
         elif dialect.token_prompts:
             body["prompt"] = [int(t) for t in request.prompt_ids]
         else:
-            body["prompt"] = request.text if request.text is not None else self._text(request.prompt_ids)
+            # A conversation's turn is its whole history (its ids); any other prompt, its own text.
+            plain = request.text is not None and request.messages is None
+            body["prompt"] = request.text if plain else self._text(request.prompt_ids)
         return body
 
     def _text(self, ids: np.ndarray) -> str:

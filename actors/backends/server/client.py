@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.serving.client import Follow
 from actors.serving.records import InFlight, ServedRequest, ServedRun, ServingRequest, served_run
 from actors.serving.schedule import play
 
@@ -90,7 +91,8 @@ class _Stream(InFlight):
             error = "the server's reply held no token"
         return ServedRequest(self.request.index, prompt, self.arrival_s, self.submit_s, None, tuple(times),
                              self.finish_s if error is None else None, error=error, due_s=self.due_s,
-                             cached_tokens=self.cached_tokens)
+                             cached_tokens=self.cached_tokens,
+                             reply_text="".join(self.reply_text) if self.reply_text is not None else None)
 
 
 @dataclass(frozen=True)
@@ -123,12 +125,18 @@ class Endpoint(Wire):
 
 
 def run_http(endpoint: Endpoint, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
-             deadline_s: float, clock: Callable[[], float] = time.monotonic, processes: int = 1) -> ServedRun:
+             deadline_s: float, clock: Callable[[], float] = time.monotonic, processes: int = 1,
+             follow: Follow | None = None) -> ServedRun:
     """Send ``requests`` at their arrival offsets from when the client is ready, at most
     ``max_concurrency`` in flight (later arrivals wait, in order), until each has finished or
     ``deadline_s`` (on ``clock``) has passed. Runs its own event loop; returns when the run is
     over. With ``processes`` > 1 the requests are shared among that many client processes
-    (``actors.backends.server.fanout``), each with its own loop, on the host's monotonic clock."""
+    (``actors.backends.server.fanout``), each with its own loop, on the host's monotonic clock.
+    ``follow`` (a conversation's next turns, built from each reply as it ends) needs the one
+    process that holds the conversations: with it, ``processes`` is 1."""
+    if follow is not None:
+        return asyncio.run(send_requests(endpoint, requests, max_concurrency=max_concurrency, deadline_s=deadline_s,
+                                         clock=clock, follow=follow))
     if processes > 1:
         from actors.backends.server.fanout import run_in_processes
 
@@ -141,17 +149,22 @@ def run_http(endpoint: Endpoint, requests: Sequence[ServingRequest], *, max_conc
 
 
 async def send_requests(endpoint: Endpoint, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
-                        deadline_s: float, clock: Callable[[], float] = time.monotonic) -> ServedRun:
+                        deadline_s: float, clock: Callable[[], float] = time.monotonic,
+                        follow: Follow | None = None) -> ServedRun:
     """``run_http`` on the running event loop. The run's clock (its ``t_start_s``, the arrivals'
-    zero) starts once the bodies are encoded, the connections open and the collector's work done."""
+    zero) starts once the bodies are encoded, the connections open and the collector's work done
+    (a conversation's later turns are encoded as the turn before ends, ahead of their gap)."""
     ordered = sorted(requests, key=lambda r: (r.arrival_offset_s, r.index))
     return await send_encoded(endpoint.wire, ordered, endpoint.encode(ordered), max_concurrency=max_concurrency,
-                              deadline_s=deadline_s, clock=clock)
+                              deadline_s=deadline_s, clock=clock,
+                              follow=None if follow is None else (follow, endpoint.encode))
 
 
 async def send_encoded(wire: Wire, ordered: Sequence[ServingRequest], bodies: Sequence[bytes], *,
                        max_concurrency: int | None, deadline_s: float, clock: Callable[[], float] = time.monotonic,
-                       start: Callable[[], Awaitable[float]] | None = None) -> ServedRun:
+                       start: Callable[[], Awaitable[float]] | None = None,
+                       follow: tuple[Follow, Callable[[Sequence[ServingRequest]], list[bytes]]] | None = None
+                       ) -> ServedRun:
     """Send ``ordered`` (in arrival order), each with its encoded body, once the connections are
     open and the collector's work done. ``start`` gives the arrivals' zero on ``clock`` when the
     client is ready (default: that moment); a client process asks its parent, which starts
@@ -179,7 +192,16 @@ async def send_encoded(wire: Wire, ordered: Sequence[ServingRequest], bodies: Se
             async def send(s: _Stream) -> None:
                 await _stream(session, wire, s, clock)
 
-            await play(streams, send, max_concurrency=max_concurrency, deadline_s=deadline_s, clock=clock)
+            def following(s: _Stream) -> _Stream | None:
+                assert follow is not None
+                nxt = follow[0](s.served(), t0)
+                if nxt is None:
+                    return None
+                streams.append(_Stream(nxt, t0 + nxt.arrival_offset_s, body=follow[1]([nxt])[0]))
+                return streams[-1]
+
+            await play(list(streams), send, max_concurrency=max_concurrency, deadline_s=deadline_s, clock=clock,
+                       follow=following if follow is not None else None)
     return served_run(t0, streams, clock())
 
 
@@ -313,6 +335,8 @@ def _chunk(s: _Stream, chunk: dict[str, Any], now: float, continuous_usage: bool
         s.finish_reason = choice.get("finish_reason") or s.finish_reason
         delta = choice.get("delta")
         text = (delta.get("content") if isinstance(delta, dict) else choice.get("text")) or ""
+        if text and s.reply_text is not None:
+            s.reply_text.append(text)
     if usage is not None:
         completion = usage.get("completion_tokens")
         s.usage_prompt_tokens = usage.get("prompt_tokens", s.usage_prompt_tokens)

@@ -31,7 +31,7 @@ from actors.backends.transformers import bnb
 from actors.environment import cpu_model
 from actors.errors import PrecisionUnavailable
 from actors.host_memory import host_peak_bytes, reset_host_peak
-from actors.serving.client import run_requests
+from actors.serving.client import Follow, run_requests
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.backends import TransformersOptions
 from sweeper.core.precisions import PRECISIONS
@@ -261,7 +261,7 @@ class TransformersBackend(Backend):
                           marks=(("prefill", t_start, steps.t_first), ("decode", steps.t_first, t_end)))
 
     def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
-              deadline_s: float) -> ServedRun:
+              deadline_s: float, follow: Follow | None = None) -> ServedRun:
         """Serving mode through transformers' continuous-batching manager
         (actors/backends/transformers/serving.py), started once per loaded model."""
         if self._serving is None:
@@ -272,7 +272,7 @@ class TransformersBackend(Backend):
             with torch.inference_mode():  # the manager's thread inherits the caller's inference mode
                 self._serving = ContinuousBatchingEngine(self.model, self._max_batch_requests)
         return run_requests(self._serving, requests, max_concurrency=max_concurrency, deadline_s=deadline_s,
-                            clock=self.clock)
+                            clock=self.clock, follow=follow)
 
     def reset_peak_memory(self) -> None:
         if self.device == "cuda":

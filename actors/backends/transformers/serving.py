@@ -95,5 +95,6 @@ class ContinuousBatchingEngine:
         wrong = len(times) > request.output_len if request.stop_at_eos else len(times) != request.output_len
         if error is None and wrong:
             error = f"produced {len(times)} tokens, expected {request.output_len}"
+        reply = tuple(int(t) for t in output.generated_tokens or ()) if request.keeps_reply else None
         return ServedRequest(request.index, request.prompt_tokens, arrival_s, submit_s, scheduled, times,
-                             times[-1] if times and error is None else None, error, due_s)
+                             times[-1] if times and error is None else None, error, due_s, reply_ids=reply)

@@ -59,6 +59,7 @@ from actors.backends.speculation import SpeculationCounts
 from actors.backends.vllm import start as vllm_start
 from actors.backends.vllm.worker import WORKER_EXTENSION
 from actors.quality.divergence import TopK
+from actors.serving.client import Follow
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.backends import VllmOptions
 from sweeper.core.precisions import PRECISIONS
@@ -480,10 +481,10 @@ class VllmBackend(Backend):
         return TopK(ids, values)
 
     def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
-              deadline_s: float) -> ServedRun:
+              deadline_s: float, follow: Follow | None = None) -> ServedRun:
         if self.serving is None:
             raise RuntimeError("serve() needs the engine loaded for serving mode (ModelSpec.serving)")
-        return self.serving.serve(requests, max_concurrency=max_concurrency, deadline_s=deadline_s)
+        return self.serving.serve(requests, max_concurrency=max_concurrency, deadline_s=deadline_s, follow=follow)
 
     def speculation_counts(self) -> SpeculationCounts | None:
         # The engine's stat loggers record into this process's Prometheus registry (offline LLM

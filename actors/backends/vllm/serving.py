@@ -27,6 +27,7 @@ import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
+from actors.serving.client import Follow
 from actors.serving.records import UNFINISHED, InFlight, ServedRun, ServingRequest, served_run
 from actors.serving.schedule import play
 
@@ -66,27 +67,42 @@ class AsyncEngineRunner:
     def weight_memory_bytes(self) -> list[int]:
         return list(self.call(self.engine.collective_rpc("sweeper_weight_memory_bytes", timeout=60), 90))
 
-    def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None, deadline_s: float) -> ServedRun:
+    def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None, deadline_s: float,
+              follow: Follow | None = None) -> ServedRun:
         budget_s = max(deadline_s - time.monotonic(), 0.0) + HANDBACK_S
-        return self.call(self._serve(requests, max_concurrency, deadline_s), timeout_s=budget_s)
+        return self.call(self._serve(requests, max_concurrency, deadline_s, follow), timeout_s=budget_s)
 
     async def _serve(self, requests: Sequence[ServingRequest], max_concurrency: int | None,
-                     deadline_s: float) -> ServedRun:
+                     deadline_s: float, follow: Follow | None = None) -> ServedRun:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        # Ready before the clock starts: every request's sampling parameters and prompt built.
+        # Ready before the clock starts: every request's sampling parameters and prompt built
+        # (a conversation's later turns: as the turn before ends).
         ordered = sorted(requests, key=lambda r: (r.arrival_offset_s, r.index))
         params: dict[tuple[int, bool], Any] = {}
-        for r in ordered:
+        prompts: dict[int, dict[str, list[int]]] = {}
+
+        def prepare(r: ServingRequest) -> None:
             if (r.output_len, r.stop_at_eos) not in params:
                 exact = {} if r.stop_at_eos else {"min_tokens": r.output_len, "ignore_eos": True}
                 params[r.output_len, r.stop_at_eos] = SamplingParams(
                     max_tokens=r.output_len, temperature=0.0, detokenize=False,
                     output_kind=RequestOutputKind.DELTA, **exact)
-        prompts = {r.index: {"prompt_token_ids": r.prompt_ids.tolist()} for r in ordered}
+            prompts[r.index] = {"prompt_token_ids": r.prompt_ids.tolist()}
+
+        for r in ordered:
+            prepare(r)
         t0 = time.monotonic()
         progress = [InFlight(r, t0 + r.arrival_offset_s) for r in ordered]
+
+        def following(p: InFlight) -> InFlight | None:
+            nxt = follow(p.served(), t0) if follow is not None else None
+            if nxt is None:
+                return None
+            prepare(nxt)
+            progress.append(InFlight(nxt, t0 + nxt.arrival_offset_s))
+            return progress[-1]
 
         async def one(p: InFlight) -> None:
             n, stop = p.request.output_len, p.request.stop_at_eos
@@ -98,6 +114,8 @@ class AsyncEngineRunner:
                 async for out in stream:
                     now = time.monotonic()
                     p.times.extend([now] * len(out.outputs[0].token_ids))
+                    if p.reply_ids is not None:
+                        p.reply_ids.extend(out.outputs[0].token_ids)
                     if out.finished:
                         metrics = out.metrics
                     # Set with the request's first output (prefill done): what its prefix cache held.
@@ -118,8 +136,8 @@ class AsyncEngineRunner:
                 p.scheduled_s = min(max(scheduled, p.submit_s), p.finish_s)
 
         # Each request started as it comes due, at most max_concurrency at once (actors.serving.schedule).
-        await play(progress, one, max_concurrency=max_concurrency or None, deadline_s=deadline_s,
-                   clock=time.monotonic)
+        await play(list(progress), one, max_concurrency=max_concurrency or None, deadline_s=deadline_s,
+                   clock=time.monotonic, follow=following if follow is not None else None)
         return served_run(t0, progress, time.monotonic())
 
     def close(self) -> None:

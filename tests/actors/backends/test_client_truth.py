@@ -130,9 +130,9 @@ class _LaggingServer(ServerBackend):
     lag: Any = None
     measured = 40  # the trial's num_prompts: which serve() is the measured run
 
-    def serve(self, requests, *, max_concurrency, deadline_s):
+    def serve(self, requests, *, max_concurrency, deadline_s, follow=None):
         if len(requests) != self.measured:
-            return super().serve(requests, max_concurrency=max_concurrency, deadline_s=deadline_s)
+            return super().serve(requests, max_concurrency=max_concurrency, deadline_s=deadline_s, follow=follow)
 
         async def lagging():
             return await type(self).lag(self.endpoint(), requests, max_concurrency, deadline_s)

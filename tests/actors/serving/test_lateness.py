@@ -84,10 +84,10 @@ class _SlowSubmit(SimulatedEngine):
 
 
 class _SlowClientNoop(NoopBackend):
-    def serve(self, requests, *, max_concurrency, deadline_s):
+    def serve(self, requests, *, max_concurrency, deadline_s, follow=None):
         engine = _SlowSubmit(self.options, self.clock, self.sleep)
         return run_requests(engine, requests, max_concurrency=max_concurrency, deadline_s=deadline_s,
-                            clock=self.clock)
+                            clock=self.clock, follow=follow)
 
 
 def test_a_client_that_keeps_its_schedule_is_not_flagged():
