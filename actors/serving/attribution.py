@@ -3,7 +3,10 @@
 Method (``token_share``)
 ------------------------
 A request is processed by the engine over segments of time: its prefill, from
-when the engine scheduled it until its first token, processes its prompt tokens;
+when the engine scheduled it until its first token, processes its prompt tokens
+(those it computed: tokens its prefix cache held, ``cached_tokens``, cost no prefill
+work, so a conversation's later turn or a shared-prefix prompt is not charged for
+the history the cache served);
 each later interval between two of its tokens processes one token. Within a
 segment its work is spread evenly. The run is cut at every segment boundary of
 every request into slices; each slice's energy (read from the same energy curve
@@ -41,7 +44,9 @@ def segments(request: ServedRequest) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0), np.zeros(0)
     bounds = [min(start, times[0])]
     weights: list[float] = []
-    carry = float(request.prompt_tokens)  # what the next segment processes: first the prompt
+    # What the next segment processes: first the prompt tokens the engine computed (at least one:
+    # an engine never serves a prompt's last token from its cache).
+    carry = float(max(request.prompt_tokens - (request.cached_tokens or 0), 1))
     for t in times:
         if t > bounds[-1]:
             bounds.append(t)

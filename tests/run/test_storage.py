@@ -200,6 +200,9 @@ def test_schema_names_carry_units():
                    # speculative decoding: counts of draft steps and tokens, a share, tokens per step
                    "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "spec_acceptance_rate",
                    "spec_tokens_per_step",
+                   # conversations: a flag, how earlier replies were sent, counts of conversations and turns
+                   "conversations", "history", "n_conversations", "conversations_completed",
+                   "turns_per_conversation",
                    # the server backend: names, a command line, a path, process lists, a flag, a reason
                    "server_engine", "server_command", "server_url", "server_log", "gpu_processes",
                    "energy_exclusive", "energy_unmetered_reason"}

@@ -43,6 +43,18 @@ def test_segments_spread_the_prompt_over_prefill_and_one_token_per_gap():
     assert weights.tolist() == [4.0, 2.0, 1.0]  # the token delivered with another joins its segment
 
 
+def test_a_prefill_weighs_only_the_prompt_tokens_the_engine_computed(monkeypatch):
+    # B's prompt held 6 of its 8 tokens in the prefix cache: its prefill processes 2.
+    cached = ServedRequest(1, 8, T0 + 0.25, T0 + 0.3, T0 + 0.3, B.token_times_s, B.finish_s, cached_tokens=6)
+    assert segments(cached)[1].tolist() == [2.0, 1.0, 1.0]
+    meter = meter_over(monkeypatch, PowerTrace(100.0), T0 + 0.7)
+    a, b = request_energies([A, cached], T0, T0 + 0.7, meter.energies_between)
+    # [0.3, 0.5]: A 1 token, B 2 -> 20 J as 1:2 (uncached: 1:8, B's share 17.8 J).
+    assert a == pytest.approx(30 + 20 / 3, abs=1e-3)
+    assert b == pytest.approx(20 * 2 / 3 + 20, abs=1e-3)
+    assert a + b == pytest.approx(meter.energy_between(T0, T0 + 0.7), rel=1e-9)
+
+
 def test_constant_power_splits_by_tokens_in_flight(monkeypatch):
     meter = meter_over(monkeypatch, PowerTrace(100.0), T0 + 0.7)
     a, b = request_energies([A, B], T0, T0 + 0.7, meter.energies_between)
