@@ -70,9 +70,9 @@ def run_requests(engine: SteppedEngine, requests: Sequence[ServingRequest], *, m
         finished = engine.wait(min(next_arrival, deadline_s))
         if finished:
             freed_s = clock()  # when this loop saw them end: their slots' release
-            for request in finished:
+            for served in finished:
                 slots.give_back(freed_s)
-                following = follow(request, t0) if follow is not None else None
+                following = follow(served, t0) if follow is not None else None
                 if following is not None:
                     heapq.heappush(pending, (following.arrival_offset_s, following.index, following))
         done += finished

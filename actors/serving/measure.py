@@ -77,7 +77,7 @@ class ServingWindow(Window):
         self.settings, self.rate = trial.serving, trial.request_rate
         self.started_s = clock()
         # Conversations: their first turns arrive by the process, later turns as replies end.
-        self.script = source.script(run_offsets(self.settings, request_rate=self.rate, seed=trial.seed)) \
+        self.script = source.script(run_offsets(self.settings, request_rate=self.rate, seed=trial.seed).tolist()) \
             if isinstance(source, ConversationSource) else None
         self.measured = self.script.first if self.script is not None else self._requests(stream=0)
         self.last_arrival_s = max(r.arrival_offset_s for r in self.measured)

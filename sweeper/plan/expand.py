@@ -307,6 +307,23 @@ def speculation_warnings(trials: Iterable[Trial]) -> list[str]:
     return list(warnings)
 
 
+def repeated_conversation_warnings(trials: Iterable[Trial]) -> list[str]:
+    """One warning where a conversation replay draws more conversations than its file holds: the
+    sample cycles them, and a repeated conversation resends its twin's history (with greedy
+    replies, word for word), which a prefix cache then serves across conversations, not only
+    within one: the hit rate and what caching saves read higher than distinct sessions'."""
+    warnings: dict[str, None] = {}
+    for t in trials:
+        p, s = t.prompts, t.serving
+        if p is None or p.conversations is None or s is None:
+            continue
+        if s.num_prompts is not None and s.num_prompts > p.records:
+            warnings.setdefault(f"workload.num_prompts: {s.num_prompts} conversations from {p.records} in "
+                                f"{p.name}: the sample repeats them, and a prefix cache finds the repeats' "
+                                "histories (make more, e.g. python3 -m bench conversations)")
+    return list(warnings)
+
+
 def compatibility(trial: Trial, device: Device, capabilities: Capabilities | None = None) -> str | None:
     """Why this trial cannot run on ``device``, or None.
 
@@ -393,7 +410,8 @@ def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", chec
         _check_width(planned, device, capabilities, sweep_path)
     plan = Plan(sweep=sweep, device=device, trials=planned, excluded=excluded,
                 warnings=steady_window_warnings(p.trial for p in planned if p.runnable)
-                + speculation_warnings(p.trial for p in planned))
+                + speculation_warnings(p.trial for p in planned)
+                + repeated_conversation_warnings(p.trial for p in planned))
     if capabilities is not None:
         plan.notes.append(f"installed libraries checked in: {capabilities.source}")
     return plan

@@ -248,3 +248,14 @@ def test_an_http_client_sends_each_turn_with_the_replies_it_streamed(tmp_path):
     # The assistant turns are the text the server streamed back, chunk for chunk.
     assert chats[2][1] == {"role": "assistant", "content": "w0w1w2"}
     assert chats[2][3] == {"role": "assistant", "content": "w0w1w2"} and chats[2][4]["content"] == "and after"
+
+
+def test_a_sample_larger_than_the_file_is_warned_of(tmp_path):
+    from sweeper.plan.expand import make_plan
+
+    path = tmp_path / "chats.json"
+    path.write_text(json.dumps(CHATS))
+    warned = make_plan(parse_sweep(_sweep(path, num_prompts=6)), device="cpu").warnings
+    assert any("6 conversations from 2" in w and "num_prompts" in w for w in warned)
+    assert not any("conversations from" in w for w in make_plan(parse_sweep(_sweep(path, num_prompts=2)),
+                                                                device="cpu").warnings)
