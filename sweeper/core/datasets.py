@@ -118,18 +118,23 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_records(path: Path, fmt: DatasetFormat | None = None) -> list[PromptRecord]:
-    """Every prompt record of ``path``, checked; raises ``DatasetError``."""
+def _text_of(path: Path) -> str:
+    """A prompt file's text, once it is known to exist, to be of a size worth reading and UTF-8."""
     where = str(path)
     if not path.is_file():
         raise DatasetError(where, "no such file")
     if path.stat().st_size > MAX_FILE_BYTES:
         raise DatasetError(where, f"larger than {MAX_FILE_BYTES // 2**30} GiB")
-    fmt = fmt or file_format(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise DatasetError(where, "not UTF-8 text") from None
+
+
+def read_records(path: Path, fmt: DatasetFormat | None = None) -> list[PromptRecord]:
+    """Every prompt record of ``path``, checked; raises ``DatasetError``."""
+    where, text = str(path), _text_of(path)
+    fmt = fmt or file_format(path)
     records = _jsonl(where, text) if fmt == "jsonl" else _sharegpt(where, text)
     if not records:
         raise DatasetError(where, "holds no prompts")
@@ -169,14 +174,8 @@ def _record(where: str, number: int, obj: dict) -> PromptRecord:
 
 
 def _sharegpt(where: str, text: str) -> list[PromptRecord]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DatasetError(where, f"not JSON ({exc.msg}, line {exc.lineno})") from None
-    if not isinstance(data, list):
-        raise DatasetError(where, "a ShareGPT file is a JSON list of {\"conversations\": [...]} records")
     records = []
-    for number, item in enumerate(data, start=1):
+    for number, item in _json_list(where, text):
         turns = item.get("conversations") if isinstance(item, dict) else None
         if not isinstance(turns, list):
             raise DatasetError(where, "missing or not a list", number, "conversations")
@@ -195,16 +194,8 @@ def _sharegpt(where: str, text: str) -> list[PromptRecord]:
 
 def read_conversations(path: Path, fmt: DatasetFormat | None = None) -> list[ConversationRecord]:
     """Every conversation of ``path``, checked (``DatasetError`` names the record and field)."""
-    where = str(path)
-    if not path.is_file():
-        raise DatasetError(where, "no such file")
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise DatasetError(where, f"larger than {MAX_FILE_BYTES // 2**30} GiB")
+    where, text = str(path), _text_of(path)
     fmt = fmt or file_format(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise DatasetError(where, "not UTF-8 text") from None
     items = _json_lines(where, text) if fmt == "jsonl" else _json_list(where, text)
     records = []
     for number, item in items:
