@@ -82,6 +82,8 @@
 #   conversations_bundled  bench/conversations_gpu.yaml (after smollm2): 64 conversations of 4 turns from the
 #               bundled prompts, the model's own replies as history, vLLM's prefix cache off and on, 1 and 8
 #               conversations/s: energy per turn as the history grows; its report (energy_per_turn.png)
+#   long_context8b  bench/long_context_gpu_8b.yaml: llama-3.1-8b's shape, 1k, 8k and 32k-token prompts at
+#               1 req/s: the prompts' share of J/request (request_prefill_share), TTFT
 #   prefix8b    bench/prefix_gpu_8b.yaml: llama-3.1-8b's shape, 8 shared 2,048-token prefixes, vLLM's prefix
 #               cache off and on at 4, 16, 32 req/s: hit rate, TTFT, J/request; then vllm bench serve's
 #               prefix_repetition against sweeper's client on one `vllm serve` with its cache on (the peer)
@@ -288,6 +290,10 @@ for kind in ('trials', 'requests', 'timeline'):
                       python3 -m sweeper report "$RESULTS/conversations" > "$OUT/conversations_report.txt" 2>&1
                       (cd "$RESULTS" && tar czf "$OUT/conversations.tgz" conversations/trials.parquet \
                           conversations/requests.parquet conversations/stages.parquet conversations/report) ;;
+        long_context8b) python3 -m sweeper run bench/long_context_gpu_8b.yaml -o "$RESULTS/long8b" 2>&1 \
+                          | tee "$OUT/long8b_run.log" | tail -30
+                      (cd "$RESULTS" && tar czf "$OUT/long8b.tgz" long8b/trials.parquet long8b/requests.parquet \
+                          long8b/stages.parquet) ;;
         prefix8b)     python3 -m sweeper run bench/prefix_gpu_8b.yaml -o "$RESULTS/prefix8b" 2>&1 | tee "$OUT/prefix8b_run.log" | tail -30
                       (cd "$RESULTS" && tar czf "$OUT/prefix8b.tgz" prefix8b/trials.parquet prefix8b/requests.parquet \
                           prefix8b/stages.parquet)

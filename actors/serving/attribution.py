@@ -28,6 +28,7 @@ engine statistics could refine it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -61,26 +62,41 @@ def segments(request: ServedRequest) -> tuple[np.ndarray, np.ndarray]:
     return np.array(bounds), np.array(weights)
 
 
+@dataclass(frozen=True)
+class RequestEnergy:
+    """One request's share of a serving run's energy."""
+
+    energy_j: float  # its work's share of every slice it ran in, and its part of the idle slices
+    prefill_energy_j: float  # of energy_j, the share of the slices of its prefill (scheduled to first token)
+
+
 def request_energies(requests: Sequence[ServedRequest], t_start_s: float, t_end_s: float,
                      energies_between: Callable[[list[tuple[float, float]]], list[float]]) -> list[float]:
     """Joules per request (in the order given) over [t_start, t_end]: see the module docstring.
     Requests that did no work (failed before scheduling) get 0."""
+    return [e.energy_j for e in request_energy_split(requests, t_start_s, t_end_s, energies_between)]
+
+
+def request_energy_split(requests: Sequence[ServedRequest], t_start_s: float, t_end_s: float,
+                         energies_between: Callable[[list[tuple[float, float]]], list[float]]) -> list[RequestEnergy]:
+    """``request_energies`` with each request's prefill part beside its whole (the idle
+    slices' shares count in the whole only: they are no request's prefill)."""
     work = [segments(r) for r in requests]
     cuts = {t_start_s, t_end_s}
     for bounds, _ in work:
         cuts.update(float(t) for t in bounds if t_start_s <= t <= t_end_s)
     edges = np.array(sorted(cuts))
     if edges.size < 2:
-        return [0.0] * len(requests)
+        return [RequestEnergy(0.0, 0.0)] * len(requests)
     slice_energy = np.array(energies_between(list(zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True))))
     mids = (edges[:-1] + edges[1:]) / 2.0
     lengths = np.diff(edges)
     # tokens[r] over the slices its span covers: (first slice, token counts per slice)
-    shares: list[tuple[int, np.ndarray]] = []
+    shares: list[tuple[int, np.ndarray, np.ndarray]] = []  # first slice, tokens per slice, prefill's slices
     per_slice = np.zeros(mids.size)
     for bounds, weights in work:
         if bounds.size == 0:
-            shares.append((0, np.zeros(0)))
+            shares.append((0, np.zeros(0), np.zeros(0, dtype=bool)))
             continue
         lo = int(np.searchsorted(mids, bounds[0]))
         hi = int(np.searchsorted(mids, bounds[-1]))
@@ -88,15 +104,16 @@ def request_energies(requests: Sequence[ServedRequest], t_start_s: float, t_end_
         density = weights / np.diff(bounds)  # tokens per second within each segment
         tokens = density[seg] * lengths[lo:hi]
         per_slice[lo:hi] += tokens
-        shares.append((lo, tokens))
+        shares.append((lo, tokens, seg == 0))
     idle = per_slice <= 0
-    totals = np.array([tokens.sum() for _, tokens in shares])
+    totals = np.array([tokens.sum() for _, tokens, _ in shares])
     idle_energy = float(slice_energy[idle].sum())
     grand = totals.sum()
     out = []
-    for (lo, tokens), total in zip(shares, totals, strict=True):
+    for (lo, tokens, prefill), total in zip(shares, totals, strict=True):
         busy = slice_energy[lo:lo + tokens.size]
         denominators = per_slice[lo:lo + tokens.size]
-        own = float(np.divide(busy * tokens, denominators, out=np.zeros_like(tokens), where=denominators > 0).sum())
-        out.append(own + (idle_energy * total / grand if grand > 0 else 0.0))
+        own = np.divide(busy * tokens, denominators, out=np.zeros_like(tokens), where=denominators > 0)
+        idle_share = idle_energy * total / grand if grand > 0 else 0.0
+        out.append(RequestEnergy(float(own.sum()) + idle_share, float(own[prefill].sum())))
     return out

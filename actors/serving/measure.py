@@ -26,6 +26,7 @@ from actors.measure import reply_length_columns
 from actors.method import Figures, Measurement, Window, measure, ratio, window_energy_columns
 from actors.serving import attribution, lateness
 from actors.serving.arrivals import run_offsets, serving_requests
+from actors.serving.attribution import RequestEnergy
 from actors.serving.conversations import ConversationScript, conversation_columns
 from actors.serving.records import ServedRun
 from actors.serving.stats import (
@@ -142,7 +143,8 @@ class ServingWindow(Window):
                        error=f"{cut} of {len(run.requests)} requests had not finished when the run's time limit "
                              f"({RUN_SHARE_OF_TIMEOUT:.0%} of measure.timeout_s) passed")
         if self.script is not None:
-            row.update(conversation_columns(run, self.script, request_energy))
+            row.update(conversation_columns(run, self.script, [e.energy_j for e in request_energy]
+                                            if request_energy is not None else None))
         return Figures(row=row, requests=_request_rows(trial, run, window, request_energy, self.script),
                        verdict=verdict,
                        t_zero_s=run.t_start_s, t_end_s=self.t_end_s, marks=_marks(run, window))
@@ -168,7 +170,7 @@ def _marks(run: ServedRun, window: SteadyWindow | None) -> list[tuple[str, float
 
 def _columns(trial: Trial, run: ServedRun, window: SteadyWindow | None, telemetry: TelemetryBase,
              handle: Any, idle_power_w: float | None, last_arrival_s: float
-             ) -> tuple[dict[str, Any], list[float] | None]:
+             ) -> tuple[dict[str, Any], list[RequestEnergy] | None]:
     settings = trial.serving
     assert settings is not None
     rate = trial.request_rate or math.inf
@@ -209,23 +211,26 @@ def _columns(trial: Trial, run: ServedRun, window: SteadyWindow | None, telemetr
 
 
 def _request_energy_columns(run: ServedRun, telemetry: TelemetryBase, handle: Any
-                            ) -> tuple[dict[str, Any], list[float] | None]:
+                            ) -> tuple[dict[str, Any], list[RequestEnergy] | None]:
     """Each request's share of the run's energy, and the trial's columns over them."""
     cols: dict[str, Any] = dict.fromkeys(("request_energy_method", "energy_per_request_j", "energy_per_request_p50_j",
-                                          "energy_per_request_p90_j", "attributed_energy_j"))
+                                          "energy_per_request_p90_j", "attributed_energy_j", "request_prefill_share"))
     if handle.window is None:
         return cols, None
     # Over the run's energy window itself (its boundaries a moment outside the first
     # arrival and the last token), so that the requests' energies sum to run_energy_j.
-    request_energy = attribution.request_energies(run.requests, handle.window.t_start_s,
-                                                  handle.window.t_end_s, telemetry.energies_between)
-    done = [e for e, r in zip(request_energy, run.requests, strict=True) if r.ok]
+    split = attribution.request_energy_split(run.requests, handle.window.t_start_s,
+                                             handle.window.t_end_s, telemetry.energies_between)
+    done = [e for e, r in zip(split, run.requests, strict=True) if r.ok]
+    energies = [e.energy_j for e in done]
+    whole = sum(energies)
     cols.update(request_energy_method=attribution.METHOD,
-                energy_per_request_j=float(np.mean(done)) if done else None,
-                energy_per_request_p50_j=float(np.percentile(done, 50)) if done else None,
-                energy_per_request_p90_j=float(np.percentile(done, 90)) if done else None,
-                attributed_energy_j=float(sum(request_energy)))
-    return cols, request_energy
+                energy_per_request_j=float(np.mean(energies)) if done else None,
+                energy_per_request_p50_j=float(np.percentile(energies, 50)) if done else None,
+                energy_per_request_p90_j=float(np.percentile(energies, 90)) if done else None,
+                attributed_energy_j=float(sum(e.energy_j for e in split)),
+                request_prefill_share=sum(e.prefill_energy_j for e in done) / whole if whole > 0 else None)
+    return cols, split
 
 
 def _energy_columns(telemetry: TelemetryBase, handle: Any, window: SteadyWindow, output_tokens: int,
@@ -280,7 +285,8 @@ def _verdict(row: dict[str, Any], window: SteadyWindow | None, trial: Trial, tel
 
 
 def _request_rows(trial: Trial, run: ServedRun, window: SteadyWindow | None,
-                  energies: list[float] | None, script: ConversationScript | None = None) -> list[dict[str, Any]]:
+                  energies: list[RequestEnergy] | None, script: ConversationScript | None = None
+                  ) -> list[dict[str, Any]]:
     settings = trial.serving
     bounds = settings.slo.bounds_s() if settings is not None and settings.slo is not None else {}
     t0 = run.t_start_s
@@ -302,7 +308,8 @@ def _request_rows(trial: Trial, run: ServedRun, window: SteadyWindow | None,
             "in_window": (window is not None and r.finish_s is not None
                           and window.t_start_s < r.finish_s <= window.t_end_s),
             "meets_slo": meets(r, bounds) if bounds else None,
-            "energy_j": energies[k] if energies is not None else None,
+            "energy_j": energies[k].energy_j if energies is not None else None,
+            "prefill_energy_j": energies[k].prefill_energy_j if energies is not None else None,
             "error": r.error,
         })
     return rows

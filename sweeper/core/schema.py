@@ -160,6 +160,9 @@ _RESULT: tuple[Column, ...] = (
     _c("prefix_cache_hit_rate", F, "serving: of the completed requests' prompt tokens, the share the engine took "
                                     "from its prefix cache (requests.parquet cached_tokens over input_len, over the "
                                     "requests whose engine reported it); null where none did"),
+    _c("request_prefill_share", F, "serving: of the completed requests' energy (requests.parquet energy_j), the "
+                                    "share spent in their prefills (prefill_energy_j): what prompts cost against "
+                                    "replies, by the token-share split; null where unmetered"),
     _c("n_conversations", I, "conversations: conversations started (their first turns, by the arrival process)"),
     _c("conversations_completed", I, "conversations: conversations whose every turn completed"),
     _c("turns_per_conversation", F, "conversations: user turns per conversation, mean over those started"),
@@ -384,6 +387,9 @@ REQUESTS: tuple[Column, ...] = (
     _c("energy_j", F, "its share of the GPU energy (the trial's request_energy_method): a serving run's "
                       "requests sum to its run_energy_j, an offline window's to its energy_j; null where "
                       "not attributed (random prompts of one shape offline: energy_per_request_j says it)"),
+    _c("prefill_energy_j", F, "serving: of energy_j, the part spent in the request's prefill (from its scheduling to "
+                              "its first token, by token share: the prompt tokens the engine computed against the "
+                              "tokens others processed beside it)"),
     _c("error", S, "serving: why the request failed or did not finish; null if it completed"),
 )
 

@@ -203,6 +203,8 @@ def test_schema_names_carry_units():
                    # conversations: a flag, how earlier replies were sent, counts of conversations and turns
                    "conversations", "history", "n_conversations", "conversations_completed",
                    "turns_per_conversation",
+                   # serving: the share of requests' energy spent in their prefills (a ratio)
+                   "request_prefill_share",
                    # the server backend: names, a command line, a path, process lists, a flag, a reason
                    "server_engine", "server_command", "server_url", "server_log", "gpu_processes",
                    "energy_exclusive", "energy_unmetered_reason"}

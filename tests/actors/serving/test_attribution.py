@@ -55,6 +55,17 @@ def test_a_prefill_weighs_only_the_prompt_tokens_the_engine_computed(monkeypatch
     assert a + b == pytest.approx(meter.energy_between(T0, T0 + 0.7), rel=1e-9)
 
 
+def test_each_request_s_prefill_part_is_its_share_of_its_prefill_slices(monkeypatch):
+    from actors.serving.attribution import request_energy_split
+
+    meter = meter_over(monkeypatch, PowerTrace(100.0), T0 + 0.7)
+    a, b = request_energy_split([A, B], T0, T0 + 0.7, meter.energies_between)
+    # A's prefill [0, 0.2] runs alone: 20 J. B's [0.3, 0.5] is shared 8:1 with A's decode.
+    assert a.prefill_energy_j == pytest.approx(20.0, abs=1e-3)
+    assert b.prefill_energy_j == pytest.approx(20 * 8 / 9, abs=1e-3)
+    assert a.energy_j == pytest.approx(30 + 20 / 9, abs=1e-3)  # the whole, as request_energies gives it
+
+
 def test_constant_power_splits_by_tokens_in_flight(monkeypatch):
     meter = meter_over(monkeypatch, PowerTrace(100.0), T0 + 0.7)
     a, b = request_energies([A, B], T0, T0 + 0.7, meter.energies_between)
