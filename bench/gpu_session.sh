@@ -294,6 +294,17 @@ for kind in ('trials', 'requests', 'timeline'):
                           | tee "$OUT/long8b_run.log" | tail -30
                       (cd "$RESULTS" && tar czf "$OUT/long8b.tgz" long8b/trials.parquet long8b/requests.parquet \
                           long8b/stages.parquet) ;;
+        sglang_prefix8b)
+                      # SGLang (radix cache on, off) against vLLM serve (prefix cache on) on the shared-prefix
+                      # workload; needs the SGLang wheels installed (bench/sglang_wheels.txt). Bounded, so
+                      # that the servers' logs come back from a start that hangs.
+                      python3 -c "import sglang; print('sglang', sglang.__version__)" > "$OUT/sglang_import.log" 2>&1
+                      timeout "${STEP_TIMEOUT_S:-900}" python3 -m sweeper run bench/sglang_prefix_gpu_8b.yaml \
+                          -o "$RESULTS/sglang8b" > "$OUT/sglang8b_run.log" 2>&1
+                      tail -30 "$OUT/sglang8b_run.log"
+                      pgrep -af "vllm|sglang|reaper.py" >> "$OUT/sglang8b_run.log" 2>&1 || echo "none left" >> "$OUT/sglang8b_run.log"
+                      (cd "$RESULTS/sglang8b" && tar czf "$OUT/sglang8b.tgz" $(ls -d trials.parquet requests.parquet \
+                          stages.parquet servers shards 2>/dev/null)) ;;
         prefix8b)     python3 -m sweeper run bench/prefix_gpu_8b.yaml -o "$RESULTS/prefix8b" 2>&1 | tee "$OUT/prefix8b_run.log" | tail -30
                       (cd "$RESULTS" && tar czf "$OUT/prefix8b.tgz" prefix8b/trials.parquet prefix8b/requests.parquet \
                           prefix8b/stages.parquet)

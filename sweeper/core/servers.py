@@ -232,6 +232,10 @@ ENGINES: dict[str, ServerEngine] = {
             served_name_flag="--served-model-name", tensor_parallel_flag="--tp-size",
             seed_flag="--random-seed", synthetic_flags=("--load-format", "dummy"),
             api_key=ApiKeyPassing(flag="--api-key"),
+            # Each reply's usage says how many prompt tokens the radix cache held (cached_tokens).
+            # The radix cache itself stays SGLang's default (on): it has no flag to turn it back
+            # on, so `disable-radix-cache: true` in args is how a sweep compares without it.
+            extra_flags=("--enable-cache-report",),
             precision_notes={"int8": _NO_BNB, "nf4": _NO_BNB, "fp4": _NO_BNB},
             version_module="sglang",
         ),

@@ -27,6 +27,10 @@ def test_engine_command_lines_carry_precision_parallelism_and_flags():
                                          synthetic=True, args={})
     assert "--quantization bnb-4bit" in " ".join(hf) and "--continuous-batching" in hf and "--load-format" not in hf
     assert engine_args({"no_x": False, "n": 2}) == ["--no-no-x", "--n", "2"]
+    # SGLang reports each reply's cached prompt tokens; its radix cache is turned off by args.
+    sg = " ".join(ENGINES["sglang"].command(model="/m", served_model="x", precision="bf16", tensor_parallel=2,
+                                            seed=1, synthetic=True, args={"disable-radix-cache": True}))
+    assert "--tp-size 2 --random-seed 1 --load-format dummy --enable-cache-report --disable-radix-cache" in sg
 
 
 @pytest.mark.parametrize(("launch", "precision", "device", "tp", "why"), [
