@@ -175,7 +175,13 @@ def _columns(trial: Trial, run: ServedRun, window: SteadyWindow | None, telemetr
     assert settings is not None
     rate = trial.request_rate or math.inf
     ok = run.completed
-    offered = rate if math.isinf(rate) or last_arrival_s <= 0 else len(run.requests) / last_arrival_s
+    # The requests offered per second: every request over the span of their sends. A conversation's
+    # next turn is sent after the reply before it, past the arrival schedule's last first turn, so
+    # the span runs to the last send, not the schedule's end (which would count all the turns as
+    # offered within the first turns' span, and read a keeping-up engine as short).
+    sent_s = max((r.arrival_s for r in run.requests), default=run.t_start_s) - run.t_start_s
+    span_s = max(last_arrival_s, sent_s)
+    offered = rate if math.isinf(rate) or span_s <= 0 else len(run.requests) / span_s
     run_s = run.t_end_s - run.t_start_s
     bounds = settings.slo.bounds_s() if settings.slo is not None else {}
     good = sum(meets(r, bounds) for r in run.requests) if bounds else None

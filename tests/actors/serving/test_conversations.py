@@ -151,6 +151,10 @@ def test_a_trial_records_every_turn_and_its_conversation_figures(tmp_path):
     assert all(r["cached_tokens"] > 0 for r in later)
     assert row["prefix_cache_hit_rate"] > 0
     assert row["last_turn_ttft_s"] is not None and row["conversation_s"] > 0.25
+    # Offered: every turn over the span of the sends, which runs past the first turns' schedule.
+    last_send_s = max(r["arrival_s"] for r in rows)
+    assert last_send_s > max(r["arrival_s"] for r in rows if r["turn"] == 0)
+    assert row["offered_rate_req_s"] == pytest.approx(len(rows) / last_send_s, rel=1e-6)
 
 
 @pytest.mark.parametrize("bad, field", [
