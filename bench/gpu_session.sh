@@ -3,8 +3,11 @@
 #
 # Before the steps, carry the wheels (bench/device_wheels.txt) in back-to-back calls:
 #   bash ../shared/device/fetch-wheels.sh --list bench/device_wheels.txt     # here, once
-#   calls 1..N-1: carry [".stage/cK"], command `bash .stage/cK/install.sh`
-#   call N:       carry [".stage/cN"], command `bash .stage/cN/install.sh --install && bash bench/gpu_session.sh STEP`
+#   bash bench/carry.sh pack w 40 c1 c2 c3 c4 c5 c6                            # here: pieces that fit a call
+#   each call:    carry [".stage/w-aa"] (then -ab, ...), command `bash bench/carry.sh take`
+#   last call:    `bash bench/carry.sh take && bash bench/carry.sh unpack w /tmp/w/.stage &&
+#                  (cd /tmp/w && bash .stage/c6/install.sh --install) && bash bench/gpu_session.sh STEP`
+# (A call carries the tracked tree, ~16 MiB, beside its piece: 64 MiB in all.)
 # Later calls on the warm machine: `bash bench/gpu_session.sh STEP [STEP ...]`.
 # Results go to $OUT (the device tool's output folder), logs beside them. The machine gets the
 # working tree without .git: prefix the command with SWEEPER_COMMIT=<git rev-parse HEAD here>
@@ -82,6 +85,10 @@
 #   conversations_bundled  bench/conversations_gpu.yaml (after smollm2): 64 conversations of 4 turns from the
 #               bundled prompts, the model's own replies as history, vLLM's prefix cache off and on, 1 and 8
 #               conversations/s: energy per turn as the history grows; its report (energy_per_turn.png)
+#   sglang_install  SGLang 0.5.16 into /tmp/site (after the wheel calls; bench/stage_sglang.sh stages it in two
+#               pieces, each carried by a call of its own running `bash bench/carry.sh take`)
+#   sglang_prefix8b  bench/sglang_prefix_gpu_8b.yaml (after sglang_install): SGLang's radix cache on and off
+#               against `vllm serve`'s prefix cache on the shared-prefix workload, under one SLO
 #   long_context8b  bench/long_context_gpu_8b.yaml: llama-3.1-8b's shape, 1k, 8k and 32k-token prompts at
 #               1 req/s: the prompts' share of J/request (request_prefill_share), TTFT
 #   prefix8b    bench/prefix_gpu_8b.yaml: llama-3.1-8b's shape, 8 shared 2,048-token prefixes, vLLM's prefix
@@ -294,6 +301,17 @@ for kind in ('trials', 'requests', 'timeline'):
                           | tee "$OUT/long8b_run.log" | tail -30
                       (cd "$RESULTS" && tar czf "$OUT/long8b.tgz" long8b/trials.parquet long8b/requests.parquet \
                           long8b/stages.parquet) ;;
+        sglang_install)
+                      # The wheels bench/stage_sglang.sh packed, carried by `bench/carry.sh take` calls, into
+                      # /tmp/site beside vLLM's set (no --upgrade: pip --target would replace vLLM's bin/).
+                      bash bench/carry.sh unpack g /tmp/sglang-stage
+                      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+                          /tmp/sglang-stage/sglang/*.whl 2>&1 | grep -v "already exists" | tail -5
+                      # sglang 0.5.16 registers configs that transformers 5.17 already has (qwen3_asr): let
+                      # the registration keep the existing one rather than fail the import.
+                      grep -rl "AutoConfig.register(" /tmp/site/sglang/srt | xargs sed -i -E \
+                          '/exist_ok/!s/(AutoConfig\.register\([^()]*)\)\s*$/\1, exist_ok=True)/'
+                      python3 -c "import sglang.srt.entrypoints.http_server, sgl_kernel, sglang; print('sglang', sglang.__version__)" 2>&1 | tail -2 ;;
         sglang_prefix8b)
                       # SGLang (radix cache on, off) against vLLM serve (prefix cache on) on the shared-prefix
                       # workload; needs the SGLang wheels installed (bench/sglang_wheels.txt). Bounded, so
