@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -15,12 +16,90 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run the real ``sweeper`` command line in a fresh process (``env``: added to this one's)."""
+            env: dict[str, str] | None = None, own_ray: bool = False) -> subprocess.CompletedProcess:
+    """Run the real ``sweeper`` command line in a fresh process (``env``: added to this one's).
+
+    A ``sweeper run`` joins the session's shared Ray head (``--address``), which saves each run
+    the ~6 s of starting a Ray of its own on 2 cores, unless the test asks for its own Ray
+    (``own_ray``: what a run without ``--address`` does is under test) or its run needs another
+    environment than the head's, whose workers would not see it (``env``, or a variable set
+    since the head started).
+    """
+    argv = list(args)
+    if argv[:1] == ["run"] and "--address" not in argv and not own_ray and env is None \
+            and _SharedHead.environment_matches():
+        argv += ["--address", _SharedHead.address()]
     return subprocess.run(
-        [sys.executable, "-m", "sweeper", *args], cwd=cwd or ROOT, capture_output=True,
+        [sys.executable, "-m", "sweeper", *argv], cwd=cwd or ROOT, capture_output=True,
         text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
+
+
+class _SharedHead:
+    """One ``ray start --head`` for the test session's ``sweeper run`` processes: started on
+    first use, in a process group of its own, stopped with that group when the session ends.
+    Each run is a Ray job of its own there, and its actors end with its driver."""
+
+    _process: subprocess.Popen | None = None
+    _address: str | None = None
+    _environment: dict[str, str] = {}
+    # Variables that differ from test to test and never matter to a run's workers.
+    _IGNORED = ("PYTEST_", "COLUMNS")
+
+    @classmethod
+    def _relevant(cls) -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if not k.startswith(cls._IGNORED)}
+
+    @classmethod
+    def environment_matches(cls) -> bool:
+        return cls._address is None or cls._relevant() == cls._environment
+
+    @classmethod
+    def address(cls) -> str:
+        if cls._address is None:
+            import socket
+            import time
+
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            log = Path(os.environ.get("TMPDIR", "/tmp")) / f"sweeper-tests-ray-head-{os.getpid()}.log"
+            cls._environment = cls._relevant()
+            with log.open("w") as out:
+                cls._process = subprocess.Popen(
+                    [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
+                     "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats", "--block"],
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            deadline = time.monotonic() + 120
+            while "Ray runtime started" not in log.read_text():
+                if cls._process.poll() is not None or time.monotonic() > deadline:
+                    cls.stop()
+                    raise RuntimeError(f"the tests' Ray head did not start: {log.read_text()[-2000:]}")
+                time.sleep(0.2)
+            cls._address = f"127.0.0.1:{port}"
+        return cls._address
+
+    @classmethod
+    def stop(cls) -> None:
+        import signal
+
+        process, cls._process, cls._address = cls._process, None, None
+        if process is None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(process.pid, sig)
+                process.wait(timeout=wait_s)
+                break
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
+        # What the head started that outlived it (raylet, GCS, workers) is in its group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _SharedHead.stop()
 
 
 @pytest.fixture(scope="session")

@@ -43,11 +43,15 @@ class ResultStore:
         self.index = TrialIndex(self.files)
         self.uri, self.fs, self.root, self.local = self.files.uri, self.files.fs, self.files.root, self.files.local
         self.superseded = 0  # trials left out of the last aggregation: not in the recorded plan
+        # plan.json as read once (or as written since). Like the index's view, it holds for the
+        # store's life, which a writer's run lock covers.
+        self._plan: PlanRecord | None = None
+        self._plan_read = False
 
     # -- the per-trial write path, and reading it back ------------------------------------
     def write_shard(self, kind: str, trial_id: str, table: pa.Table | list[dict]) -> None:
         written = self.files.write_shard(kind, trial_id, table)
-        if kind == TRIALS and self.local and written.num_rows:
+        if kind == TRIALS and written.num_rows:
             self.index.record(trial_id, written)
 
     def read_shards(self, kind: str, *, trial_ids: Iterable[str] | None = None,
@@ -80,14 +84,18 @@ class ResultStore:
         self.files.fs.create_dir(self.files.root, recursive=True)
         with self.files.atomic_output(posixpath.join(self.files.root, PLAN_FILE)) as out:
             out.write(record.to_json())
+        self._plan, self._plan_read = record, True
 
     def plan_record(self) -> PlanRecord | None:
-        path = posixpath.join(self.files.root, PLAN_FILE)
-        try:
-            with self.files.fs.open_input_stream(path) as f:
-                return PlanRecord.parse(f.read())
-        except (FileNotFoundError, OSError):
-            return None
+        if not self._plan_read:
+            path = posixpath.join(self.files.root, PLAN_FILE)
+            try:
+                with self.files.fs.open_input_stream(path) as f:
+                    self._plan = PlanRecord.parse(f.read())
+            except (FileNotFoundError, OSError):
+                self._plan = None
+            self._plan_read = True
+        return self._plan
 
     def planned_ids(self) -> set[str] | None:
         """The trial ids of the sweep last run here, or None (no plan recorded: every result counts)."""

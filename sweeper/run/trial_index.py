@@ -45,6 +45,11 @@ class TrialIndex:
 
     def __init__(self, files: ShardFiles) -> None:
         self.files = files
+        # What ``stored_trials`` found, kept up to date with each trial recorded since: the
+        # index is read and the shards listed once per store. A store that writes is opened
+        # under the run lock, so nothing else changes the directory while it lives; a reader
+        # that wants a fresh look opens a store of its own.
+        self._view: dict[str, StoredTrial] | None = None
 
     def record(self, trial_id: str, table: pa.Table) -> None:
         """Note a committed trial's status in ``shards/trials.index`` (one JSON line, appended),
@@ -57,11 +62,16 @@ class TrialIndex:
         indexed it, or it was truncated since) is read itself (``stored_trials``).
         """
         status, reason = (table.column(c)[0].as_py() for c in ("status", "reason"))
+        stored = StoredTrial(trial_id, status, reason)
+        if self._view is not None:
+            self._view[trial_id] = stored
+        if not self.files.local:
+            return
         sizes = {}
         for kind in TABLES:
             with contextlib.suppress(OSError):  # a trial writes only the tables it has
                 sizes[kind] = os.stat(posixpath.join(self.files.shard_dir(kind), f"{trial_id}.parquet")).st_size
-        self._append([_Indexed(StoredTrial(trial_id, status, reason), sizes)])
+        self._append([_Indexed(stored, sizes)])
 
     def _append(self, entries: Iterable[_Indexed]) -> None:
         lines = "".join(json.dumps({"trial_id": e.stored.trial_id, "status": e.stored.status,
@@ -83,7 +93,13 @@ class TrialIndex:
         aside) and indexed. A shard of another table the index recorded that is gone or
         has another size is checked (a footer read); an unreadable one is moved aside
         with its trial's ``trials`` shard. Listing costs one stat per file, not a read.
+        Done once per store; later calls answer from what it found and has recorded since.
         """
+        if self._view is None:
+            self._view = self._scan()
+        return dict(self._view)
+
+    def _scan(self) -> dict[str, StoredTrial]:
         sizes = {kind: self.files.shard_sizes(kind) for kind in TABLES} if self.files.local else \
             {TRIALS: self.files.shard_sizes(TRIALS)}
         entries, fresh = self._verified_entries(sizes)

@@ -129,7 +129,7 @@ def test_the_first_resume_after_a_truncated_shard_measures_its_trial_again(write
         assert [f.name.split(".parquet")[0] for f in (out / "quarantine" / "trials").iterdir()] == [tid]
 
     again = run_cli("run", str(_sweep(write_sweep, batches=(1, 2, 4, 8) if new_trials else (1, 2, 4))),
-                    "-o", str(out), "-q")
+                    "-o", str(out), "-q", own_ray=True)
     assert again.returncode == 0 and "0 to run (Ray not started)" in again.stderr, again.stderr
     assert "moved aside" not in again.stderr
 

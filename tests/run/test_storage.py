@@ -12,7 +12,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from sweeper.core.schema import TRIALS, arrow_schema, to_table
+from sweeper.core.schema import TABLES, TRIALS, arrow_schema, to_table
 from sweeper.run.storage import ResultStore
 
 
@@ -103,10 +103,37 @@ def test_the_index_is_never_believed_over_the_shard_it_describes(tmp_path):
     _committed(store, "a", "b", "c")
     assert set(store.stored_trials()) == {"a", "b", "c"}
     _cut(tmp_path / "shards" / "trials" / "b.parquet")  # indexed, then truncated
-    assert set(store.stored_trials()) == {"a", "c"}  # the damage is found before anything is decided
+    # The next run's store finds the damage before anything is decided.
+    store = ResultStore(str(tmp_path), on_quarantine=told.append)
+    assert set(store.stored_trials()) == {"a", "c"}
     assert len(told) == 1 and "unreadable trials shard b.parquet" in told[0]
     assert [f.name.split(".parquet")[0] for f in (tmp_path / "quarantine" / "trials").iterdir()] == ["b"]
-    assert set(store.stored_trials()) == {"a", "c"} and len(told) == 1  # said once: the shard is aside
+    again = ResultStore(str(tmp_path), on_quarantine=told.append)
+    assert set(again.stored_trials()) == {"a", "c"} and len(told) == 1  # said once: the shard is aside
+
+
+def test_a_store_reads_its_index_plan_and_listing_once_and_knows_what_it_wrote(tmp_path, monkeypatch):
+    from sweeper.run.shards import ShardFiles
+    from sweeper.run.trial_index import TrialIndex
+
+    _committed(ResultStore(str(tmp_path)), "a", "b")
+    ResultStore(str(tmp_path)).write_plan("s", ["a", "b", "c"])
+    calls = {"index": 0, "listing": 0, "plan": 0}
+    read, sizes = TrialIndex._read, ShardFiles.shard_sizes
+    monkeypatch.setattr(TrialIndex, "_read", lambda self: calls.__setitem__("index", calls["index"] + 1) or read(self))
+    monkeypatch.setattr(ShardFiles, "shard_sizes",
+                        lambda self, kind: calls.__setitem__("listing", calls["listing"] + 1) or sizes(self, kind))
+    from sweeper.core.plan_record import PlanRecord
+
+    parse = PlanRecord.parse
+    monkeypatch.setattr(PlanRecord, "parse", staticmethod(
+        lambda text: calls.__setitem__("plan", calls["plan"] + 1) or parse(text)))
+    store = ResultStore(str(tmp_path))
+    assert set(store.stored_trials()) == {"a", "b"} and store.planned_ids() == {"a", "b", "c"}
+    _committed(store, "c")  # a trial this run wrote: in the view without another look
+    assert set(store.stored_trials()) == {"a", "b", "c"} and store.plan_record() is not None
+    store.aggregate()
+    assert calls == {"index": 1, "listing": len(TABLES), "plan": 1}
 
 
 @pytest.mark.parametrize("damage", ["truncate", "remove"])
