@@ -25,13 +25,14 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
     environment than the head's, whose workers would not see it (``env``, or a variable set
     since the head started).
     """
-    argv = list(args)
+    argv, base = list(args), dict(os.environ)
     if argv[:1] == ["run"] and "--address" not in argv and not own_ray and env is None \
             and _SharedHead.environment_matches():
         argv += ["--address", _SharedHead.address()]
+        base = _SharedHead.child_environment()
     return subprocess.run(
         [sys.executable, "-m", "sweeper", *argv], cwd=cwd or ROOT, capture_output=True,
-        text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})},
+        text=True, timeout=timeout, env={**base, "COLUMNS": "200", **(env or {})},
     )
 
 
@@ -45,10 +46,17 @@ class _SharedHead:
     _environment: dict[str, str] = {}
     # Variables that differ from test to test and never matter to a run's workers.
     _IGNORED = ("PYTEST_", "COLUMNS")
+    # What a Ray driver in this process (the in-process tests' ``ray.init``) sets for itself;
+    # a child driver joining the head must not inherit them (the head takes no token).
+    DRIVER_KEYS = frozenset({"RAY_CLIENT_MODE", "RAY_AUTH_MODE", "PYTHONBREAKPOINT"})
+
+    @classmethod
+    def child_environment(cls) -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if k not in cls.DRIVER_KEYS}
 
     @classmethod
     def _relevant(cls) -> dict[str, str]:
-        return {k: v for k, v in os.environ.items() if not k.startswith(cls._IGNORED)}
+        return {k: v for k, v in cls.child_environment().items() if not k.startswith(cls._IGNORED)}
 
     @classmethod
     def environment_matches(cls) -> bool:
@@ -69,7 +77,7 @@ class _SharedHead:
                 cls._process = subprocess.Popen(
                     [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
                      "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats", "--block"],
-                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=cls.child_environment())
             deadline = time.monotonic() + 120
             while "Ray runtime started" not in log.read_text():
                 if cls._process.poll() is not None or time.monotonic() > deadline:

@@ -135,3 +135,21 @@ def test_plan_marks_what_an_output_directory_already_holds(tmp_path):
     assert {t["trial_id"]: t["status"] for t in retrying["plan"]}[failed] == "run"
     text = run_cli("plan", str(sweep), "-o", str(tmp_path)).stdout
     assert f"{len(plan) - 2} to run in" in text and f"2 already done in {tmp_path}" in text
+
+
+def test_the_tests_sweeper_runs_join_the_shared_ray_head_whatever_an_in_process_ray_set(write_sweep, tmp_path,
+                                                                                       monkeypatch):
+    """The suite's time depends on it: a ``sweeper run`` of a test joins the session's Ray head
+    (conftest.run_cli), also once this process's own Ray driver has set its variables."""
+    from tests.conftest import _SharedHead
+
+    _SharedHead.address()  # up before the variables below appear
+    for key, value in {"RAY_AUTH_MODE": "token", "RAY_CLIENT_MODE": "0",
+                       "PYTHONBREAKPOINT": "ray.util.rpdb._driver_set_trace"}.items():
+        monkeypatch.setenv(key, value)  # what ray.init() sets in the process that calls it
+    sweep = write_sweep("name: joined\nmodels: [tiny-llama]\nbackends: [noop]\nprecisions: [fp32]\n"
+                        "batch_sizes: [1]\nworkload: {input_len: 4, output_len: 2}\n"
+                        "measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 0.01, idle_s: 0}\n")
+    r = run_cli("run", str(sweep), "-o", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "sweeper: connecting to 127.0.0.1:" in r.stderr and "starting Ray (local)" not in r.stderr
