@@ -138,7 +138,7 @@ _RESULT: tuple[Column, ...] = (
     _c("itl_p99_s", F, "serving: 99th percentile inter-token latency"),
     _c("queue_s", F, "serving: mean time a request waited in the engine before it was scheduled (null where the engine does not say)"),
     _c("n_failed_requests", I, "serving: requests that errored or did not finish within the run's time limit"),
-    _c("offered_rate_req_s", F, "serving: requests / last arrival time, the realised arrival rate (inf: all at once)"),
+    _c("offered_rate_req_s", F, "serving: requests / the span of their sends, the realised arrival rate (conversations: follow-up turns included; inf: all at once)"),
     _c("achieved_rate_req_s", F, "serving: requests completed per second in the steady window: its output "
                                  "tokens / duration_s / the mean output tokens of a request"),
     _c("total_throughput_tok_s", F, "serving: (output tokens + prompt tokens of requests whose first token came) "
