@@ -163,6 +163,9 @@ def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: st
     """
     options, observer = options or RunOptions(), observer or Quiet()
     store, sweep = setup.store, setup.sweep
+    # The store's first look lists the shard directories once: what is stored, and what a killed
+    # run's writers left half-written, removed here under the run lock.
+    store.stored_trials()
     store.remove_stale_temporaries()
     if not address:
         done = _nothing_to_run(setup, options.retry_failed, observer)

@@ -85,6 +85,9 @@ class ShardFiles:
         self.local = isinstance(self.fs, pafs.LocalFileSystem)
         # Told one line per shard moved aside (the CLI prints it); default: silent.
         self.on_quarantine = on_quarantine or (lambda line: None)
+        # Hidden temporary files a local listing of each kind's directory saw (shard_sizes): what
+        # remove_stale_temporaries deletes without listing that directory again.
+        self._temporaries: dict[str, list[str]] = {}
 
     def shard_dir(self, kind: str) -> str:
         return posixpath.join(self.root, "shards", kind)
@@ -152,10 +155,14 @@ class ShardFiles:
         """Each shard of ``kind`` by trial id: its size in bytes, as listed (no file is opened)."""
         if not self.local:
             return {stem(info.path): int(info.size or 0) for info in self._shard_infos(kind)}
-        sizes = {}
+        sizes: dict[str, int] = {}
+        temporaries: list[str] = []
+        self._temporaries[kind] = temporaries
         with contextlib.suppress(FileNotFoundError), os.scandir(self.shard_dir(kind)) as entries:
             for entry in entries:
-                if entry.name.endswith(".parquet") and not entry.name.startswith("."):
+                if _is_temporary(entry.name):
+                    temporaries.append(entry.name)
+                elif entry.name.endswith(".parquet") and not entry.name.startswith("."):
                     with contextlib.suppress(FileNotFoundError):  # renamed away since the listing
                         st = entry.stat()
                         if stat.S_ISREG(st.st_mode):
@@ -252,13 +259,21 @@ class ShardFiles:
         removed = 0
         for kind in TABLES:
             directory = self.shard_dir(kind)
-            with contextlib.suppress(FileNotFoundError):
-                for name in os.listdir(directory):
-                    if name.startswith(".") and name.endswith(".tmp"):
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(os.path.join(directory, name))
-                            removed += 1
+            names = self._temporaries.pop(kind, None)
+            if names is None:  # not listed yet: list it now
+                names = []
+                with contextlib.suppress(FileNotFoundError):
+                    names = [n for n in os.listdir(directory) if _is_temporary(n)]
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(directory, name))
+                    removed += 1
         return removed
 
     def exists(self) -> bool:
         return self.fs.get_file_info(self.root).type != pafs.FileType.NotFound
+
+
+def _is_temporary(name: str) -> bool:
+    """A writer's hidden temporary file (``atomic_output``), renamed to its shard when whole."""
+    return name.startswith(".") and name.endswith(".tmp")

@@ -113,12 +113,16 @@ def test_the_index_is_never_believed_over_the_shard_it_describes(tmp_path):
 
 
 def test_a_store_reads_its_index_plan_and_listing_once_and_knows_what_it_wrote(tmp_path, monkeypatch):
+
     from sweeper.run.shards import ShardFiles
     from sweeper.run.trial_index import TrialIndex
 
     _committed(ResultStore(str(tmp_path)), "a", "b")
     ResultStore(str(tmp_path)).write_plan("s", ["a", "b", "c"])
     calls = {"index": 0, "listing": 0, "plan": 0}
+    listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path=".": calls.__setitem__(
+        "listing", calls["listing"] + str(path).startswith(str(tmp_path / "shards"))) or listdir(path))
     read, sizes = TrialIndex._read, ShardFiles.shard_sizes
     monkeypatch.setattr(TrialIndex, "_read", lambda self: calls.__setitem__("index", calls["index"] + 1) or read(self))
     monkeypatch.setattr(ShardFiles, "shard_sizes",
@@ -128,8 +132,11 @@ def test_a_store_reads_its_index_plan_and_listing_once_and_knows_what_it_wrote(t
     parse = PlanRecord.parse
     monkeypatch.setattr(PlanRecord, "parse", staticmethod(
         lambda text: calls.__setitem__("plan", calls["plan"] + 1) or parse(text)))
+    stale = tmp_path / "shards" / "trials" / ".x.parquet.0123.tmp"  # a killed run's half-written shard
+    stale.write_bytes(b"half")
     store = ResultStore(str(tmp_path))
     assert set(store.stored_trials()) == {"a", "b"} and store.planned_ids() == {"a", "b", "c"}
+    assert store.remove_stale_temporaries() == 1 and not stale.exists()  # from that one listing
     _committed(store, "c")  # a trial this run wrote: in the view without another look
     assert set(store.stored_trials()) == {"a", "b", "c"} and store.plan_record() is not None
     store.aggregate()
