@@ -87,6 +87,11 @@ def _summary_text(row: dict[str, Any]) -> str:
 # -- the state machine -------------------------------------------------------------------
 
 class GroupState(enum.Enum):
+    # Its actor is not requested yet: the group reads a fidelity reference that another group
+    # of this run computes, and waits until that group holds its resources. Ray does not place
+    # actors queued for the same resources in the order they were asked for; asked for at
+    # once, a reader could get the slot first and load the reference precision itself.
+    HELD = "held"
     WAITING = "waiting"  # its actor is requested; the cluster may be holding it back for resources
     LOADING = "loading"  # the actor is placed and loading the group's model
     RUNNING = "running"  # a trial is submitted (or about to be)
@@ -116,6 +121,9 @@ class GroupRun:
     # What a split weighs: the driver's seconds per finished trial.
     trials_timed: int = 0
     trial_s_total: float = 0.0
+    # The groups whose actors are requested once this one is placed (or closed): those that
+    # read the fidelity reference this group computes.
+    readers: list[GroupRun] = field(default_factory=list)
 
     @property
     def mean_trial_s(self) -> float | None:
@@ -187,8 +195,7 @@ class SweepRun:
         with ProgressView(len(todo), slots=self.cluster.slots, console=self.observer.console,
                           quiet=self.quiet) as view:
             self.view = view
-            for group in self.plan.groups(todo):
-                self._add(GroupRun(group, self._resources(group), list(group.trials)))
+            self._start_groups(self.plan.groups(todo))
             try:
                 while self.calls:
                     self.step()
@@ -303,14 +310,39 @@ class SweepRun:
         future = self.runner.call(g.actor, CallKind.LOAD, g.group.trials[0], g.group.load_request)
         self.calls[future] = _Call(g, CallKind.LOAD, g.attempt)
 
+    def _start_groups(self, groups: list[TrialGroup]) -> None:
+        """Request an actor for every group, in the plan's start order, except the readers of a
+        reference another group computes: those are requested once that group is placed."""
+        runs = [GroupRun(group, self._resources(group), list(group.trials)) for group in groups]
+        computes = {t.load_key: g for g in runs for t in g.group.serves_reference}
+        for g in runs:
+            provider = computes.get(g.group.load_key)
+            if provider is not None:
+                provider.readers.append(g)
+                g.state = GroupState.HELD
+        for g in runs:
+            self.groups.append(g)
+            self.open.append(g)
+            if g.state is not GroupState.HELD:
+                self.start_actor(g)
+
     def _add(self, g: GroupRun) -> None:
         self.groups.append(g)
         self.open.append(g)
         self.start_actor(g)
 
+    def _release_readers(self, g: GroupRun) -> None:
+        """``g`` holds its resources (its calls run in order: the reference's claim comes first
+        in its load), or has ended: the groups that read its reference may ask for theirs."""
+        readers, g.readers = g.readers, []
+        for h in readers:
+            if h.state is GroupState.HELD:
+                self.start_actor(h)
+
     def _close(self, g: GroupRun) -> None:
         g.state = GroupState.DONE
         self.open.remove(g)
+        self._release_readers(g)
 
     def replace_actor(self, g: GroupRun) -> None:
         self.runner.kill(g.actor)
@@ -385,7 +417,7 @@ class SweepRun:
 
     def _idle_slot(self) -> bool:
         """A slot holds no actor and no group waits for one (a waiting group gets it first)."""
-        if any(g.state is GroupState.WAITING for g in self.open):
+        if any(g.state in (GroupState.HELD, GroupState.WAITING) for g in self.open):
             return False
         if self.cluster.device == "cuda":
             return sum(g.resources["num_gpus"] for g in self.open) < self.cluster.gpus
@@ -510,6 +542,7 @@ class SweepRun:
             self.summary.placements.setdefault(slot, PlacementUse()).model_loads += 1
         if g.placement is not None:
             self._view.group_placed(g, g.placement)
+        self._release_readers(g)
 
     def on_loaded(self, g: GroupRun, load: LoadResult) -> None:
         """The model load ended: run the group's trials, or fail them all with the load's error."""

@@ -295,6 +295,40 @@ def test_a_finished_groups_actor_loads_the_next_waiting_group(tmp_path):
     assert all(g.state is GroupState.DONE for g in run.groups)
 
 
+@dataclass
+class LoggedOneSlotRunner(OneSlotRunner):
+    """One slot, and a log of what the driver asked for and heard, in order."""
+
+    log: list[str] = field(default_factory=list)
+
+    def start(self, resources: dict[str, Any]) -> int:
+        actor = super().start(resources)
+        self.log.append(f"start {actor}")
+        return actor
+
+    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None, group: Any = None) -> _Future:
+        future = super().call(actor, kind, trial)
+        future.note = f"{kind.value} {actor} {trial.precision}" if kind is CallKind.LOAD else f"{kind.value} {actor}"
+        return future
+
+    def result(self, future: _Future) -> Any:
+        self.log.append(f"answered {future.note}")
+        return super().result(future)
+
+
+def test_a_group_that_reads_anothers_reference_asks_for_its_actor_once_that_group_is_placed(tmp_path):
+    """Ray does not place actors queued for the same resources in the order they were asked
+    for: the reader's actor is requested only once the reference's group holds the slot, so
+    that group always computes the reference first and the reader finds it."""
+    runner = LoggedOneSlotRunner()
+    run, rows = _run(tmp_path, runner, _sweep(fidelity={"reference": "fp32"}))
+    assert sorted(r["status"] for r in rows) == ["ok"] * 6
+    assert runner.log.index("start 2") > runner.log.index("answered ping 1") > runner.log.index("start 1")
+    loads = [line for line in runner.log if line.startswith("answered load")]
+    assert loads == ["answered load 1 fp32", "answered load 1 bf16"]  # the reader on the handed-over actor
+    assert run.summary.actor_handovers == 1 and all(g.state is GroupState.DONE for g in run.groups)
+
+
 def test_an_actor_whose_model_ran_in_it_is_not_handed_to_an_engine_that_runs_apart(tmp_path, monkeypatch):
     """A transformers actor keeps a CUDA context on its GPU after closing its model: an engine
     that runs in processes of its own (as vLLM's does) and sizes itself by the GPU's free

@@ -312,8 +312,9 @@ fidelity: {reference: fp32, prompts: 2, prompt_len: 8, continuation_len: 4}
     (_, _, _, kl, top1, status), second = rows[0], rows[1]
     assert status == "ok" and kl > 0 and 0 < top1 <= 1 and second[3:] == rows[0][3:]
     assert all(r[3] is None and r[4] is None and r[5] == "reference" for r in rows[2:])
-    # The fp32 group (the reference) started first and computed the reference right after its
-    # own load; the bf16 group read it from the node's cache instead of loading fp32 itself.
+    # The fp32 group (the reference) started first (the bf16 group's actor is asked for only once
+    # fp32's is placed) and computed the reference right after its own load; the bf16 group read
+    # it from the node's cache instead of loading fp32 itself.
     sources = duckdb.sql(f"SELECT precision, fidelity_reference_source FROM '{out}/trials.parquet' "
                          "ORDER BY precision").fetchall()
     assert sources == [("bf16", "node cache")] * 2 + [("fp32", None)] * 2
