@@ -11,20 +11,30 @@ import logging
 import os
 import time
 import traceback
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from actors import environment
 from actors.backends import create_backend
 from actors.backends.base import Backend, LoadInfo, ModelSpec
-from actors.layers.profile_pass import failed_columns, profile_layers
+from actors.layers.profile_pass import failed_pass, profile_layers
 from actors.measure import Measurement, measure_trial
 from actors.serving.measure import measure_serving_trial
 from actors.stages import StageClock, stage
 from actors.workload import PromptSources
 from sweeper.core.outcome import LoadResult, TrialOutcome
+from sweeper.core.results import (
+    Environment,
+    Fidelity,
+    LayerPass,
+    Outcome,
+    Perplexity,
+    Setup,
+    TrialResult,
+)
 from sweeper.core.schema import RowError, check_rows
-from sweeper.core.status import Reason, Status, failed_row
+from sweeper.core.status import Reason, failed_outcome
 from sweeper.core.trial import GroupLoad, Trial
 
 if TYPE_CHECKING:
@@ -61,7 +71,7 @@ class TrialRunner:
         self.telemetry: TelemetryBase | None = None
         self.pre_load_idle: IdleBaseline | None = None
         self.env = environment.capture()
-        self._fidelity: dict[str, Any] | None = None  # the group's fidelity columns, once per load
+        self._quality_parts: tuple[Fidelity, Perplexity] | None = None  # the group's, once per load
         self._reference: Any = None  # the reference step's outputs, or why there are none
         self._sources: PromptSources | None = None  # the loaded model's prompt sources, built once each
         self.loads = 0  # models this process has loaded (more than one: handed on between groups)
@@ -98,7 +108,7 @@ class TrialRunner:
                 self.close()
                 self.backend, self.load_info, self.telemetry = None, None, None
                 gc.collect()  # cycles holding tensors go now, not at some later allocation
-        self._fidelity = self._reference = None
+        self._quality_parts = self._reference = None
         self._sources = None
         self.loads += 1
         try:
@@ -179,8 +189,8 @@ class TrialRunner:
 
     def ping(self) -> dict:
         # pid: lets an operator (or a fault test) find the process that holds this actor
-        return {"hostname": self.env["hostname"], "ray_node_id": self.env["ray_node_id"],
-                "ray_gpu_ids": self.env.get("ray_gpu_ids"), "pid": os.getpid()}
+        return {"hostname": self.env.hostname, "ray_node_id": self.env.ray_node_id,
+                "ray_gpu_ids": self.env.ray_gpu_ids, "pid": os.getpid()}
 
     # -- one trial ---------------------------------------------------------------
     def run(self, trial: Trial) -> TrialOutcome:
@@ -191,18 +201,7 @@ class TrialRunner:
 
     def _run(self, trial: Trial) -> TrialOutcome:
         started = _now()
-        base: dict[str, Any] = {
-            **self.env, "started_at": started, "load_s": self.load_s,
-            "device": self.load_info.device if self.load_info else None,
-            "device_name": self.load_info.device_name if self.load_info else None,
-            "weight_memory_bytes": self.load_info.weight_memory_bytes if self.load_info else None,
-            "pre_load_idle_power_w": self.pre_load_idle.power_w if self.pre_load_idle else None,
-        }
-        if self.load_info is not None:
-            base.update(self.load_info.columns)
-        if self.telemetry is not None:
-            base.update(self.telemetry.environment())
-            base["energy_unmetered_reason"] = None if self.telemetry.active else getattr(self.telemetry, "reason", None)
+        setup, environment = self._setup(), self._environment()
         try:
             backend, load_info = self._loaded()
             if self.telemetry is None:
@@ -211,82 +210,113 @@ class TrialRunner:
                 self._sources = PromptSources(load_info.vocab_size, trial.model_ref.max_positions)
             measure = measure_trial if trial.serving is None else measure_serving_trial
             measured = measure(backend, trial, load_info, self.telemetry, source=self._sources.for_trial(trial))
+        except RowError as exc:  # a producer's column no part declares: where the parts meet
+            log.error("trial %s: %s", trial.trial_id, exc)
+            return self._failed(trial, Reason.INVALID_ROW, str(exc)[:4000], started, setup, environment)
         except Exception as exc:
             oom = self._is_oom(exc)
             if self.backend is not None:
                 self.backend.recover()
-            return TrialOutcome(trial.trial_id, {
-                **base, **failed_row(Reason.OOM if oom else Reason.EXCEPTION, _error_text(exc), started_at=started),
-            })
+            return self._failed(trial, Reason.OOM if oom else Reason.EXCEPTION, _error_text(exc), started,
+                                setup, environment)
         tables: dict[str, Any] = {"requests": measured.requests}
         if measured.timeline is not None:
             tables["timeline"] = measured.timeline
         # A serving run cut by its time limit says so itself (status failed, with what it measured).
-        row = {**base, "status": Status.OK, **measured.row}
+        outcome = measured.result.outcome
+        layer_pass = LayerPass()
         if trial.layer_profile is not None:
             # After the headline window has closed: hooks never touch the headline numbers.
             with stage("layer_pass"):
-                row.update(self._profile_layers(trial, trial.layer_profile, measured, tables))
+                layer_pass, failure = self._profile_layers(trial, measured, tables)
+            outcome = failure or outcome
+        fidelity, perplexity = Fidelity(), Perplexity()
         if trial.fidelity is not None:
             with stage("fidelity"):
-                row.update(self._fidelity_columns(trial))
-        row["finished_at"] = _now()
+                fidelity, perplexity = self._quality(trial)
+        # The trial's result, made here once: the window's parts and the actor's own.
+        result = measured.result.replace(
+            outcome=replace(outcome, started_at=started, finished_at=_now()), setup=setup,
+            environment=environment, layer_pass=layer_pass, fidelity=fidelity, perplexity=perplexity)
         try:
             # Checked here, in the process that built them: a row the schema cannot hold
             # fails its own trial, with the reason, and the sweep goes on.
-            check_rows("trials", [row])
+            check_rows("trials", [result.row()])
             check_rows("requests", tables["requests"])
         except RowError as exc:
             log.error("trial %s: %s", trial.trial_id, exc)
-            return TrialOutcome(trial.trial_id, {
-                **base, **failed_row(Reason.INVALID_ROW, str(exc)[:4000], started_at=started)})
-        return TrialOutcome(trial.trial_id, row, tables)
+            return self._failed(trial, Reason.INVALID_ROW, str(exc)[:4000], started, setup, environment)
+        return TrialOutcome(trial.trial_id, result, tables)
 
-    def _fidelity_columns(self, trial: Trial) -> dict[str, Any]:
-        """The group's fidelity columns, computed after its first measured trial against the
-        reference its load step prepared.
+    @staticmethod
+    def _failed(trial: Trial, reason: Reason, text: str, started: datetime, setup: Setup,
+                environment: Environment) -> TrialOutcome:
+        return TrialOutcome(trial.trial_id, TrialResult(failed_outcome(reason, text, started_at=started),
+                                                        setup=setup, environment=environment))
+
+    def _setup(self) -> Setup:
+        """What this group's load gave each of its trials."""
+        info = self.load_info
+        return Setup(load_s=self.load_s, weight_memory_bytes=info.weight_memory_bytes if info else None,
+                     pre_load_idle_power_w=self.pre_load_idle.power_w if self.pre_load_idle else None,
+                     **(info.columns if info is not None else {}))
+
+    def _environment(self) -> Environment:
+        """Where the trials of this load run: the process's node and software, the device the
+        load landed on and the GPUs the telemetry meters (or why it meters none)."""
+        info, telemetry = self.load_info, self.telemetry
+        return replace(
+            self.env, **(telemetry.environment() if telemetry is not None else {}),
+            device=info.device if info else None, device_name=info.device_name if info else None,
+            energy_unmetered_reason=None if telemetry is None or telemetry.active else getattr(telemetry, "reason", None))
+
+    def _quality(self, trial: Trial) -> tuple[Fidelity, Perplexity]:
+        """The group's fidelity and perplexity, computed after its first measured trial against
+        the reference its load step prepared.
 
         Outputs do not depend on the batch size, so one pass per loaded model
         serves every trial of the group. It never fails the trial (see
         actors.quality.fidelity); its status column says what happened.
         """
-        if self._fidelity is None:
+        if self._quality_parts is None:
             from actors.quality.fidelity import fidelity_columns
 
             backend, load_info = self._loaded()
-            self._fidelity = fidelity_columns(trial, backend, self._reference)
+            fidelity = fidelity_columns(trial, backend, self._reference)
             self._reference = None  # host memory: the group's pass is done
+            perplexity = Perplexity()
             if trial.fidelity is not None and trial.fidelity.perplexity:
                 from actors.quality.perplexity import perplexity_columns
 
-                self._fidelity.update(perplexity_columns(trial, backend, load_info))
-        return self._fidelity
+                perplexity = perplexity_columns(trial, backend, load_info)
+            self._quality_parts = fidelity, perplexity
+        return self._quality_parts
 
-    def _profile_layers(self, trial: Trial, granularity: str, measured: Measurement,
-                        tables: dict[str, Any]) -> dict[str, Any]:
-        """The layer-profiling pass's trials columns; its rows go into ``tables``.
+    def _profile_layers(self, trial: Trial, measured: Measurement,
+                        tables: dict[str, Any]) -> tuple[LayerPass, Outcome | None]:
+        """The layer-profiling pass's trials columns (its rows go into ``tables``), and the
+        trial's outcome if the pass broke.
 
         A pass that breaks fails the trial: what the sweep asked for was not
         produced, and ``--retry-failed`` re-runs it. The headline numbers stay
         in the row all the same, since they were measured before, without hooks.
         """
-        headline = measured.row
+        timing = measured.result.timing
         backend, load_info = self._loaded()
         telemetry = self.telemetry
         if telemetry is None:  # run() measured with it: it is there
             raise RuntimeError("layer profiling before a successful load()")
+        headline_s_per_iter = (timing.duration_s / timing.n_iterations
+                               if timing.duration_s is not None and timing.n_iterations else None)
         try:
-            profile = profile_layers(
-                backend, trial, load_info, telemetry,
-                headline_s_per_iter=headline["duration_s"] / headline["n_iterations"])
+            profile = profile_layers(backend, trial, load_info, telemetry, headline_s_per_iter=headline_s_per_iter)
         except Exception as exc:
             log.exception("layer profiling pass failed")
             oom = self._is_oom(exc)
             backend.recover()
             text = _error_text(exc)
-            return {**failed_columns(granularity, text), "status": Status.FAILED,
-                    "reason": Reason.OOM if oom else Reason.LAYER_PROFILE_FAILED,
-                    "error": f"layer profiling pass: {text}"}
+            return failed_pass(text), failed_outcome(Reason.OOM if oom else Reason.LAYER_PROFILE_FAILED,
+                                                     f"layer profiling pass: {text}")
         if profile.rows:
             tables["layers"] = profile.rows
-        return profile.columns
+        return profile.columns, None

@@ -10,6 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
+from sweeper.core.results import Environment
 from sweeper.core.version import __version__
 
 
@@ -57,29 +58,23 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def capture() -> dict[str, str | None]:
-    env: dict[str, str | None] = {
-        "torch_version": _version("torch"),
-        "transformers_version": _version("transformers"),
-        "accelerate_version": _version("accelerate"),
-        "bitsandbytes_version": _version("bitsandbytes"),
-        "vllm_version": _version("vllm"),
-        "ray_version": _version("ray"),
-        "python_version": platform.python_version(),
-        # Our own version, not the index's: a distribution named "sweeper" there is another project.
-        "sweeper_version": __version__,
-        "hostname": socket.gethostname(),
-        "cuda_version": torch_cuda_version(),
-        "ray_node_id": None,
-        "ray_gpu_ids": None,
-    }
+def capture() -> Environment:
+    """The process's node and software (the device and GPUs are the load's and telemetry's)."""
+    node_id = gpu_ids = None
     try:
         import ray
 
         if ray.is_initialized():
-            env["ray_node_id"] = ray.get_runtime_context().get_node_id()
+            node_id = ray.get_runtime_context().get_node_id()
             # Node-local ids, logical or real: what proves no two trials shared a GPU.
-            env["ray_gpu_ids"] = ",".join(str(i) for i in ray.get_gpu_ids()) or None
+            gpu_ids = ",".join(str(i) for i in ray.get_gpu_ids()) or None
     except ImportError:
         pass
-    return env
+    return Environment(
+        torch_version=_version("torch"), transformers_version=_version("transformers"),
+        accelerate_version=_version("accelerate"), bitsandbytes_version=_version("bitsandbytes"),
+        vllm_version=_version("vllm"), ray_version=_version("ray"), python_version=platform.python_version(),
+        # Our own version, not the index's: a distribution named "sweeper" there is another project.
+        sweeper_version=__version__, hostname=socket.gethostname(), cuda_version=torch_cuda_version(),
+        ray_node_id=node_id, ray_gpu_ids=gpu_ids,
+    )

@@ -276,7 +276,6 @@ class OfflineWindow(Window):
         marks = [mark for g in generations for mark in g.marks]
         decode_tokens = sum(max(r.output_tokens - 1, 0) for g in generations for r in g.requests)
         report = telemetry.report(handle, marks=marks, iteration_bounds=[(g.t_start_s, g.t_end_s) for g in generations])
-        row.update(telemetry.environment())
         row.update(energy_columns(report, idle_power_w=idle_power_w, output_tokens=output_tokens,
                                   requests=n_requests, decode_tokens=decode_tokens))
         precision = window_precision(generations, telemetry)

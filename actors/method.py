@@ -26,6 +26,8 @@ from actors.stability import Verdict
 from actors.stages import stage
 from actors.telemetry.baseline import trial_baseline
 from actors.telemetry.occupancy import GpuOccupancy
+from sweeper.core.results import TrialResult
+from sweeper.core.status import Status
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
@@ -75,11 +77,18 @@ def window_energy_columns(window: EnergyWindow | None, *, idle_power_w: float | 
 
 @dataclass
 class Measurement:
-    """One trial's results, as the actor writes them."""
+    """What a trial's measured window produced: the typed result parts its figures make (the
+    outcome: ok, or failed with what it measured), its requests and its timeline. The actor
+    adds the parts it knows itself (setup, environment, the later passes)."""
 
-    row: dict[str, Any]
+    result: TrialResult
     requests: list[dict[str, Any]]
     timeline: pa.Table | None  # the telemetry's samples over the trial, or None without GPUs
+
+    @property
+    def row(self) -> dict[str, Any]:
+        """The measured columns as a flat row, for readers that look them up by name."""
+        return self.result.row()
 
 
 @dataclass
@@ -135,8 +144,10 @@ def measure(trial: Trial, window: Window, telemetry: TelemetryBase,
     occupancy.observe(telemetry.gpu_processes())
     figures = window.figures(handle, telemetry, baseline.power_w if baseline is not None else None)
     figures.verdict.baseline(baseline)
-    row = {**figures.row, **baseline_cols, **occupancy.columns(), **figures.verdict.columns()}
-    return Measurement(row=row, requests=figures.requests,
+    # The producers still build their columns by name: typed here, once, where they meet.
+    result = TrialResult.from_row({"status": Status.OK, **figures.row, **baseline_cols, **occupancy.columns(),
+                                   **figures.verdict.columns()})
+    return Measurement(result=result, requests=figures.requests,
                        timeline=_timeline(telemetry, trial.trial_id, t_idle, figures))
 
 

@@ -77,7 +77,8 @@ def environment() -> dict[str, Any]:
     """Device, driver and library versions of this process's GPU run."""
     from actors.environment import capture
 
-    env: dict[str, Any] = {**capture(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    env: dict[str, Any] = {k: v for k, v in capture().items() if v is not None}
+    env["date"] = time.strftime("%Y-%m-%d %H:%M:%S")
     try:
         import torch
 

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> None:
     report: dict = {
         "model": args.model, "precision": args.precision, "device": device,
         "table_entry": gpu.name if gpu else None, "date": time.strftime("%Y-%m-%d"),
-        "environment": environment.capture(), "args": vars(args),
+        "environment": dict(environment.capture().items()), "args": vars(args),
     }
     print(f"{device}: table entry {report['table_entry']}", flush=True)
 

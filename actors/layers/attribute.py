@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sweeper.core.results import LayerPass
+
 if TYPE_CHECKING:
     from actors.layers.profiler import ModuleTime
 
@@ -36,19 +38,12 @@ METHOD_WINDOW = "gpu_time_share_of_window_energy"
 class LayerProfile:
     """What the pass adds to a trial: trials-table columns and layers-table rows."""
 
-    columns: dict[str, Any]
+    columns: LayerPass
     rows: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def not_applicable(cls, granularity: str, why: str) -> LayerProfile:
-        return cls(profile_columns(granularity, f"not applicable: {why}"))
-
-
-def profile_columns(granularity: str, status: str, overhead: float | None = None,
-                    energy_j: float | None = None) -> dict[str, Any]:
-    """The trials-table columns a layer profile fills."""
-    return {"layer_profile": granularity, "layer_profile_status": status,
-            "layer_profile_overhead": overhead, "layer_profile_energy_j": energy_j}
+    def not_applicable(cls, why: str) -> LayerProfile:
+        return cls(LayerPass(layer_profile_status=f"not applicable: {why}"))
 
 
 def attribute_energy(times: Sequence[ModuleTime], *, pass_energy_j: float | None,

@@ -11,14 +11,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from actors.backends.base import Backend, Generation, LoadInfo
 from actors.layers import LayerProfileError
-from actors.layers.attribute import LayerProfile, attribute_energy, profile_columns
+from actors.layers.attribute import LayerProfile, attribute_energy
 from actors.measure import offline_batch_size
 from actors.workload import RandomPrompts
 from sweeper.core.backends import BACKENDS
+from sweeper.core.results import LayerPass
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
@@ -27,9 +28,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def failed_columns(granularity: str, error: str) -> dict[str, Any]:
+def failed_pass(error: str) -> LayerPass:
     """The trials-table columns of a pass that raised: the trial keeps its headline."""
-    return profile_columns(granularity, f"failed: {error}")
+    return LayerPass(layer_profile_status=f"failed: {error}")
 
 
 def pass_iterations(trial: Trial) -> int:
@@ -50,10 +51,10 @@ def profile_layers(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Te
         raise ValueError(f"trial {trial.trial_id} asks for no layer profile")
     spec = BACKENDS.get(trial.backend)
     if spec is None or not spec.layer_hooks:
-        return LayerProfile.not_applicable(granularity, f"backend {trial.backend} has no layer hooks")
+        return LayerProfile.not_applicable(f"backend {trial.backend} has no layer hooks")
     model = getattr(backend, "model", None)
     if model is None or not hasattr(model, "register_forward_pre_hook"):
-        return LayerProfile.not_applicable(granularity, f"backend {trial.backend} exposes no torch module")
+        return LayerProfile.not_applicable(f"backend {trial.backend} exposes no torch module")
 
     # torch is imported only when a pass runs, not wherever the actor module is.
     from actors.layers.profiler import LayerProfiler
@@ -62,7 +63,7 @@ def profile_layers(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Te
     try:
         units = select_units(model, granularity)
     except LayerProfileError as exc:
-        return LayerProfile.not_applicable(granularity, str(exc))
+        return LayerProfile.not_applicable(str(exc))
 
     assert trial.input_len is not None  # profiling needs random prompts (the sweep file's check)
     prompts = RandomPrompts(load.vocab_size, trial.input_len, offline_batch_size(trial), trial.seed)
@@ -102,4 +103,5 @@ def profile_layers(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Te
         status = f"ok; no pass energy: {getattr(handle, 'error', None) or 'window not measured'}"
     rows = [{"trial_id": trial.trial_id, **r}
             for r in attribute_energy(times, pass_energy_j=pass_energy_j, phase_energy_j=phase_energy_j)]
-    return LayerProfile(profile_columns(granularity, status, overhead, pass_energy_j), rows)
+    return LayerProfile(LayerPass(layer_profile_status=status, layer_profile_overhead=overhead,
+                                  layer_profile_energy_j=pass_energy_j), rows)

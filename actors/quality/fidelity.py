@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from actors.backends.base import Backend
 from actors.quality.divergence import (
@@ -48,6 +47,7 @@ from actors.quality.reference import (
 )
 from sweeper.core.backends import BACKENDS
 from sweeper.core.precisions import PRECISIONS
+from sweeper.core.results import Fidelity
 from sweeper.core.settings import FidelitySettings
 from sweeper.core.trial import Trial
 
@@ -95,13 +95,13 @@ def compare(backend: Backend, reference: ReferenceOutputs, settings: FidelitySet
 
 
 def _columns(trial: Trial, status: str, result: FidelityResult | None = None,
-             source: str | None = None) -> dict[str, Any]:
+             source: str | None = None) -> Fidelity:
     settings = trial.fidelity
     assert settings is not None
-    return {"fidelity_reference": settings.reference_label(), "fidelity_status": status,
-            "fidelity_reference_source": source,
-            "fidelity_method": method_name(method_top_k(trial)) if result is not None else None,
-            "fidelity_kl": result.kl if result else None, "fidelity_top1": result.top1 if result else None}
+    return Fidelity(fidelity_reference=settings.reference_label(), fidelity_status=status,
+                    fidelity_reference_source=source,
+                    fidelity_method=method_name(method_top_k(trial)) if result is not None else None,
+                    fidelity_kl=result.kl if result else None, fidelity_top1=result.top1 if result else None)
 
 
 def prepare_reference(trial: Trial, open_backend: Callable[[str], Backend]) -> ReferenceOutputs | str | None:
@@ -128,7 +128,7 @@ def prepare_reference(trial: Trial, open_backend: Callable[[str], Backend]) -> R
                 f"{type(exc).__name__}: {exc}"[:2000])
 
 
-def fidelity_columns(trial: Trial, backend: Backend, reference: ReferenceOutputs | str | None) -> dict[str, Any]:
+def fidelity_columns(trial: Trial, backend: Backend, reference: ReferenceOutputs | str | None) -> Fidelity:
     """The fidelity columns of ``trial`` (loaded in ``backend``) against the reference step's
     outcome; never raises."""
     settings = trial.fidelity

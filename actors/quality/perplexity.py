@@ -20,6 +20,7 @@ import numpy as np
 
 from actors.backends.base import Backend, LoadInfo
 from actors.quality.corpus import PUBLIC_DOMAIN_TEXT
+from sweeper.core.results import Perplexity
 from sweeper.core.trial import Trial
 
 log = logging.getLogger(__name__)
@@ -28,8 +29,8 @@ log = logging.getLogger(__name__)
 MAX_WINDOW_TOKENS = 512
 
 
-def _columns(status: str, perplexity: float | None = None, tokens: int | None = None) -> dict[str, Any]:
-    return {"perplexity": perplexity, "perplexity_tokens": tokens, "perplexity_status": status}
+def _columns(status: str, perplexity: float | None = None, tokens: int | None = None) -> Perplexity:
+    return Perplexity(perplexity=perplexity, perplexity_tokens=tokens, perplexity_status=status)
 
 
 def context_tokens(architecture: dict[str, Any] | None) -> int:
@@ -55,7 +56,7 @@ def perplexity_of(backend: Backend, token_ids: list[int], window_tokens: int) ->
     return math.exp(float(scored.mean())), int(scored.size)
 
 
-def perplexity_columns(trial: Trial, backend: Backend, load: LoadInfo) -> dict[str, Any]:
+def perplexity_columns(trial: Trial, backend: Backend, load: LoadInfo) -> Perplexity:
     """The perplexity columns of ``trial`` (loaded in ``backend``); never raises."""
     if trial.model_source == "synthetic":
         return _columns("not applicable: a synthetic (random-weight) model has no tokenizer "

@@ -245,7 +245,7 @@ def _energy_columns(telemetry: TelemetryBase, handle: Any, window: SteadyWindow,
     from actors.telemetry import TelemetryError
 
     cols: dict[str, Any] = {**window_energy_columns(None, idle_power_w=None, output_tokens=output_tokens),
-                            **telemetry.environment(), "idle_power_w": idle_power_w,
+                            "idle_power_w": idle_power_w,
                             "cpu_energy_j": handle.cpu_energy_j, "dram_energy_j": handle.dram_energy_j,
                             "run_energy_j": None, "run_energy_uncertainty_j": None}
     if handle.window is None:

@@ -1,4 +1,5 @@
-"""What an actor sends back for one trial: the trials row and any other tables.
+"""What an actor sends back: for one trial, its typed result and any other tables; for a
+load, whether it worked.
 
 Shared by both planes so the driver can write shards without knowing how the
 numbers were produced.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweeper.core.results import TrialResult
 from sweeper.core.stages import StageSpan
 from sweeper.core.status import Reason, Status
 
@@ -16,13 +18,18 @@ from sweeper.core.status import Reason, Status
 @dataclass
 class TrialOutcome:
     trial_id: str
-    row: dict[str, Any]  # trials-table columns measured by the actor
+    result: TrialResult  # the trials-table columns the actor measured, as typed parts
     tables: dict[str, Any] = field(default_factory=dict)  # kind -> pyarrow.Table | list[dict]
     stages: list[StageSpan] = field(default_factory=list)  # where the actor's time went on this trial
 
     @property
+    def row(self) -> dict[str, Any]:
+        """The result's columns as a flat row, for readers that look them up by name."""
+        return self.result.row()
+
+    @property
     def status(self) -> str:
-        return self.row.get("status", Status.FAILED)
+        return self.result.outcome.status or Status.FAILED
 
 
 @dataclass

@@ -12,7 +12,8 @@ from __future__ import annotations
 import enum
 import sys
 from datetime import datetime, timezone
-from typing import Any
+
+from sweeper.core.results import Outcome
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -90,17 +91,16 @@ def settles(status: str | None, reason: str | None, *, retry_failed: bool,
     return False
 
 
-def _outcome_row(status: Status, reason: Reason, error: str, started_at: datetime | None) -> dict[str, Any]:
+def _outcome(status: Status, reason: Reason, error: str, started_at: datetime | None) -> Outcome:
     now = datetime.now(timezone.utc)
-    return {"status": status, "reason": reason, "error": error,
-            "started_at": started_at or now, "finished_at": now}
+    return Outcome(status=status, reason=reason, error=error, started_at=started_at or now, finished_at=now)
 
 
-def failed_row(reason: Reason, error: str, *, started_at: datetime | None = None) -> dict[str, Any]:
-    """The outcome columns of a failed trial (``started_at`` defaults to now, ``finished_at`` is now)."""
-    return _outcome_row(Status.FAILED, reason, error, started_at)
+def failed_outcome(reason: Reason, error: str, *, started_at: datetime | None = None) -> Outcome:
+    """The outcome of a failed trial (``started_at`` defaults to now, ``finished_at`` is now)."""
+    return _outcome(Status.FAILED, reason, error, started_at)
 
 
-def skipped_row(reason: Reason, error: str) -> dict[str, Any]:
-    """The outcome columns of a skipped trial: it never started, so both times are now."""
-    return _outcome_row(Status.SKIPPED, reason, error, None)
+def skipped_outcome(reason: Reason, error: str) -> Outcome:
+    """The outcome of a skipped trial: it never started, so both times are now."""
+    return _outcome(Status.SKIPPED, reason, error, None)

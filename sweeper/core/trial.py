@@ -22,6 +22,7 @@ from sweeper.core.axes import (
     non_default_values,
 )
 from sweeper.core.backends import BACKENDS
+from sweeper.core.results import Configuration
 from sweeper.core.settings import (
     LAYER_GRANULARITIES,
     DatasetSettings,
@@ -243,33 +244,41 @@ class Trial:
         return self.point.keys_()
 
     def columns(self) -> dict[str, Any]:
-        """The trial's configuration as flat trials-table columns."""
+        """The trial's identity, its axes' columns and its configuration, as flat trials-table columns."""
         d: dict[str, Any] = {"trial_id": self.trial_id, "sweep": self.sweep}
         for name, value in self.point.items_:
             d.update(AXES[name].columns(name, value))
-        d.update(dataset=self.dataset, seed=self.seed, layer_profile=self.layer_profile,
-                 fidelity=self.fidelity.canonical_json() if self.fidelity is not None else None,
-                 mode=self.mode, output_lengths=self.output_lengths)
-        if self.shared_prefix is not None:
-            d.update(prefix_len=self.shared_prefix.prefix_len, num_prefixes=self.shared_prefix.num_prefixes)
-        if self.prompts is not None:
-            p = self.prompts
-            d.update(dataset_sha256=p.sha256, num_prompts=p.num_prompts, min_input_len=p.min_input_len,
-                     max_input_len=p.max_input_len, chat=p.chat)
-            if p.conversations is not None:
-                d.update(conversations=True, turn_gap_s=p.conversations.turn_gap_s, history=p.conversations.history)
-        if self.serving is not None:
-            s = self.serving
-            slo = s.slo.bounds_s() if s.slo is not None else {}
-            d.update(arrival=s.arrival, burstiness=s.burstiness,
-                     num_prompts=s.num_prompts or d.get("num_prompts"),
-                     arrivals_duration_s=s.duration_s, slo_ttft_s=slo.get("ttft"),
-                     slo_tpot_s=slo.get("tpot"), slo_e2e_s=slo.get("e2e"))
-        # The time limits bound the driver's patience and never shape an ok row's
-        # numbers, so they are no trials-table columns.
-        d.update(self.measure.model_dump(exclude=set(MeasureSettings.PATIENCE)),
-                 min_window_s=self.measure.window_floor_s)
-        return d
+        return {**d, **dict(self.configuration().items())}
+
+    def configuration(self) -> Configuration:
+        """What the sweep file set for this trial beyond its axes."""
+        prompts, serving, prefix = self.prompts, self.serving, self.shared_prefix
+        conversations = prompts.conversations if prompts is not None else None
+        slo = serving.slo.bounds_s() if serving is not None and serving.slo is not None else {}
+        return Configuration(
+            dataset=self.dataset, seed=self.seed, layer_profile=self.layer_profile,
+            fidelity=self.fidelity.canonical_json() if self.fidelity is not None else None,
+            mode=self.mode, output_lengths=self.output_lengths,
+            prefix_len=prefix.prefix_len if prefix is not None else None,
+            num_prefixes=prefix.num_prefixes if prefix is not None else None,
+            dataset_sha256=prompts.sha256 if prompts is not None else None,
+            min_input_len=prompts.min_input_len if prompts is not None else None,
+            max_input_len=prompts.max_input_len if prompts is not None else None,
+            chat=prompts.chat if prompts is not None else None,
+            conversations=True if conversations is not None else None,
+            turn_gap_s=conversations.turn_gap_s if conversations is not None else None,
+            history=conversations.history if conversations is not None else None,
+            num_prompts=(serving.num_prompts if serving is not None else None)
+            or (prompts.num_prompts if prompts is not None else None),
+            arrival=serving.arrival if serving is not None else None,
+            burstiness=serving.burstiness if serving is not None else None,
+            arrivals_duration_s=serving.duration_s if serving is not None else None,
+            slo_ttft_s=slo.get("ttft"), slo_tpot_s=slo.get("tpot"), slo_e2e_s=slo.get("e2e"),
+            # The time limits bound the driver's patience and never shape an ok row's
+            # numbers, so they are no trials-table columns.
+            **self.measure.model_dump(exclude={*MeasureSettings.PATIENCE, "min_window_s"}),
+            min_window_s=self.measure.window_floor_s,  # the floor the window was held to
+        )
 
     def variant(self) -> str:
         """What sets this trial apart beyond the main axes: tensor parallelism and

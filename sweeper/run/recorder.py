@@ -7,6 +7,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from sweeper.core.results import TrialResult
 from sweeper.core.stages import StageSpan
 from sweeper.core.trial import Trial
 from sweeper.run.progress import Placement
@@ -33,11 +34,11 @@ class Recorder:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweeper-writer")
         self._pending: deque[Future[None]] = deque()
 
-    def record(self, trial: Trial, row: dict[str, Any], tables: dict[str, Any] | None = None,
+    def record(self, trial: Trial, result: TrialResult, tables: dict[str, Any] | None = None,
                stages: list[StageSpan] | None = None, placement: Placement | None = None) -> None:
         while self._pending and self._pending[0].done():
             self._pending.popleft().result()  # a failed write raises here
-        self._pending.append(self._pool.submit(self._write, trial, row, dict(tables or {}), stages, placement))
+        self._pending.append(self._pool.submit(self._write, trial, result, dict(tables or {}), stages, placement))
         while len(self._pending) > self.MAX_PENDING:
             self._pending.popleft().result()
 
@@ -57,7 +58,7 @@ class Recorder:
         """End the writer thread (after ``flush``: nothing is left to write)."""
         self._pool.shutdown(wait=True)
 
-    def _write(self, trial: Trial, row: dict[str, Any], tables: dict[str, Any],
+    def _write(self, trial: Trial, result: TrialResult, tables: dict[str, Any],
                stages: list[StageSpan] | None, placement: Placement | None) -> None:
         t0 = time.monotonic()
         if stages:
@@ -65,5 +66,5 @@ class Recorder:
             tables["stages"] = [span.row(trial.trial_id, node, gpu_ids) for span in stages]
         for kind, table in tables.items():
             self.store.write_shard(kind, trial.trial_id, table)
-        self.store.write_shard("trials", trial.trial_id, [{**trial.columns(), **row}])
+        self.store.write_shard("trials", trial.trial_id, [{**trial.columns(), **result.row()}])
         self.write_s += time.monotonic() - t0

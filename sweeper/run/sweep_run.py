@@ -26,8 +26,9 @@ from typing import Any
 from sweeper.core.backends import BACKENDS
 from sweeper.core.errors import SweeperError, first_line
 from sweeper.core.outcome import LoadResult, TrialOutcome
+from sweeper.core.results import Setup, TrialResult
 from sweeper.core.stages import StageSpan
-from sweeper.core.status import Reason, Status, failed_row, skipped_row
+from sweeper.core.status import Reason, Status, failed_outcome, skipped_outcome
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import Plan, TrialGroup
 from sweeper.run.actor_runner import (
@@ -69,18 +70,20 @@ class RunOptions:
     poll_s: float = 0.25  # how often the display refreshes and time limits are checked
 
 
-def _summary_text(row: dict[str, Any]) -> str:
-    if row.get("status") != Status.OK:
-        return str(row.get("error") or "")[:200]
+def _summary_text(result: TrialResult) -> str:
+    if result.outcome.status != Status.OK:
+        return str(result.outcome.error or "")[:200]
     # Any of these may be null on an ok row (a serving run with no steady state has no
     # throughput): the line says what there is.
-    shown = (("throughput_tok_s", 1.0, "{:,.1f} tok/s"), ("ttft_s", 1e3, "ttft {:,.1f} ms"),
-             ("send_lateness_p99_s", 1e3, "sent late p99 {:,.1f} ms"), ("energy_per_token_j", 1.0, "{:.4f} J/tok"))
-    parts = [fmt.format(row[key] * scale) for key, scale, fmt in shown if row.get(key) is not None]
-    if row.get("throughput_tok_s") is not None and row.get("throughput_rel_ci95") is not None:
-        parts[0] += f" ±{row['throughput_rel_ci95']:.0%}"  # how precise the figure is, beside it
-    if row.get("unstable"):
-        parts.append("unstable (client behind)" if row.get("client_behind") else "unstable")
+    timing = result.timing
+    shown = ((timing.throughput_tok_s, 1.0, "{:,.1f} tok/s"), (timing.ttft_s, 1e3, "ttft {:,.1f} ms"),
+             (result.serving.send_lateness_p99_s, 1e3, "sent late p99 {:,.1f} ms"),
+             (result.energy.energy_per_token_j, 1.0, "{:.4f} J/tok"))
+    parts = [fmt.format(value * scale) for value, scale, fmt in shown if value is not None]
+    if timing.throughput_tok_s is not None and result.stability.throughput_rel_ci95 is not None:
+        parts[0] += f" ±{result.stability.throughput_rel_ci95:.0%}"  # how precise the figure is, beside it
+    if result.stability.unstable:
+        parts.append("unstable (client behind)" if result.serving.client_behind else "unstable")
     return "  ".join(parts)
 
 
@@ -189,7 +192,7 @@ class SweepRun:
     def run(self) -> RunSummary:
         t_begin = self.clock()
         for p in self.plan.skipped:
-            self.recorder.record(p.trial, skipped_row(Reason.UNSUPPORTED, p.skip_reason or ""))
+            self.recorder.record(p.trial, TrialResult(skipped_outcome(Reason.UNSUPPORTED, p.skip_reason or "")))
             self.summary.skipped += 1
         todo = self._resume()
         with ProgressView(len(todo), slots=self.cluster.slots, console=self.observer.console,
@@ -445,34 +448,41 @@ class SweepRun:
         self.on_placed(h, g.placement)
         self._submit_load(h)
 
-    def _record(self, g: GroupRun, trial: Trial, row: dict[str, Any], tables: dict[str, Any],
+    @staticmethod
+    def _failed(g: GroupRun, reason: Reason, text: str) -> TrialResult:
+        """A trial the driver records failed (its actor died, hung or never loaded): what the
+        driver knows of its group's load goes with it."""
+        return TrialResult(failed_outcome(reason, text), setup=Setup(load_s=g.load.load_s if g.load else None))
+
+    def _record(self, g: GroupRun, trial: Trial, result: TrialResult, tables: dict[str, Any],
                 stages: list[StageSpan]) -> None:
         spans, g.load_stages = g.load_stages + stages, []
         self.summary.add_stages(spans, slots=self._width(g))
-        self.recorder.record(trial, row, tables, spans, g.placement)
+        self.recorder.record(trial, result, tables, spans, g.placement)
 
-    def finish(self, g: GroupRun, row: dict[str, Any], tables: dict[str, Any],
+    def finish(self, g: GroupRun, result: TrialResult, tables: dict[str, Any],
                stages: list[StageSpan] | None = None) -> None:
-        """Record the current trial's final row; prune what its OOM predicts."""
+        """Record the current trial's result; prune what its OOM predicts."""
         trial, g.current = g.current, None
         if trial is None:
             raise RuntimeError(f"{g.label}: a result arrived with no trial running")
-        row.setdefault("load_s", g.load.load_s if g.load else None)
-        self._record(g, trial, row, tables, stages or [])
+        self._record(g, trial, result, tables, stages or [])
         self.summary.ran += 1
-        if row["status"] == Status.OK:
+        outcome = result.outcome
+        status = outcome.status or Status.FAILED
+        if status == Status.OK:
             self.summary.ok += 1
         else:
             self.summary.failed += 1
-            self.summary.failures.append(f"{trial.label()}: {row.get('error')}")
-        self._view.trial_finished(trial, row["status"], _summary_text(row))
-        if self.options.oom_pruning and row.get("reason") == Reason.OOM:
+            self.summary.failures.append(f"{trial.label()}: {outcome.error}")
+        self._view.trial_finished(trial, status, _summary_text(result))
+        if self.options.oom_pruning and outcome.reason == Reason.OOM:
             # The group's trials may have been split among copies: prune them all.
             for t, copy in [(t, h) for h in self.open if h.group is g.group for t in predicted_oom(trial, h.pending)]:
                 copy.pending.remove(t)
                 text = (f"predicted out of memory: batch {trial.batch_size} of the same shape ran out "
                         f"({trial.trial_id})")
-                self.recorder.record(t, skipped_row(Reason.PREDICTED_OOM, text))
+                self.recorder.record(t, TrialResult(skipped_outcome(Reason.PREDICTED_OOM, text)))
                 self.summary.skipped += 1
                 self._view.trial_finished(t, Status.SKIPPED, text)
 
@@ -480,7 +490,7 @@ class SweepRun:
         queue = ([g.current] if g.current is not None else []) + g.pending
         g.current, g.pending = None, []
         for t in queue:
-            self._record(g, t, failed_row(reason, text), {}, [])
+            self._record(g, t, self._failed(g, reason, text), {}, [])
             self.summary.failed += 1
             self.summary.failures.append(f"{t.label()}: {text}")
             self._view.trial_finished(t, Status.FAILED, text)
@@ -527,7 +537,7 @@ class SweepRun:
             self.on_actor_died(g, str(exc))
         except CallFailed as exc:
             self.on_trial_done(g, TrialOutcome(g.current.trial_id if g.current else "",
-                                               failed_row(Reason.EXCEPTION, str(exc))))
+                                               self._failed(g, Reason.EXCEPTION, str(exc))))
         else:
             self.on_trial_done(g, outcome)
 
@@ -580,7 +590,7 @@ class SweepRun:
         self.on_loaded(g, LoadResult(ok=False, reason=reason, error=error(g.deaths)))
 
     def on_trial_done(self, g: GroupRun, outcome: TrialOutcome) -> None:
-        self.finish(g, outcome.row, outcome.tables, outcome.stages)
+        self.finish(g, outcome.result, outcome.tables, outcome.stages)
         self._split_long_group()
         self.submit_next(g)
 
@@ -592,16 +602,16 @@ class SweepRun:
             label = g.current.label() if g.current is not None else g.label
             self.observer.say(f"retry {g.deaths}/{self.options.max_retries}: actor died running {label}: {text}")
         else:
-            self.finish(g, failed_row(Reason.ACTOR_DIED, f"actor died {g.deaths} time(s) running this trial: {text}"),
-                        {})
+            self.finish(g, self._failed(g, Reason.ACTOR_DIED, f"actor died {g.deaths} time(s) running this trial: "
+                                                             f"{text}"), {})
         self.replace_actor(g)
 
     def on_timeout(self, g: GroupRun) -> None:
         """The current trial ran past ``measure.timeout_s``: fail it, replace the hung actor."""
         self.add_busy(g, self.clock() - g.started_s)
         limit_s = g.current.measure.timeout_s if g.current is not None else None
-        self.finish(g, failed_row(Reason.TIMEOUT, f"trial ran past measure.timeout_s = {limit_s:g} s; actor replaced"),
-                    {})
+        self.finish(g, self._failed(g, Reason.TIMEOUT, f"trial ran past measure.timeout_s = {limit_s:g} s; actor "
+                                                       "replaced"), {})
         self.replace_actor(g)
 
 

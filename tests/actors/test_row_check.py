@@ -7,6 +7,7 @@ import pytest
 
 import actors.actor as actor_module
 from actors.actor import TrialRunner
+from sweeper.core.results import TrialResult
 from sweeper.core.schema import RowError, check_rows, to_table
 from sweeper.plan.expand import expand
 from sweeper.plan.spec import parse_sweep
@@ -31,7 +32,7 @@ def test_check_rows_names_the_column_and_the_problem():
 
 
 @pytest.mark.parametrize(("planted", "message"), [
-    ({"energy_joules": 12.0}, "does not know: energy_joules"),       # a misspelled column
+    ({"energy_joules": 12.0}, "does not know: energy_joules"),       # a misspelled column (no part has it)
     ({"throughput_tok_s": "fast"}, "trials.throughput_tok_s"),        # a value of the wrong type
 ])
 def test_a_bad_row_fails_its_trial_and_the_next_trial_runs(monkeypatch, planted, message):
@@ -43,8 +44,10 @@ def test_a_bad_row_fails_its_trial_and_the_next_trial_runs(monkeypatch, planted,
         real = actor_module.measure_trial
 
         def planting(*args, **kwargs):
+            # As a producer that returns the planted column would: its parts are made from it.
             measured = real(*args, **kwargs)
-            measured.row.update(planted)
+            made = {k: v for k, v in measured.row.items() if v is not None}
+            measured.result = TrialResult.from_row({**made, **planted})
             return measured
 
         monkeypatch.setattr(actor_module, "measure_trial", planting)

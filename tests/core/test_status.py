@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sweeper.core.schema import TRIALS, to_table
-from sweeper.core.status import Reason, Status, failed_row, settles, skipped_row
+from sweeper.core.status import Reason, Status, failed_outcome, settles, skipped_outcome
 from tests.conftest import ROOT
 
 # The strings results directories written so far hold: renaming a member breaks them.
@@ -56,20 +56,20 @@ def test_a_member_is_its_string_everywhere_a_row_goes():
         assert member == value and hash(member) == hash(value) and {value: 1}[member] == 1
         assert str(member) == f"{member}" == f"{member:<6}".strip() == value
         assert json.dumps({"x": member}) == json.dumps({"x": value})
-    row = {"trial_id": "t1", **failed_row(Reason.OOM, "CUDA out of memory")}
+    row = {"trial_id": "t1", **dict(failed_outcome(Reason.OOM, "CUDA out of memory").items())}
     stored = to_table("trials", [row]).select(["status", "reason"]).to_pylist()
     assert stored == [{"status": "failed", "reason": "oom"}]
     assert type(stored[0]["status"]) is str
 
 
-def test_failed_and_skipped_rows():
+def test_failed_and_skipped_outcomes():
     started = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    failed = failed_row(Reason.TIMEOUT, "ran past", started_at=started)
-    assert (failed["status"], failed["reason"], failed["error"]) == ("failed", "timeout", "ran past")
-    assert failed["started_at"] == started < failed["finished_at"]
-    skipped = skipped_row(Reason.UNSUPPORTED, "fp16 on CPU")
-    assert (skipped["status"], skipped["reason"], skipped["error"]) == ("skipped", "unsupported", "fp16 on CPU")
-    assert skipped["started_at"] == skipped["finished_at"]
+    failed = failed_outcome(Reason.TIMEOUT, "ran past", started_at=started)
+    assert (failed.status, failed.reason, failed.error) == ("failed", "timeout", "ran past")
+    assert failed.started_at == started < failed.finished_at
+    skipped = skipped_outcome(Reason.UNSUPPORTED, "fp16 on CPU")
+    assert (skipped.status, skipped.reason, skipped.error) == ("skipped", "unsupported", "fp16 on CPU")
+    assert skipped.started_at == skipped.finished_at
 
 
 def _expected(status: str | None, reason: str | None, retry_failed: bool, still_unsupported: bool) -> bool:

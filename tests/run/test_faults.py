@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from sweeper.core.outcome import TrialOutcome
+from sweeper.core.results import TrialResult
 from sweeper.core.trial import MeasureSettings
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
@@ -50,7 +51,8 @@ def test_an_oom_predicts_only_larger_batches_of_the_same_group_and_shape(write_s
     pending = list(plan.runnable)
     oom = next(t for t in pending if (t.model, t.batch_size, t.input_len, t.repeat) == ("tiny-llama", 2, 8, 0))
     # the row an actor sends back when torch raises OutOfMemoryError
-    outcome = TrialOutcome(oom.trial_id, {"status": "failed", "reason": "oom", "error": "OutOfMemoryError: CUDA"})
+    outcome = TrialOutcome(oom.trial_id, TrialResult.from_row(
+        {"status": "failed", "reason": "oom", "error": "OutOfMemoryError: CUDA"}))
     assert outcome.status == "failed" and outcome.row["reason"] == "oom"
 
     pruned = predicted_oom(oom, pending)

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 
 from sweeper.core.outcome import LoadResult, TrialOutcome
+from sweeper.core.results import TrialResult
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import parse_sweep
@@ -77,7 +78,7 @@ class ScriptedRunner:
             self.runs.append(trial.trial_id)
             result = self.script(trial, attempt)
             value = result if result is HANG or isinstance(result, BaseException) else TrialOutcome(
-                trial.trial_id, result)
+                trial.trial_id, TrialResult.from_row(result))
         return _Future(value, next(self._counter))
 
     def wait(self, futures: Sequence[_Future], timeout_s: float) -> list[_Future]:
@@ -386,7 +387,7 @@ def test_shards_are_written_off_the_drivers_thread_in_order_and_a_failed_write_i
     store = FailingStore(str(tmp_path / "out"), fail_at=3)
     recorder = Recorder(store)
     for t in trials:
-        recorder.record(t, ok_row(t), {"requests": [{"trial_id": t.trial_id, "iteration": 0}]})
+        recorder.record(t, TrialResult.from_row(ok_row(t)), {"requests": [{"trial_id": t.trial_id, "iteration": 0}]})
     try:
         recorder.flush()
         raise AssertionError("the failed write was not raised")

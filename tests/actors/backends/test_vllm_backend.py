@@ -373,7 +373,7 @@ def test_layer_hooks_do_not_apply_to_vllm_trials():
     (trial, *_), _ = expand(sweep(backends="vllm", profile={"layers": "block"}))
     assert BACKENDS["vllm"].layer_hooks is False
     columns = profile_layers(VllmBackend(), trial, None, None, headline_s_per_iter=None).columns
-    assert columns["layer_profile_status"] == "not applicable: backend vllm has no layer hooks"
+    assert columns.layer_profile_status == "not applicable: backend vllm has no layer hooks"
 
 
 def test_a_worker_without_vllm_refuses_the_backend_clearly():

@@ -435,7 +435,7 @@ def test_the_pass_runs_after_the_headline_and_reports_itself(runner):
     outcome = runner.run(trial)
     row = outcome.row
     assert row["status"] == "ok", row.get("error")
-    assert (row["layer_profile"], row["layer_profile_status"]) == ("submodule", "ok")
+    assert (trial.layer_profile, row["layer_profile_status"]) == ("submodule", "ok")  # the former: the trial's own column
     assert row["layer_profile_overhead"] > -1 and row["layer_profile_energy_j"] is None  # CPU: no energy
     rows = outcome.tables["layers"]
     units = select_units(runner.backend.model, "submodule")
@@ -483,7 +483,7 @@ def test_pass_energy_is_split_by_phase_and_sums_to_the_window(runner):
     assert tel.names == [f"{trial.trial_id}/layers"]
     assert [m[0] for m in tel.marks] == [PREFILL, DECODE] * pass_iterations(trial)  # each call's intervals
     rows = profile.rows
-    assert profile.columns["layer_profile_energy_j"] == 50.0 and profile.columns["layer_profile_status"] == "ok"
+    assert profile.columns.layer_profile_energy_j == 50.0 and profile.columns.layer_profile_status == "ok"
     assert sum(r["energy_j"] for r in rows) == pytest.approx(50.0)
     assert sum(r["energy_j"] for r in rows if r["phase"] == PREFILL) == pytest.approx(50.0 * 0.2 / 0.9)
     assert {r["method"] for r in rows} == {METHOD_PHASE}
