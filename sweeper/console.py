@@ -186,17 +186,24 @@ def _print_busy(err: Console, result: RunResult) -> None:
 
 
 def print_best(err: Console, store: ResultStore) -> None:
-    """The best ok trial per model, from the aggregated trials table (local results only)."""
+    """The best ok trial per model, from the trials table this run's aggregation wrote (or, when
+    nothing was aggregated, the one a local results directory holds)."""
     from sweeper.analysis.render import console_table
-    from sweeper.analysis.report import best_table
+    from sweeper.analysis.report import best_table, best_table_of
     from sweeper.analysis.results import check_results_dir
     from sweeper.core.errors import UserInputError
+    from sweeper.core.settings import ReportSettings
 
-    try:
-        check_results_dir(store.uri)
-    except UserInputError:
-        return  # remote results, or nothing aggregated: the counts above say what happened
-    best = best_table(store.uri)
+    if store.aggregated_trials is not None:  # this run aggregated: the table it wrote, as it holds it
+        record = store.plan_record()
+        best = best_table_of(store.aggregated_trials, store.uri,
+                             record.report if record is not None else ReportSettings())
+    else:
+        try:
+            check_results_dir(store.uri)
+        except UserInputError:
+            return  # remote results, or nothing aggregated: the counts above say what happened
+        best = best_table(store.uri)
     if not best.rows:
         return
     # Laid out for the terminal's width: empty columns (J/token on a CPU) left out, and on a

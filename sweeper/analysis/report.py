@@ -21,14 +21,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from sweeper.analysis import plots, quality_plots, serving_plots, stage_plots
 from sweeper.analysis.figure_data import figure_data
 from sweeper.analysis.render import Plot, Report, Table, render_html, render_markdown
-from sweeper.analysis.results import Results, load_results, report_settings, table_path
+from sweeper.analysis.results import (
+    Results,
+    add_budget_columns,
+    load_results,
+    report_settings,
+    table_path,
+)
 from sweeper.analysis.tables import (
     LatencyBound,
     ReportError,
@@ -46,6 +52,9 @@ from sweeper.core.budget import BUDGET_COLUMNS
 from sweeper.core.errors import ResultsError
 from sweeper.core.settings import ReportSettings
 from sweeper.core.status import Status
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 FORMATS = ("html", "md")
 PLOT_FILES = ("throughput.png", "latency.png", "energy_per_token.png", "pareto.png", "serving_latency.png",
@@ -149,8 +158,14 @@ def _with_interval(value: Any, lo: Any, hi: Any) -> str:
 
 
 def best_table(root: str | os.PathLike) -> Table:
-    """The best ok trial per model of a results directory (what ``sweeper run`` prints at its end)."""
+    """The best ok trial per model of a results directory, read from its aggregated tables."""
     return _best_table(load_results(root), [])
+
+
+def best_table_of(trials: pa.Table, root: str, report: ReportSettings) -> Table:
+    """The same from a trials table already in memory: what ``sweeper run`` prints at its end,
+    from the table its aggregation has just written (not read back)."""
+    return _best_table(Results(Path(root), add_budget_columns(trials.to_pandas(), report), report=report), [])
 
 
 def _tables(results: Results, bounds: Sequence[LatencyBound]) -> list[Table]:

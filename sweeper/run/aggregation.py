@@ -36,6 +36,9 @@ class Aggregation:
     def __init__(self, files: ShardFiles, planned: set[str] | None) -> None:
         self.files, self.planned = files, planned
         self.superseded = 0  # stored trials left out: not in the plan
+        # The plan's trials table as written (in memory: one row per trial), for what the run
+        # shows at its end without reading it back; None until this aggregation has run.
+        self.trials: pa.Table | None = None
 
     def run(self, *, full: bool = False) -> dict[str, int]:
         """Merge the shards into ``<root>/<kind>.parquet`` (the plan's trials) and
@@ -79,6 +82,8 @@ class Aggregation:
             if table.num_rows:
                 table = table.sort_by(_SORT[kind])
             self.files.write_atomic(table, target)
+            if target == posixpath.join(self.files.root, f"{TRIALS}.parquet"):  # the plan's, not superseded/
+                self.trials = table
             return int(table.num_rows)
         # The per-trial tables can be large (timelines): read and written a batch of
         # shards at a time, in trial-id order, so memory stays flat in the number of trials.
@@ -146,6 +151,7 @@ class Aggregation:
             if table.num_rows:
                 table = table.sort_by(_SORT[kind])
             self.files.write_atomic(table, target)
+            self.trials = table
             return int(table.num_rows)
         with self.files.atomic_output(target) as out, pq.ParquetWriter(out, schema) as writer:
             for batch in pq.ParquetFile(target).iter_batches(batch_size=65_536):

@@ -43,6 +43,8 @@ class ResultStore:
         self.index = TrialIndex(self.files)
         self.uri, self.fs, self.root, self.local = self.files.uri, self.files.fs, self.files.root, self.files.local
         self.superseded = 0  # trials left out of the last aggregation: not in the recorded plan
+        # The trials table the last aggregation wrote, as it holds it (None: none ran here).
+        self.aggregated_trials: pa.Table | None = None
         # plan.json as read once (or as written since). Like the index's view, it holds for the
         # store's life, which a writer's run lock covers.
         self._plan: PlanRecord | None = None
@@ -111,6 +113,7 @@ class ResultStore:
         aggregation = Aggregation(self.files, self.planned_ids())
         counts = aggregation.run(full=full)
         self.superseded = aggregation.superseded
+        self.aggregated_trials = aggregation.trials
         return counts
 
     def up_to_date(self) -> bool:

@@ -154,6 +154,7 @@ def test_report_draws_energy_per_turn_with_the_requests_behind_each_point(conver
     assert all(b[1] > a[1] for points in lines.values() for a, b in zip(points, points[1:], strict=False))
 
 
+@pytest.mark.slow
 def test_energy_per_turn_is_left_out_without_conversations(tmp_path):
     """No requests.parquet, one without a turn column (the real sweep's), and one whose turns are
     all null: no plot, and no note (the sweep replayed no conversations)."""

@@ -98,6 +98,7 @@ backend_options: {noop: {load_s: 600}}
     assert summary.retries == 1 and summary.model_loads == 2
 
 
+@pytest.mark.slow
 def test_a_trial_past_its_timeout_fails_and_its_actor_is_replaced(ray_local, write_sweep, tmp_path):
     # out=2000 (warm-up call included) takes 10+ s of one-token steps on a CPU; out=4 a few ms.
     # The limit leaves a loaded 2-core CI machine room for the short trials.

@@ -103,6 +103,7 @@ def _get(url: str, key: str | None) -> int:
         return int(exc.code)
 
 
+@pytest.mark.slow
 def test_a_launched_server_answers_only_its_actor(tmp_path, monkeypatch):
     """Started with a fresh key that only its actor holds, on loopback: a request without the
     key (another process of the node) is refused, the actor's own go through."""

@@ -141,6 +141,32 @@ def test_a_store_reads_its_index_plan_and_listing_once_and_knows_what_it_wrote(t
     assert set(store.stored_trials()) == {"a", "b", "c"} and store.plan_record() is not None
     store.aggregate()
     assert calls == {"index": 1, "listing": len(TABLES), "plan": 1}
+    # The trials table it wrote, as it holds it: what the run's end shows, not read back.
+    assert store.aggregated_trials is not None
+    assert store.aggregated_trials.equals(pq.read_table(tmp_path / "trials.parquet", schema=arrow_schema("trials")))
+
+
+def test_the_runs_best_table_comes_from_the_table_its_aggregation_holds(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    import sweeper.analysis.results as results_module
+    from sweeper.console import print_best
+
+    store = ResultStore(str(tmp_path))
+    store.write_plan("s", ["a", "b"])
+    for tid, batch, tok_s in (("a", 1, 10.0), ("b", 2, 30.0)):
+        store.write_shard("trials", tid, [trial_row(tid, backend="noop", precision="fp32", input_len=8, output_len=4,
+                                                    batch_size=batch, throughput_tok_s=tok_s)])
+    store.aggregate()
+    (tmp_path / "trials.parquet").unlink()  # had the table been read back, there would be none to read
+    monkeypatch.setattr(results_module, "load_results", lambda *a, **k: pytest.fail("read the results back"))
+    out = io.StringIO()
+    print_best(Console(file=out, width=200), store)
+    best = [line for line in out.getvalue().splitlines() if line.startswith("│ m ")]
+    cells = [c.strip() for c in best[0].strip("│").split("│")] if len(best) == 1 else []
+    assert cells[-1] == "b" and cells[3] == "2" and cells[6] == "30", out.getvalue()  # trial, batch, tok/s
 
 
 @pytest.mark.parametrize("damage", ["truncate", "remove"])

@@ -309,6 +309,7 @@ def _stand_in_group(monkeypatch, engine: str, *flags: str, **fields: Any) -> dic
     }, "cpu").row
 
 
+@pytest.mark.slow
 def test_an_engine_whose_model_list_is_the_hub_cache_is_not_held_to_it(tmp_path, monkeypatch):
     """transformers serve 5.17 lists the Hub cache's models, not the one it was started with
     (on the GPU machine: an empty list), and answers the list with HTTP 500 where the cache
@@ -326,6 +327,7 @@ def test_an_engine_whose_model_list_is_the_hub_cache_is_not_held_to_it(tmp_path,
     assert "some-cached-model" in row["server_command"]
 
 
+@pytest.mark.slow
 def test_a_launched_vllm_server_shares_the_node_s_compile_cache(tmp_path, monkeypatch):
     """``vllm serve`` finds what in-process engines compiled (and they what it compiled): its
     VLLM_CACHE_ROOT is sweeper's node cache, as the in-process backend's; one the user set stays."""
