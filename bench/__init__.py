@@ -40,6 +40,7 @@ SUBCOMMANDS = (
     "tp-energy",
     "readme-plot",
     "conversations",
+    "typed-rows",
 )
 
 

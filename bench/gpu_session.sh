@@ -56,6 +56,8 @@
 #               preparing weights on the host (1 and 4 threads), and materialising 8B's weights
 #   stability_bench  bench stability: bare LLM.generate loops (plain, with an NVML thread, after idle)
 #               against sweeper's vLLM path on one engine: where per-iteration noise comes from
+#   typed_rows  bench/typed_rows_gpu.yaml + typed_rows_serving_gpu.yaml: every kind of row built from
+#               typed parts on a GPU, and which GPU columns came out null (issue #40)
 #   stability_sweep  bench/stability_gpu.yaml: 10 fixed-shape 1B trials (transformers bf16/int8/nf4,
 #               vLLM bf16/fp8, batch 1 and 32, 6 s windows): the verdict's flag count
 #   stability_target  the same trials measured until precise (target_rel_ci 0.05, min 3 s, max 20 s);
@@ -301,6 +303,14 @@ for kind in ('trials', 'requests', 'timeline'):
                           | tee "$OUT/long8b_run.log" | tail -30
                       (cd "$RESULTS" && tar czf "$OUT/long8b.tgz" long8b/trials.parquet long8b/requests.parquet \
                           long8b/stages.parquet) ;;
+        typed_rows)   # every kind of row built from typed parts on the GPU: which GPU columns came out null
+                      python3 -m sweeper run bench/typed_rows_gpu.yaml -o "$RESULTS/typed" 2>&1 \
+                          | tee "$OUT/typed_rows_run.log" | tail -25
+                      python3 -m sweeper run bench/typed_rows_serving_gpu.yaml -o "$RESULTS/typed_serving" 2>&1 \
+                          | tee -a "$OUT/typed_rows_run.log" | tail -12
+                      python3 -m bench typed-rows "$RESULTS/typed" "$RESULTS/typed_serving" | tee "$OUT/typed_rows.txt"
+                      (cd "$RESULTS" && tar czf "$OUT/typed_rows.tgz" typed/trials.parquet typed/stages.parquet \
+                          typed_serving/trials.parquet typed_serving/requests.parquet) ;;
         sglang_install)
                       # The wheels bench/stage_sglang.sh packed, carried by `bench/carry.sh take` calls, into
                       # /tmp/site beside vLLM's set (no --upgrade: pip --target would replace vLLM's bin/).
