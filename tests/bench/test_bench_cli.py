@@ -76,3 +76,36 @@ def test_warmup_bench_times_first_steady_and_new_shape_calls_of_a_real_trial(tmp
         assert r["trial"]["status"] == "ok" and r["trial"]["stages_s"]["warmup"] > 0
         assert len(r["calls_s"]) == 3 and all(s > 0 for s in r["calls_s"])
         assert min(r["idle_s"], r["emptied_s"], r["newshape_s"], r["newshape_again_s"]) > 0
+
+
+def test_typed_rows_names_the_gpu_columns_a_row_left_null(tmp_path):
+    import argparse
+    import contextlib
+    import io
+
+    import pyarrow.parquet as pq
+
+    from bench import typed_rows
+    from sweeper.core.schema import to_table
+
+    full = dict.fromkeys(typed_rows.EXPECTED + typed_rows.OFFLINE, 1.0)
+    rows = [{**full, "trial_id": "a", "status": "ok", "backend": "vllm", "precision": "bf16", "mode": "offline",
+             "batch_size": 8, "gpu_names": "H200", "gpu_uuids": "GPU-1", "energy_method": "counter",
+             "device": "cuda", "device_name": "H200", "hostname": "h", "ray_node_id": "n", "ray_gpu_ids": "0",
+             "driver_version": "580", "cuda_version": "13.0", "torch_version": "2.11", "sweeper_version": "0",
+             "energy_exclusive": True, "n_iterations": 3, "peak_memory_bytes": 1, "weight_memory_bytes": 1,
+             "gpu_energy_j": [1.0], "gpu_avg_power_w": [1.0], "gpu_peak_power_w": [1.0],
+             "gpu_peak_memory_bytes": [1]},
+            {"trial_id": "b", "status": "failed", "reason": "oom", "error": "CUDA out of memory", "backend": "vllm",
+             "precision": "fp8", "mode": "offline", "batch_size": 8}]
+    rows.append({**rows[0], "trial_id": "c", "batch_size": 16, "energy_j": None, "gpu_uuids": None})
+    pq.write_table(to_table("trials", rows), tmp_path / "trials.parquet")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        typed_rows.run(argparse.Namespace(roots=[str(tmp_path)]))
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("3 row(s), 2 ok")
+    expected = len(typed_rows.EXPECTED + typed_rows.OFFLINE)
+    assert f"batch=8 rate=None: {expected}/{expected} expected columns set;" in lines[1]
+    assert "fp8 offline batch=8 rate=None: failed (oom): CUDA out of memory" in lines[2]
+    assert f"{expected - 2}/{expected} expected columns set; null: energy_j, gpu_uuids;" in lines[3]
