@@ -13,7 +13,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from sweeper.core.results import Configuration, Part, RowError, TrialResult
+from sweeper.core.configuration import Configuration
+from sweeper.core.results import Part, RowError, TrialResult
 
 
 @dataclass(frozen=True)

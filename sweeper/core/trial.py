@@ -22,7 +22,7 @@ from sweeper.core.axes import (
     non_default_values,
 )
 from sweeper.core.backends import BACKENDS
-from sweeper.core.results import Configuration
+from sweeper.core.configuration import Configuration
 from sweeper.core.settings import (
     LAYER_GRANULARITIES,
     DatasetSettings,

@@ -35,6 +35,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from sweeper.core.results import TrialResult
 from sweeper.core.status import Status
 from sweeper.core.trial import Trial
 
@@ -318,3 +319,21 @@ class ProgressView:
 
     def _render(self) -> Table:
         return self.groups_table()
+
+
+def trial_line(result: TrialResult) -> str:
+    """What the view says of a finished trial: its error, or its headline figures."""
+    if result.outcome.status != Status.OK:
+        return str(result.outcome.error or "")[:200]
+    # Any of these may be null on an ok row (a serving run with no steady state has no
+    # throughput): the line says what there is.
+    timing = result.timing
+    shown = ((timing.throughput_tok_s, 1.0, "{:,.1f} tok/s"), (timing.ttft_s, 1e3, "ttft {:,.1f} ms"),
+             (result.serving.send_lateness_p99_s, 1e3, "sent late p99 {:,.1f} ms"),
+             (result.energy.energy_per_token_j, 1.0, "{:.4f} J/tok"))
+    parts = [fmt.format(value * scale) for value, scale, fmt in shown if value is not None]
+    if timing.throughput_tok_s is not None and result.stability.throughput_rel_ci95 is not None:
+        parts[0] += f" ±{result.stability.throughput_rel_ci95:.0%}"  # how precise the figure is, beside it
+    if result.stability.unstable:
+        parts.append("unstable (client behind)" if result.serving.client_behind else "unstable")
+    return "  ".join(parts)

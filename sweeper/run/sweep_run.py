@@ -42,7 +42,7 @@ from sweeper.run.actor_runner import (
 )
 from sweeper.run.cluster import ClusterInfo
 from sweeper.run.observer import Observer, Quiet
-from sweeper.run.progress import Placement, ProgressView
+from sweeper.run.progress import Placement, ProgressView, trial_line
 from sweeper.run.recorder import Recorder
 from sweeper.run.resume import is_settled, predicted_oom, resume_filter
 from sweeper.run.splitting import best_split
@@ -68,23 +68,6 @@ class RunOptions:
     oom_pruning: bool = True  # skip larger batches of a shape that ran out of memory
     split_groups: bool = True  # give a long group's last trials to an idle slot (sweeper.run.splitting)
     poll_s: float = 0.25  # how often the display refreshes and time limits are checked
-
-
-def _summary_text(result: TrialResult) -> str:
-    if result.outcome.status != Status.OK:
-        return str(result.outcome.error or "")[:200]
-    # Any of these may be null on an ok row (a serving run with no steady state has no
-    # throughput): the line says what there is.
-    timing = result.timing
-    shown = ((timing.throughput_tok_s, 1.0, "{:,.1f} tok/s"), (timing.ttft_s, 1e3, "ttft {:,.1f} ms"),
-             (result.serving.send_lateness_p99_s, 1e3, "sent late p99 {:,.1f} ms"),
-             (result.energy.energy_per_token_j, 1.0, "{:.4f} J/tok"))
-    parts = [fmt.format(value * scale) for value, scale, fmt in shown if value is not None]
-    if timing.throughput_tok_s is not None and result.stability.throughput_rel_ci95 is not None:
-        parts[0] += f" ±{result.stability.throughput_rel_ci95:.0%}"  # how precise the figure is, beside it
-    if result.stability.unstable:
-        parts.append("unstable (client behind)" if result.serving.client_behind else "unstable")
-    return "  ".join(parts)
 
 
 # -- the state machine -------------------------------------------------------------------
@@ -475,7 +458,7 @@ class SweepRun:
         else:
             self.summary.failed += 1
             self.summary.failures.append(f"{trial.label()}: {outcome.error}")
-        self._view.trial_finished(trial, status, _summary_text(result))
+        self._view.trial_finished(trial, status, trial_line(result))
         if self.options.oom_pruning and outcome.reason == Reason.OOM:
             # The group's trials may have been split among copies: prune them all.
             for t, copy in [(t, h) for h in self.open if h.group is g.group for t in predicted_oom(trial, h.pending)]:

@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from sweeper.core.results import Configuration, Part, RowError, Timing, TrialResult
+from sweeper.core.configuration import Configuration
+from sweeper.core.results import Part, RowError, Timing, TrialResult
 from sweeper.core.schema import _IDENTITY, TRIALS, _axis_columns, to_table
 from sweeper.core.status import Reason, Status, failed_outcome
 from sweeper.plan.expand import expand
