@@ -210,7 +210,7 @@ class TrialRunner:
                 self._sources = PromptSources(load_info.vocab_size, trial.model_ref.max_positions)
             measure = measure_trial if trial.serving is None else measure_serving_trial
             measured = measure(backend, trial, load_info, self.telemetry, source=self._sources.for_trial(trial))
-        except RowError as exc:  # a producer's column no part declares: where the parts meet
+        except RowError as exc:  # parts that do not make one result (one given twice): where they meet
             log.error("trial %s: %s", trial.trial_id, exc)
             return self._failed(trial, Reason.INVALID_ROW, str(exc)[:4000], started, setup, environment)
         except Exception as exc:
@@ -301,7 +301,7 @@ class TrialRunner:
         produced, and ``--retry-failed`` re-runs it. The headline numbers stay
         in the row all the same, since they were measured before, without hooks.
         """
-        timing = measured.result.timing
+        timing = measured.result.throughput
         backend, load_info = self._loaded()
         telemetry = self.telemetry
         if telemetry is None:  # run() measured with it: it is there

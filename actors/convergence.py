@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from actors.backends.base import Generation
 from actors.telemetry import TelemetryBase, TelemetryError
 from actors.telemetry.telemetry import MIN_STABILITY_BLOCK_S, iteration_blocks
 from sweeper.core.intervals import MeanInterval, mean_interval
+from sweeper.core.results import Intervals
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +55,13 @@ class WindowPrecision:
         worst = self.worst_relative()
         return worst is not None and worst <= target_rel
 
-    def columns(self, target_rel: float | None, energy_expected: bool) -> dict[str, Any]:
-        return {
-            "throughput_rel_ci95": self.throughput.relative if self.throughput is not None else None,
-            "energy_per_token_rel_ci95": (self.energy_per_token.relative
-                                          if self.energy_per_token is not None else None),
-            "ci_blocks": self.blocks,
-            "target_met": (None if target_rel is None
-                           else self.meets(target_rel, energy_expected=energy_expected)),
-        }
+    def part(self, target_rel: float | None, energy_expected: bool) -> Intervals:
+        return Intervals(
+            throughput_rel_ci95=self.throughput.relative if self.throughput is not None else None,
+            energy_per_token_rel_ci95=self.energy_per_token.relative if self.energy_per_token is not None else None,
+            ci_blocks=self.blocks,
+            target_met=None if target_rel is None else self.meets(target_rel, energy_expected=energy_expected),
+        )
 
 
 def window_precision(generations: list[Generation], telemetry: TelemetryBase,

@@ -16,20 +16,25 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from actors.backends.base import Backend, Generation, LoadInfo
-from actors.backends.speculation import window_columns
+from actors.backends.speculation import window_speculation
 from actors.convergence import ENERGY_SETTLE_S, WindowPrecision, window_precision
-from actors.method import (
-    WINDOW_ENERGY_COLUMNS,
-    Figures,
-    Measurement,
-    Window,
-    measure,
-    ratio,
-    window_energy_columns,
-)
+from actors.method import Figures, Measurement, Window, measure, ratio, window_energy, window_memory
 from actors.stability import Verdict
 from actors.telemetry.telemetry import MIN_STABILITY_BLOCK_S
 from actors.workload import PromptSource, prompt_source
+from sweeper.core.results import (
+    Compile,
+    Energy,
+    HostEnergy,
+    IterationNoise,
+    Latency,
+    Lengths,
+    PerRequestEnergy,
+    PhaseEnergy,
+    Roofline,
+    Speculation,
+    Throughput,
+)
 from sweeper.core.trial import Trial
 
 if TYPE_CHECKING:
@@ -38,30 +43,21 @@ if TYPE_CHECKING:
 __all__ = ["Measurement", "OfflineWindow", "measure_trial"]
 
 
-# The offline window's energy columns beyond a window's own (``WINDOW_ENERGY_COLUMNS``).
-ENERGY_COLUMNS: tuple[str, ...] = (*WINDOW_ENERGY_COLUMNS, "energy_per_request_j", "prefill_energy_j",
-                                   "decode_energy_j", "decode_energy_per_token_j", "between_phases_energy_j",
-                                   "iteration_energy_cv", "cpu_energy_j", "dram_energy_j")
-
-
-def energy_columns(report: EnergyReport | None, *, idle_power_w: float | None, output_tokens: int,
-                   requests: int, decode_tokens: int) -> dict[str, Any]:
-    """An offline window's energy columns (``ENERGY_COLUMNS``) from its telemetry report: per
-    token and per request over the whole window, decode's per decoded token (every token but
-    each request's first). All None without a report (no GPUs, or no window)."""
-    cols: dict[str, Any] = dict.fromkeys(ENERGY_COLUMNS)
+def window_energy_parts(report: EnergyReport | None, *, idle_power_w: float | None, output_tokens: int,
+                        decode_tokens: int) -> tuple[Energy, PhaseEnergy, HostEnergy]:
+    """An offline window's energy from its telemetry report: the window's own (``window_energy``),
+    by phase (decode's per decoded token: every token but each request's first) and the host's.
+    Empty parts without a report (no GPUs, or no window)."""
     if report is None:
-        return cols
-    w, phases = report.window, report.phase_energy_j
-    cols.update(window_energy_columns(w, idle_power_w=idle_power_w, output_tokens=output_tokens))
-    cols.update(
-        energy_per_request_j=ratio(w.energy_j, requests),
-        prefill_energy_j=phases.get("prefill"), decode_energy_j=phases.get("decode"),
-        decode_energy_per_token_j=ratio(phases.get("decode"), decode_tokens),
-        between_phases_energy_j=report.between_phases_energy_j, iteration_energy_cv=report.iteration_energy_cv,
-        cpu_energy_j=report.cpu_energy_j, dram_energy_j=report.dram_energy_j,
+        return Energy(), PhaseEnergy(), HostEnergy()
+    phases = report.phase_energy_j
+    return (
+        window_energy(report.window, idle_power_w=idle_power_w, output_tokens=output_tokens),
+        PhaseEnergy(prefill_energy_j=phases.get("prefill"), decode_energy_j=phases.get("decode"),
+                    decode_energy_per_token_j=ratio(phases.get("decode"), decode_tokens),
+                    between_phases_energy_j=report.between_phases_energy_j),
+        HostEnergy(cpu_energy_j=report.cpu_energy_j, dram_energy_j=report.dram_energy_j),
     )
-    return cols
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -96,13 +92,13 @@ def request_rows(generations: list[Generation], t0: float, input_len: int | None
     return rows
 
 
-def offline_latency_columns(requests: list[dict[str, Any]]) -> dict[str, float | None]:
+def offline_latency(requests: list[dict[str, Any]]) -> Latency:
     """Mean and percentiles of TTFT, TPOT and E2E over the offline window's request rows
     (``request_rows``: every request of every generate call). A serving run's requests have
-    their own, ``actors.serving.stats.served_latency_columns`` (completed ones only, ITL, queue)."""
+    their own, ``actors.serving.stats.served_latency`` (completed ones only, ITL, queue)."""
     tpot = [r["tpot_s"] for r in requests if r["tpot_s"] is not None]
-    return {**percentiles("ttft", [r["ttft_s"] for r in requests]), **percentiles("tpot", tpot),
-            **percentiles("e2e", [r["e2e_s"] for r in requests])}
+    return Latency(**percentiles("ttft", [r["ttft_s"] for r in requests]), **percentiles("tpot", tpot),
+                   **percentiles("e2e", [r["e2e_s"] for r in requests]))
 
 
 # A CV from fewer iterations says little about the next ones.
@@ -121,15 +117,14 @@ def iteration_throughput_cv(generations: list[Generation]) -> float | None:
     return float(np.std(rates, ddof=1) / mean) if mean > 0 else None
 
 
-def offline_verdict(row: dict[str, Any], *, trial: Trial, handle: MeterReading, telemetry: TelemetryBase,
-                    precision: WindowPrecision, throughput_cv: float | None, iterations: int,
-                    judge_noise: bool) -> Verdict:
+def offline_verdict(throughput: Throughput, noise: IterationNoise, *, trial: Trial, handle: MeterReading,
+                    telemetry: TelemetryBase, precision: WindowPrecision, judge_noise: bool) -> Verdict:
     """An offline window's verdict (``actors.stability``): its precision against
     ``max_rel_ci`` (or the target it measured towards), its length and its energy window;
     per-iteration noise only as ``noisy_host``. The skeleton adds the baseline's."""
     m = trial.measure
     verdict = Verdict()
-    duration_s = row["duration_s"]
+    duration_s = throughput.duration_s or 0.0
     if m.target_rel_ci is None:
         # With a precision target the achieved interval judges the window, not its length.
         verdict.window_length(duration_s, m.window_floor_s)
@@ -140,18 +135,21 @@ def offline_verdict(row: dict[str, Any], *, trial: Trial, handle: MeterReading, 
     verdict.precision(precision, bound, bound_name=bound_name, duration_s=duration_s,
                       energy_expected=telemetry.active and handle.window is not None)
     if judge_noise:
-        verdict.process_noise(m.max_iteration_cv, throughput_cv=throughput_cv, iterations=iterations,
-                              energy_cv=row.get("iteration_energy_cv"))
+        verdict.process_noise(m.max_iteration_cv, throughput_cv=noise.iteration_throughput_cv,
+                              iterations=throughput.n_iterations or 0, energy_cv=noise.iteration_energy_cv)
     return verdict
 
 
-def reply_length_columns(input_lens: Sequence[int], output_lens: Sequence[int]) -> dict[str, float | None]:
-    """Prompt and reply lengths of a trial's requests (offline and serving rows alike)."""
-    return {"input_len_mean": _mean(input_lens), "output_len_mean": _mean(output_lens),
-            "output_len_p50": _pct(output_lens, 50), "output_len_p90": _pct(output_lens, 90)}
+def reply_lengths(input_lens: Sequence[int], output_lens: Sequence[int], *, prompt_pad_share: float | None = None,
+                  decode_idle_slot_share: float | None = None) -> Lengths:
+    """Prompt and reply lengths of a trial's requests (offline and serving rows alike), and
+    what a static batch wasted on them where the window ran one."""
+    return Lengths(input_len_mean=_mean(input_lens), output_len_mean=_mean(output_lens),
+                   output_len_p50=_pct(output_lens, 50), output_len_p90=_pct(output_lens, 90),
+                   prompt_pad_share=prompt_pad_share, decode_idle_slot_share=decode_idle_slot_share)
 
 
-def length_columns(generations: list[Generation], requests: list[dict[str, Any]]) -> dict[str, Any]:
+def lengths(generations: list[Generation], requests: list[dict[str, Any]]) -> Lengths:
     """How long prompts and replies were, and what a static batch of mixed lengths wasted:
     ``prompt_pad_share``, the padding share of the batches' prompt slots (every prompt is
     padded to its batch's longest), and ``decode_idle_slot_share``, the share of decode
@@ -170,11 +168,8 @@ def length_columns(generations: list[Generation], requests: list[dict[str, Any]]
         outs = [r.output_tokens for r in g.requests]
         decode_slots += len(outs) * max(outs)
         idle += len(outs) * max(outs) - sum(outs)
-    return {
-        **reply_length_columns(inputs, outputs),
-        "prompt_pad_share": pad / prompt_slots if prompt_slots else None,
-        "decode_idle_slot_share": idle / decode_slots if decode_slots else None,
-    }
+    return reply_lengths(inputs, outputs, prompt_pad_share=pad / prompt_slots if prompt_slots else None,
+                         decode_idle_slot_share=idle / decode_slots if decode_slots else None)
 
 
 def request_energies(generations: list[Generation], requests: list[dict[str, Any]], energy_j: float,
@@ -217,8 +212,8 @@ class OfflineWindow(Window):
         self.batch_size = offline_batch_size(trial)
         self.generations: list[Generation] = []
         self.t0_s = self.t1_s = 0.0
-        self.prepared: Any = None
-        self.speculation: dict[str, float | None] = {}
+        self.prepared: Compile | None = None
+        self.speculation: Speculation | None = None
 
     def prepare(self) -> None:
         # Compilation and graph capture for the shape, timed apart: never in the window.
@@ -255,68 +250,73 @@ class OfflineWindow(Window):
                     break
         backend.sync()
         self.t1_s = clock()
-        self.speculation = window_columns(counted, backend.speculation_counts())
+        self.speculation = window_speculation(counted, backend.speculation_counts())
 
     def figures(self, handle: MeterReading, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
-        trial, generations, source = self.trial, self.generations, self.source
+        trial, generations, varies = self.trial, self.generations, self.source.varies()
         t0, duration_s = self.t0_s, self.t1_s - self.t0_s
         requests = request_rows(generations, t0, trial.input_len)
         output_tokens = sum(g.output_tokens for g in generations)
-        n_requests = len(requests)
-        row: dict[str, Any] = {
-            "n_iterations": len(generations), "n_requests": n_requests,
-            "duration_s": duration_s, "output_tokens": output_tokens,
-            "throughput_tok_s": output_tokens / duration_s,
-            "requests_per_s": n_requests / duration_s,
-            **offline_latency_columns(requests),
-            "peak_memory_bytes": self.backend.peak_memory_bytes(),
-            "compile_s": self.prepared.compile_s, "compile_status": self.prepared.compile_status,
-            **self.speculation,
-        }
+        throughput = Throughput(
+            n_iterations=len(generations), n_requests=len(requests), duration_s=duration_s,
+            output_tokens=output_tokens, throughput_tok_s=output_tokens / duration_s,
+            requests_per_s=len(requests) / duration_s)
+        latency = offline_latency(requests)
         marks = [mark for g in generations for mark in g.marks]
         decode_tokens = sum(max(r.output_tokens - 1, 0) for g in generations for r in g.requests)
         report = telemetry.report(handle, marks=marks, iteration_bounds=[(g.t_start_s, g.t_end_s) for g in generations])
-        row.update(energy_columns(report, idle_power_w=idle_power_w, output_tokens=output_tokens,
-                                  requests=n_requests, decode_tokens=decode_tokens))
+        energy, phases, host = window_energy_parts(report, idle_power_w=idle_power_w, output_tokens=output_tokens,
+                                                   decode_tokens=decode_tokens)
+        noise = IterationNoise(iteration_energy_cv=report.iteration_energy_cv if report is not None else None,
+                               iteration_throughput_cv=iteration_throughput_cv(generations))
         precision = window_precision(generations, telemetry)
-        row.update(precision.columns(trial.measure.target_rel_ci, energy_expected=telemetry.active))
-        throughput_cv = iteration_throughput_cv(generations)
-        row["iteration_throughput_cv"] = throughput_cv
         # Iterations of varied prompts or replies differ in work by design: their CVs are recorded
         # but say nothing of the host (repeats of the trial are how to judge noise there).
-        verdict = offline_verdict(row, trial=trial, handle=handle, telemetry=telemetry, precision=precision,
-                                  throughput_cv=throughput_cv, iterations=len(generations),
-                                  judge_noise=not source.varies())
-        if source.varies():
-            row.update(length_columns(generations, requests))
-            if row.get("energy_j") is not None:
-                calls = telemetry.energies_between([(g.t_start_s, g.t_end_s) for g in generations])
-                shares = request_energies(generations, requests, row["energy_j"], calls)
-                for r, e in zip(requests, shares, strict=True):
-                    r["energy_j"] = e
-                energies = [r["energy_j"] for r in requests]
-                row.update(energy_per_request_p50_j=_pct(energies, 50), energy_per_request_p90_j=_pct(energies, 90),
-                           request_energy_method="token_share")
-        row.update(self._roofline(row, telemetry))
-        return Figures(row=row, requests=[{"trial_id": trial.trial_id, **r} for r in requests],
+        verdict = offline_verdict(throughput, noise, trial=trial, handle=handle, telemetry=telemetry,
+                                  precision=precision, judge_noise=not varies)
+        parts = (
+            self.prepared, throughput, lengths(generations, requests) if varies else None, latency,
+            self.speculation, window_memory(report.window if report is not None else None,
+                                            self.backend.peak_memory_bytes()),
+            energy, phases, host, self._request_energy(energy, requests, telemetry),
+            precision.part(trial.measure.target_rel_ci, energy_expected=telemetry.active), noise,
+            self._roofline(throughput, latency, telemetry),
+        )
+        return Figures(parts=parts, requests=[{"trial_id": trial.trial_id, **r} for r in requests],
                        verdict=verdict, t_zero_s=t0, t_end_s=self.t1_s, marks=marks)
 
-    def _roofline(self, row: dict[str, Any], telemetry: TelemetryBase) -> dict[str, Any]:
+    def _request_energy(self, energy: Energy, requests: list[dict[str, Any]],
+                        telemetry: TelemetryBase) -> PerRequestEnergy:
+        """The window's energy per request; with varied prompts or replies, each request's own
+        share (set on its request row) and their spread."""
+        mean_j = ratio(energy.energy_j, len(requests))
+        if energy.energy_j is None or not self.source.varies():
+            return PerRequestEnergy(energy_per_request_j=mean_j)
+        generations = self.generations
+        calls = telemetry.energies_between([(g.t_start_s, g.t_end_s) for g in generations])
+        shares = request_energies(generations, requests, energy.energy_j, calls)
+        for r, e in zip(requests, shares, strict=True):
+            r["energy_j"] = e
+        return PerRequestEnergy(energy_per_request_j=mean_j, energy_per_request_p50_j=_pct(shares, 50),
+                                energy_per_request_p90_j=_pct(shares, 90), request_energy_method="token_share")
+
+    def _roofline(self, throughput: Throughput, latency: Latency, telemetry: TelemetryBase) -> Roofline | None:
         # The roofline's formulas take one prompt and one reply length: a dataset's or natural
         # lengths vary per sequence (and pad), so they would misstate the work done.
         trial, load = self.trial, self.load
-        if load.architecture is None or self.source.varies() or trial.input_len is None:
-            return {}
+        if load.architecture is None or self.source.varies() or trial.input_len is None \
+                or throughput.throughput_tok_s is None:
+            return None
         from sweeper.core.gpus import held_gpu_names
         from sweeper.core.precisions import PRECISIONS
-        from sweeper.core.roofline import roofline_columns
+        from sweeper.core.roofline import roofline
 
-        return roofline_columns(
+        return roofline(
             load.architecture, PRECISIONS[trial.precision], batch_size=self.batch_size,
             input_len=trial.input_len, output_len=trial.output_len,
             gpu_names=held_gpu_names(telemetry.environment()["gpu_names"], load.device_name,
                                      trial.tensor_parallel),
-            throughput_tok_s=row["throughput_tok_s"], tpot_s=row["tpot_s"],
+            throughput_tok_s=throughput.throughput_tok_s, tpot_s=latency.tpot_s,
         )
 
 

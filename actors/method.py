@@ -26,7 +26,7 @@ from actors.stability import Verdict
 from actors.stages import stage
 from actors.telemetry.baseline import trial_baseline
 from actors.telemetry.occupancy import GpuOccupancy
-from sweeper.core.results import TrialResult
+from sweeper.core.results import Energy, Memory, Outcome, Part, TrialResult
 from sweeper.core.status import Status
 from sweeper.core.trial import Trial
 
@@ -36,15 +36,6 @@ if TYPE_CHECKING:
     from actors.telemetry import EnergyWindow, MeterReading, TelemetryBase
     from actors.telemetry.telemetry import Marks
 
-# A window's energy as the trial row states it: the same for offline windows and a serving
-# run's steady window (``window_energy_columns``).
-WINDOW_ENERGY_COLUMNS: tuple[str, ...] = (
-    "energy_j", "energy_per_token_j", "avg_power_w", "peak_power_w", "p99_power_w", "idle_power_w",
-    "active_energy_j", "energy_method", "energy_uncertainty_j", "energy_per_token_uncertainty_j",
-    *(f"gpu_{name}" for name in ("energy_j", "avg_power_w", "peak_power_w", "peak_memory_bytes")),
-)
-
-
 def ratio(numerator: float | None, denominator: float | int | None) -> float | None:
     """numerator / denominator, or None where either is missing (or the denominator 0)."""
     if numerator is None or not denominator:
@@ -52,27 +43,29 @@ def ratio(numerator: float | None, denominator: float | int | None) -> float | N
     return numerator / denominator
 
 
-def window_energy_columns(window: EnergyWindow | None, *, idle_power_w: float | None,
-                          output_tokens: int) -> dict[str, Any]:
-    """The headline energy figures of a window that produced ``output_tokens``: its energy and
-    power as metered, per token, and above the idle baseline (``active_energy_j``: what the
-    work drew beyond the loaded, idle GPUs over the same time). All None without a window."""
-    cols: dict[str, Any] = dict.fromkeys(WINDOW_ENERGY_COLUMNS)
+def window_energy(window: EnergyWindow | None, *, idle_power_w: float | None, output_tokens: int) -> Energy:
+    """The headline energy of a window that produced ``output_tokens``: its energy and power as
+    metered, per token, and above the idle baseline (``active_energy_j``: what the work drew
+    beyond the loaded, idle GPUs over the same time). Empty without a window. The same for
+    offline windows and a serving run's steady window."""
     if window is None:
-        return cols
-    cols.update(
+        return Energy()
+    return Energy(
         energy_j=window.energy_j, energy_per_token_j=ratio(window.energy_j, output_tokens),
         avg_power_w=window.avg_power_w, peak_power_w=window.peak_power_w, p99_power_w=window.p99_power_w,
-        idle_power_w=idle_power_w,
         active_energy_j=None if idle_power_w is None else window.energy_j - idle_power_w * window.duration_s,
         energy_method=window.method, energy_uncertainty_j=window.uncertainty_j,
         energy_per_token_uncertainty_j=ratio(window.uncertainty_j, output_tokens),
         # Each metered GPU's part, in the order of gpu_uuids; the energies sum to energy_j.
         gpu_energy_j=[g.energy_j for g in window.gpus], gpu_avg_power_w=[g.avg_power_w for g in window.gpus],
         gpu_peak_power_w=[g.peak_power_w for g in window.gpus],
-        gpu_peak_memory_bytes=[g.peak_memory_bytes for g in window.gpus],
     )
-    return cols
+
+
+def window_memory(window: EnergyWindow | None, peak_memory_bytes: int | None) -> Memory:
+    """The memory a window held: the backend's own peak and, where metered, each GPU's."""
+    return Memory(peak_memory_bytes=peak_memory_bytes,
+                  gpu_peak_memory_bytes=None if window is None else [g.peak_memory_bytes for g in window.gpus])
 
 
 @dataclass
@@ -93,15 +86,17 @@ class Measurement:
 
 @dataclass
 class Figures:
-    """What a window measured: its row, its requests, its verdict so far, and where its
-    timeline begins (t = 0 of the trial's timeline and requests) and ends."""
+    """What a window measured: the result parts it computed (each once), its requests, its
+    verdict so far, where its timeline begins (t = 0 of the trial's timeline and requests) and
+    ends, and its outcome (failed, with what it measured, where the run was cut short)."""
 
-    row: dict[str, Any]
+    parts: tuple[Part | None, ...]
     requests: list[dict[str, Any]]
     verdict: Verdict
     t_zero_s: float
     t_end_s: float
     marks: Marks = field(default_factory=list)
+    outcome: Outcome = field(default_factory=lambda: Outcome(status=Status.OK))
 
 
 class Window(ABC):
@@ -136,7 +131,7 @@ def measure(trial: Trial, window: Window, telemetry: TelemetryBase,
     t_idle = clock()
     # After the warm-up, the GPUs first settle (its power tail is not idle), then the baseline.
     with stage("idle_baseline"):
-        baseline, baseline_cols = trial_baseline(telemetry, trial.measure)
+        baseline, baseline_part = trial_baseline(telemetry, trial.measure)
     occupancy = GpuOccupancy(owner_pid)
     occupancy.observe(telemetry.gpu_processes())  # outside the window, as the read after it
     with stage("measure"), telemetry.measure(trial.trial_id) as handle:
@@ -144,9 +139,9 @@ def measure(trial: Trial, window: Window, telemetry: TelemetryBase,
     occupancy.observe(telemetry.gpu_processes())
     figures = window.figures(handle, telemetry, baseline.power_w if baseline is not None else None)
     figures.verdict.baseline(baseline)
-    # The producers still build their columns by name: typed here, once, where they meet.
-    result = TrialResult.from_row({"status": Status.OK, **figures.row, **baseline_cols, **occupancy.columns(),
-                                   **figures.verdict.columns()})
+    # The one place a trial's measured parts meet; the actor adds what it knows itself.
+    result = TrialResult.of(figures.outcome, *figures.parts, baseline_part, occupancy.part(),
+                            figures.verdict.part())
     return Measurement(result=result, requests=figures.requests,
                        timeline=_timeline(telemetry, trial.trial_id, t_idle, figures))
 

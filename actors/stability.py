@@ -26,10 +26,11 @@ threshold set too tight.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from actors.convergence import MIN_CI_BLOCKS, WindowPrecision
 from actors.telemetry.telemetry import MIN_STABILITY_BLOCK_S
+from sweeper.core.results import Stability
 
 if TYPE_CHECKING:
     from actors.telemetry import IdleBaseline
@@ -51,12 +52,10 @@ class Verdict:
         if reason:
             self.unstable.append(reason)
 
-    def columns(self) -> dict[str, Any]:
-        return {
-            "unstable": bool(self.unstable), "unstable_reason": "; ".join(self.unstable) or None,
-            "noisy_host": bool(self.noisy) if self.noise_judged else None,
-            "noisy_host_reason": "; ".join(self.noisy) or None,
-        }
+    def part(self) -> Stability:
+        return Stability(unstable=bool(self.unstable), unstable_reason="; ".join(self.unstable) or None,
+                         noisy_host=bool(self.noisy) if self.noise_judged else None,
+                         noisy_host_reason="; ".join(self.noisy) or None)
 
     # -- the checks, one per kind of reason -------------------------------------------
 

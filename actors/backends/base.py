@@ -15,6 +15,7 @@ from actors.backends.speculation import SpeculationCounts
 from actors.quality.divergence import TopK
 from actors.serving.client import Follow
 from actors.serving.records import ServedRun, ServingRequest
+from sweeper.core.results import Compile
 
 Options = TypeVar("Options", bound=BaseModel)
 
@@ -95,19 +96,6 @@ class LoadInfo:
 
 
 @dataclass(frozen=True)
-class PrepareInfo:
-    """What preparing a trial's shape cost, outside the measured window.
-
-    ``compile_s``: one-time compilation (graph capture included) for the shape;
-    None where nothing was compiled. ``compile_status``: compiled | eager |
-    fallback: <why>; None for a backend that has no compiled path.
-    """
-
-    compile_s: float | None = None
-    compile_status: str | None = None
-
-
-@dataclass(frozen=True)
 class ModelSpec:
     """What a backend needs to load: resolved by the control plane, opaque here."""
 
@@ -166,9 +154,9 @@ class Backend(ABC):
     def sync(self) -> None:
         """Wait until all device work issued so far has finished."""
 
-    def prepare(self, batch_size: int, input_len: int, output_len: int) -> PrepareInfo:
+    def prepare(self, batch_size: int, input_len: int, output_len: int) -> Compile:
         """Get ready for generate calls of this shape (compile, capture graphs); before warm-up."""
-        return PrepareInfo()
+        return Compile()
 
     def reset_peak_memory(self) -> None:  # noqa: B027 - optional hook
         pass

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from sweeper.core.results import Speculation
+
 DRAFTS = "vllm:spec_decode_num_drafts"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
@@ -58,19 +60,18 @@ class SpeculationCounts:
         return SpeculationCounts(self.drafts - before.drafts, self.draft_tokens - before.draft_tokens,
                                  self.accepted_tokens - before.accepted_tokens)
 
-    def columns(self) -> dict[str, float | None]:
-        """The trial row's columns (sweeper.core.schema): the window's counts, the share of proposed
+    def part(self) -> Speculation:
+        """The trial's result part (sweeper.core.results): the window's counts, the share of proposed
         tokens accepted, and the tokens a draft step yields (its accepted ones and the model's own)."""
-        return {
-            "spec_drafts": self.drafts, "spec_draft_tokens": self.draft_tokens,
-            "spec_accepted_tokens": self.accepted_tokens,
-            "spec_acceptance_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else None,
-            "spec_tokens_per_step": 1.0 + self.accepted_tokens / self.drafts if self.drafts else None,
-        }
+        return Speculation(
+            spec_drafts=self.drafts, spec_draft_tokens=self.draft_tokens, spec_accepted_tokens=self.accepted_tokens,
+            spec_acceptance_rate=self.accepted_tokens / self.draft_tokens if self.draft_tokens else None,
+            spec_tokens_per_step=1.0 + self.accepted_tokens / self.drafts if self.drafts else None,
+        )
 
 
-def window_columns(before: SpeculationCounts | None, after: SpeculationCounts | None) -> dict[str, float | None]:
-    """The columns of a window bracketed by two readings; none where speculation was off or unread."""
+def window_speculation(before: SpeculationCounts | None, after: SpeculationCounts | None) -> Speculation | None:
+    """The part of a window bracketed by two readings; None where speculation was off or unread."""
     if before is None or after is None:
-        return {}
-    return after.minus(before).columns()
+        return None
+    return after.minus(before).part()

@@ -23,6 +23,7 @@ import numpy as np
 
 from actors.serving.records import ServedRequest, ServedRun, ServingRequest
 from sweeper.core.datasets import ConversationRecord, fallback_tokens
+from sweeper.core.results import Conversations
 from sweeper.core.settings import ConversationSettings
 
 # A reply as the history holds it: text (what an HTTP server streamed) or token ids (an
@@ -151,9 +152,9 @@ class ConversationScript:
             keeps_reply=self.settings.history == "model" and t + 1 < dialogue.turns)
 
 
-def conversation_columns(run: ServedRun, script: ConversationScript,
-                         energies: Sequence[float] | None) -> dict[str, float | int | None]:
-    """The trial row's per-conversation figures: how many conversations started and finished
+def conversation_figures(run: ServedRun, script: ConversationScript,
+                         energies: Sequence[float] | None) -> Conversations:
+    """The trial's per-conversation figures: how many conversations started and finished
     every turn, and, over the finished ones, the energy and time of a whole conversation and of
     its first and last turns (the last turn carries the longest history: the two apart show
     what the growing context costs)."""
@@ -171,18 +172,18 @@ def conversation_columns(run: ServedRun, script: ConversationScript,
         return float(np.mean(kept)) if kept else None
 
     first_energy = [e for turns in by_conversation.values() for t, r, e in turns if t == 0 and r.ok]
-    return {
-        "n_conversations": len(script.first),
-        "conversations_completed": len(finished),
-        "turns_per_conversation": float(np.mean([d.turns for d in script.dialogues])) if script.dialogues else None,
-        "energy_per_conversation_j": mean([sum(e or 0.0 for _, _, e in turns) if energies else None
-                                           for turns in finished]),
-        "first_turn_energy_j": mean(first_energy) if energies else None,
-        "last_turn_energy_j": mean([turns[-1][2] for turns in finished]) if energies else None,
-        "first_turn_ttft_s": mean([r.ttft_s for r in first]),
-        "last_turn_ttft_s": mean([turns[-1][1].ttft_s for turns in finished]),
-        "conversation_s": mean([_span_s(turns[0][1], turns[-1][1]) for turns in finished]),
-    }
+    return Conversations(
+        n_conversations=len(script.first),
+        conversations_completed=len(finished),
+        turns_per_conversation=float(np.mean([d.turns for d in script.dialogues])) if script.dialogues else None,
+        energy_per_conversation_j=mean([sum(e or 0.0 for _, _, e in turns) if energies else None
+                                        for turns in finished]),
+        first_turn_energy_j=mean(first_energy) if energies else None,
+        last_turn_energy_j=mean([turns[-1][2] for turns in finished]) if energies else None,
+        first_turn_ttft_s=mean([r.ttft_s for r in first]),
+        last_turn_ttft_s=mean([turns[-1][1].ttft_s for turns in finished]),
+        conversation_s=mean([_span_s(turns[0][1], turns[-1][1]) for turns in finished]),
+    )
 
 
 def _span_s(first: ServedRequest, last: ServedRequest) -> float | None:

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from actors.serving.records import ServedRequest
 from actors.serving.stats import SteadyWindow
+from sweeper.core.results import ClientTimeliness
 
 # The bound on the run's p99 send lateness: the larger of these (module docstring).
 LATENESS_FLOOR_S = 0.005
@@ -55,7 +55,7 @@ def lateness_bound_s(ttft_p50_s: float | None) -> float:
 
 
 def ttft_p50_s(requests: Sequence[ServedRequest]) -> float | None:
-    """The run's TTFT p50 over its completed requests (``served_latency_columns``' figure)."""
+    """The run's TTFT p50 over its completed requests (``served_latency``'s figure)."""
     ttft = [r.ttft_s for r in requests if r.ok and r.ttft_s is not None]
     return float(np.percentile(ttft, 50)) if ttft else None
 
@@ -137,14 +137,13 @@ class SendLateness:
             text += f"; the steady window leaves out {self.window_cut_s:.3g} s where it was behind"
         return text
 
-    def columns(self) -> dict[str, Any]:
-        return {
-            "send_lateness_p50_s": self.run.p50_s, "send_lateness_p99_s": self.run.p99_s,
-            "send_lateness_max_s": self.run.max_s,
-            "steady_send_lateness_p50_s": self.steady.p50_s, "steady_send_lateness_p99_s": self.steady.p99_s,
-            "steady_send_lateness_max_s": self.steady.max_s,
-            "send_lateness_bound_s": self.bound_s, "client_behind": self.behind, "client_behind_reason": self.reason,
-        }
+    def part(self, client_processes: int | None = None) -> ClientTimeliness:
+        """The trial's result part; ``client_processes``: how many processes the client sent from."""
+        return ClientTimeliness(
+            send_lateness_p50_s=self.run.p50_s, send_lateness_p99_s=self.run.p99_s, send_lateness_max_s=self.run.max_s,
+            steady_send_lateness_p50_s=self.steady.p50_s, steady_send_lateness_p99_s=self.steady.p99_s,
+            steady_send_lateness_max_s=self.steady.max_s, send_lateness_bound_s=self.bound_s,
+            client_behind=self.behind, client_behind_reason=self.reason, client_processes=client_processes)
 
 
 def send_lateness(requests: Sequence[ServedRequest], window: SteadyWindow | None, bound_s: float,

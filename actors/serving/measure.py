@@ -21,28 +21,41 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from actors.backends.base import Backend, LoadInfo
-from actors.backends.speculation import window_columns
-from actors.measure import reply_length_columns
-from actors.method import Figures, Measurement, Window, measure, ratio, window_energy_columns
+from actors.backends.speculation import window_speculation
+from actors.measure import reply_lengths
+from actors.method import Figures, Measurement, Window, measure, ratio, window_energy, window_memory
 from actors.serving import attribution, lateness
 from actors.serving.arrivals import run_offsets, serving_requests
 from actors.serving.attribution import RequestEnergy
-from actors.serving.conversations import ConversationScript, conversation_columns
+from actors.serving.conversations import ConversationScript, conversation_figures
 from actors.serving.records import ServedRun
 from actors.serving.stats import (
     SteadyWindow,
     achieved_rate,
     in_flight,
     meets,
-    prefix_cache_columns,
+    prefix_cache_use,
     running,
     saturation,
-    served_latency_columns,
+    served_latency,
     steady_window,
     window_output_tokens,
 )
 from actors.stability import Verdict
 from actors.workload import ConversationSource, PromptSource, prompt_source
+from sweeper.core.results import (
+    ClientTimeliness,
+    Energy,
+    HostEnergy,
+    Memory,
+    Outcome,
+    PerRequestEnergy,
+    RunEnergy,
+    ServingRun,
+    Speculation,
+    SteadyState,
+    Throughput,
+)
 from sweeper.core.status import Reason, Status
 from sweeper.core.trial import Trial
 
@@ -84,7 +97,7 @@ class ServingWindow(Window):
         self.last_arrival_s = max(r.arrival_offset_s for r in self.measured)
         self.served: ServedRun | None = None
         self.t_end_s = self.started_s
-        self.speculation: dict[str, float | None] = {}
+        self.speculation: Speculation | None = None
 
     def _requests(self, stream: int, count: int | None = None) -> list:
         made = serving_requests(self.settings, request_rate=self.rate, source=self.source,
@@ -92,7 +105,9 @@ class ServingWindow(Window):
         return made[:count] if count is not None else made
 
     def prepare(self) -> None:
-        """Nothing to compile per trial: the engine serves whatever shapes arrive."""
+        # Nothing to compile per trial (the engine serves whatever shapes arrive); the trial's
+        # memory peak starts here, as an offline trial's does after its shape is prepared.
+        self.backend.reset_peak_memory()
 
     def warm_up(self) -> None:
         # Bursts of requests at once, until both warmup_iters bursts and warmup_s are done.
@@ -116,38 +131,53 @@ class ServingWindow(Window):
         backend.sync()
         self.t_end_s = self.clock()
         # The whole run's, not the steady window's: the counters are the engine's, per step.
-        self.speculation = window_columns(counted, backend.speculation_counts())
+        self.speculation = window_speculation(counted, backend.speculation_counts())
 
     def figures(self, handle: MeterReading, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
         run, trial = self.served, self.trial
         assert run is not None, "figures() before run()"
+        if len(run.failed) == len(run.requests):
+            raise RuntimeError(f"every request of the run failed: {run.failed[0].error}")
         # The steady window, less every stretch where the client itself was behind (actors.serving.lateness).
         ttft_p50 = lateness.ttft_p50_s(run.requests)
         bound_s = lateness.lateness_bound_s(ttft_p50)
         engine_window = steady_window(run)
         window = lateness.clear_of(engine_window, lateness.behind_spans(run.requests, bound_s))
         cut_s = (engine_window.duration_s if engine_window else 0.0) - (window.duration_s if window else 0.0)
-        late = lateness.send_lateness(run.requests, window, bound_s, ttft_p50, cut_s)
-        row, request_energy = _columns(trial, run, window, telemetry, handle, idle_power_w, self.last_arrival_s)
-        row.update(late.columns(), client_processes=run.client_processes, **self.speculation)
-        if self.source.varies():
-            done = [r for r in run.requests if r.ok]
-            row.update(reply_length_columns([r.prompt_tokens for r in done], [r.output_tokens for r in done]))
-        verdict = _verdict(row, window, trial, telemetry, handle, engine_window=engine_window)
-        if len(run.failed) == len(run.requests):
-            raise RuntimeError(f"every request of the run failed: {run.failed[0].error}")
-        cut = sum(1 for r in run.failed if r.cut_by_time_limit)
-        if cut:
-            # The trial's time limit cut the run: failed (and re-run by --retry-failed), with what it measured.
-            row.update(status=Status.FAILED, reason=Reason.TIMEOUT,
-                       error=f"{cut} of {len(run.requests)} requests had not finished when the run's time limit "
-                             f"({RUN_SHARE_OF_TIMEOUT:.0%} of measure.timeout_s) passed")
-        if self.script is not None:
-            row.update(conversation_columns(run, self.script, [e.energy_j for e in request_energy]
-                                            if request_energy is not None else None))
-        return Figures(row=row, requests=_request_rows(trial, run, window, request_energy, self.script),
-                       verdict=verdict,
-                       t_zero_s=run.t_start_s, t_end_s=self.t_end_s, marks=_marks(run, window))
+        client = lateness.send_lateness(run.requests, window, bound_s, ttft_p50, cut_s).part(run.client_processes)
+        whole = _served_run(trial, run, self.last_arrival_s)
+        throughput, steady = _steady_figures(run, window, whole)
+        energy, run_energy, host, memory = _energy(telemetry, handle, window, throughput.output_tokens or 0,
+                                                   idle_power_w, self.backend.peak_memory_bytes())
+        # Without a steady window the run's energy figures are not stated, nor its requests'.
+        steady_held = window is not None and window.duration_s > 0
+        request_energy, split = (_request_energy(run, telemetry, handle) if steady_held
+                                 else (PerRequestEnergy(), None))
+        done = [r for r in run.requests if r.ok]
+        parts = (
+            throughput, steady, whole, client, served_latency(run.requests), prefix_cache_use(run.requests),
+            reply_lengths([r.prompt_tokens for r in done], [r.output_tokens for r in done])
+            if self.source.varies() else None,
+            conversation_figures(run, self.script, [e.energy_j for e in split] if split is not None else None)
+            if self.script is not None else None,
+            self.speculation, memory, energy, run_energy, host, request_energy,
+        )
+        verdict = _verdict(throughput, steady, whole, client, energy, window, trial, telemetry, handle,
+                           engine_window=engine_window)
+        return Figures(parts=parts, requests=_request_rows(trial, run, window, split, self.script),
+                       verdict=verdict, t_zero_s=run.t_start_s, t_end_s=self.t_end_s, marks=_marks(run, window),
+                       outcome=_outcome(run))
+
+
+def _outcome(run: ServedRun) -> Outcome:
+    """ok, or failed with what it measured where the trial's time limit cut the run (a failed
+    trial is re-run by --retry-failed)."""
+    cut = sum(1 for r in run.failed if r.cut_by_time_limit)
+    if not cut:
+        return Outcome(status=Status.OK)
+    return Outcome(status=Status.FAILED, reason=Reason.TIMEOUT,
+                   error=f"{cut} of {len(run.requests)} requests had not finished when the run's time limit "
+                         f"({RUN_SHARE_OF_TIMEOUT:.0%} of measure.timeout_s) passed")
 
 
 def measure_serving_trial(backend: Backend, trial: Trial, load: LoadInfo, telemetry: TelemetryBase,
@@ -168,61 +198,56 @@ def _marks(run: ServedRun, window: SteadyWindow | None) -> list[tuple[str, float
             ("drain", window.t_end_s, run.t_end_s)]
 
 
-def _columns(trial: Trial, run: ServedRun, window: SteadyWindow | None, telemetry: TelemetryBase,
-             handle: Any, idle_power_w: float | None, last_arrival_s: float
-             ) -> tuple[dict[str, Any], list[RequestEnergy] | None]:
+def _served_run(trial: Trial, run: ServedRun, last_arrival_s: float) -> ServingRun:
+    """The run as a whole: the load offered, what failed, the SLOs met."""
     settings = trial.serving
     assert settings is not None
     rate = trial.request_rate or math.inf
-    ok = run.completed
     # The requests offered per second: every request over the span of their sends. A conversation's
     # next turn is sent after the reply before it, past the arrival schedule's last first turn, so
     # the span runs to the last send, not the schedule's end (which would count all the turns as
     # offered within the first turns' span, and read a keeping-up engine as short).
     sent_s = max((r.arrival_s for r in run.requests), default=run.t_start_s) - run.t_start_s
     span_s = max(last_arrival_s, sent_s)
-    offered = rate if math.isinf(rate) or span_s <= 0 else len(run.requests) / span_s
     run_s = run.t_end_s - run.t_start_s
     bounds = settings.slo.bounds_s() if settings.slo is not None else {}
     good = sum(meets(r, bounds) for r in run.requests) if bounds else None
-    row: dict[str, Any] = {
-        "n_requests": len(run.requests), "n_failed_requests": len(run.failed),
-        "offered_rate_req_s": offered, "run_duration_s": run_s,
-        "max_concurrency_reached": int(in_flight(run.requests, run.t_end_s).values.max(initial=0)),
-        "goodput_req_s": ratio(good, run_s) if good is not None else None,
-        "slo_attainment": good / len(run.requests) if good is not None and run.requests else None,
-        **served_latency_columns(run.requests), **prefix_cache_columns(run.requests),
-    }
+    return ServingRun(
+        n_failed_requests=len(run.failed),
+        offered_rate_req_s=rate if math.isinf(rate) or span_s <= 0 else len(run.requests) / span_s,
+        run_duration_s=run_s,
+        max_concurrency_reached=int(in_flight(run.requests, run.t_end_s).values.max(initial=0)),
+        goodput_req_s=ratio(good, run_s) if good is not None else None,
+        slo_attainment=good / len(run.requests) if good is not None and run.requests else None,
+    )
+
+
+def _steady_figures(run: ServedRun, window: SteadyWindow | None,
+                    whole: ServingRun) -> tuple[Throughput, SteadyState]:
+    """What the steady window did (its tokens and rate), and the state the engine held there."""
     if window is None or window.duration_s <= 0:
-        row.update(duration_s=0.0, output_tokens=0, throughput_tok_s=None, requests_per_s=None)
-        return row, None
+        return Throughput(n_requests=len(run.requests), duration_s=0.0, output_tokens=0), SteadyState()
     w0, w1 = window.t_start_s, window.t_end_s
     in_window = window_output_tokens(run, window)
+    ok = run.completed
     prompt_tokens = sum(r.prompt_tokens for r in ok if r.first_token_s is not None and w0 < r.first_token_s <= w1)
     achieved = achieved_rate(run, window)
-    sat = saturation(run, window, offered, achieved)
-    row.update(
-        duration_s=window.duration_s, output_tokens=in_window,
-        throughput_tok_s=in_window / window.duration_s,
-        total_throughput_tok_s=(in_window + prompt_tokens) / window.duration_s,
-        requests_per_s=achieved, achieved_rate_req_s=achieved,
+    sat = saturation(run, window, whole.offered_rate_req_s or math.inf, achieved)
+    throughput = Throughput(n_requests=len(run.requests), duration_s=window.duration_s, output_tokens=in_window,
+                            throughput_tok_s=in_window / window.duration_s, requests_per_s=achieved)
+    steady = SteadyState(
+        achieved_rate_req_s=achieved, total_throughput_tok_s=(in_window + prompt_tokens) / window.duration_s,
         window_start_s=w0 - run.t_start_s, window_end_s=w1 - run.t_start_s,
         mean_running_batch=running(ok).mean(w0, w1), steady_batch=window.level,
-        saturated=sat.saturated, saturation_reason=sat.reason, queue_growth=sat.queue_growth,
-    )
-    row.update(_energy_columns(telemetry, handle, window, in_window, idle_power_w))
-    request_cols, request_energy = _request_energy_columns(run, telemetry, handle)
-    row.update(request_cols)
-    return row, request_energy
+        saturated=sat.saturated, saturation_reason=sat.reason, queue_growth=sat.queue_growth)
+    return throughput, steady
 
 
-def _request_energy_columns(run: ServedRun, telemetry: TelemetryBase, handle: Any
-                            ) -> tuple[dict[str, Any], list[RequestEnergy] | None]:
-    """Each request's share of the run's energy, and the trial's columns over them."""
-    cols: dict[str, Any] = dict.fromkeys(("request_energy_method", "energy_per_request_j", "energy_per_request_p50_j",
-                                          "energy_per_request_p90_j", "attributed_energy_j", "request_prefill_share"))
+def _request_energy(run: ServedRun, telemetry: TelemetryBase, handle: MeterReading
+                    ) -> tuple[PerRequestEnergy, list[RequestEnergy] | None]:
+    """Each request's share of the run's energy, and the trial's figures over them."""
     if handle.window is None:
-        return cols, None
+        return PerRequestEnergy(), None
     # Over the run's energy window itself (its boundaries a moment outside the first
     # arrival and the last token), so that the requests' energies sum to run_energy_j.
     split = attribution.request_energy_split(run.requests, handle.window.t_start_s,
@@ -230,45 +255,49 @@ def _request_energy_columns(run: ServedRun, telemetry: TelemetryBase, handle: An
     done = [e for e, r in zip(split, run.requests, strict=True) if r.ok]
     energies = [e.energy_j for e in done]
     whole = sum(energies)
-    cols.update(request_energy_method=attribution.METHOD,
-                energy_per_request_j=float(np.mean(energies)) if done else None,
-                energy_per_request_p50_j=float(np.percentile(energies, 50)) if done else None,
-                energy_per_request_p90_j=float(np.percentile(energies, 90)) if done else None,
-                attributed_energy_j=float(sum(e.energy_j for e in split)),
-                request_prefill_share=sum(e.prefill_energy_j for e in done) / whole if whole > 0 else None)
-    return cols, split
+    return PerRequestEnergy(
+        request_energy_method=attribution.METHOD,
+        energy_per_request_j=float(np.mean(energies)) if done else None,
+        energy_per_request_p50_j=float(np.percentile(energies, 50)) if done else None,
+        energy_per_request_p90_j=float(np.percentile(energies, 90)) if done else None,
+        attributed_energy_j=float(sum(e.energy_j for e in split)),
+        request_prefill_share=sum(e.prefill_energy_j for e in done) / whole if whole > 0 else None,
+    ), split
 
 
-def _energy_columns(telemetry: TelemetryBase, handle: Any, window: SteadyWindow, output_tokens: int,
-                    idle_power_w: float | None) -> dict[str, Any]:
-    """The steady window's energy (the headline), the whole run's beside it."""
+def _energy(telemetry: TelemetryBase, handle: MeterReading, window: SteadyWindow | None, output_tokens: int,
+            idle_power_w: float | None, peak_memory_bytes: int | None
+            ) -> tuple[Energy, RunEnergy, HostEnergy, Memory]:
+    """The steady window's energy (the headline), the whole run's beside it, the host's, and
+    the memory held (the backend's peak over the trial, each GPU's over the steady window)."""
     from actors.telemetry import TelemetryError
 
-    cols: dict[str, Any] = {**window_energy_columns(None, idle_power_w=None, output_tokens=output_tokens),
-                            "idle_power_w": idle_power_w,
-                            "cpu_energy_j": handle.cpu_energy_j, "dram_energy_j": handle.dram_energy_j,
-                            "run_energy_j": None, "run_energy_uncertainty_j": None}
+    memory = window_memory(None, peak_memory_bytes)
+    if window is None or window.duration_s <= 0:
+        return Energy(), RunEnergy(), HostEnergy(), memory
+    host = HostEnergy(cpu_energy_j=handle.cpu_energy_j, dram_energy_j=handle.dram_energy_j)
     if handle.window is None:
-        return cols
+        return Energy(), RunEnergy(), host, memory
     try:
         steady = telemetry.interval("steady", window.t_start_s, window.t_end_s)
     except TelemetryError as exc:
         log.warning("no energy for the steady window: %s", exc)
-        return cols
-    cols.update(window_energy_columns(steady, idle_power_w=idle_power_w, output_tokens=output_tokens))
-    cols.update(run_energy_j=handle.window.energy_j, run_energy_uncertainty_j=handle.window.uncertainty_j)
-    return cols
+        return Energy(), RunEnergy(), host, memory
+    return (window_energy(steady, idle_power_w=idle_power_w, output_tokens=output_tokens),
+            RunEnergy(run_energy_j=handle.window.energy_j, run_energy_uncertainty_j=handle.window.uncertainty_j),
+            host, window_memory(steady, peak_memory_bytes))
 
 
-def _verdict(row: dict[str, Any], window: SteadyWindow | None, trial: Trial, telemetry: TelemetryBase,
+def _verdict(throughput: Throughput, steady: SteadyState, whole: ServingRun, client: ClientTimeliness,
+             energy: Energy, window: SteadyWindow | None, trial: Trial, telemetry: TelemetryBase,
              handle: MeterReading, *, engine_window: SteadyWindow | None) -> Verdict:
     """A serving trial's verdict (``actors.stability``): a client that kept its schedule, a
     steady window long enough to judge, its energy where GPUs are metered, no saturation
     below ``inf``, no failed request (the skeleton adds the baseline's). ``engine_window``:
     the steady window before the stretches where the client was behind were cut from it."""
     verdict = Verdict()
-    if row.get("client_behind"):
-        verdict.flag(f"client behind: {row['client_behind_reason']}")
+    if client.client_behind:
+        verdict.flag(f"client behind: {client.client_behind_reason}")
     if window is None and engine_window is not None:
         verdict.flag("no steady state where the client kept its schedule (every part of the steady window "
                      "holds a request sent later than send_lateness_bound_s)")
@@ -280,13 +309,13 @@ def _verdict(row: dict[str, Any], window: SteadyWindow | None, trial: Trial, tel
     # Without GPUs energy is not measured, which is no flaw of the trial.
     if telemetry.active and handle.window is None:
         verdict.no_energy_window(handle.error)
-    elif telemetry.active and window is not None and window.duration_s > 0 and row.get("energy_j") is None:
+    elif telemetry.active and window is not None and window.duration_s > 0 and energy.energy_j is None:
         verdict.flag("no energy for the steady window (see the actor's log)")
     rate = trial.request_rate
-    if row.get("saturated") and rate is not None and not math.isinf(rate):
-        verdict.flag(f"saturated: {row['saturation_reason']}")
-    if row.get("n_failed_requests"):
-        verdict.flag(f"{row['n_failed_requests']} of {row['n_requests']} requests failed")
+    if steady.saturated and rate is not None and not math.isinf(rate):
+        verdict.flag(f"saturated: {steady.saturation_reason}")
+    if whole.n_failed_requests:
+        verdict.flag(f"{whole.n_failed_requests} of {throughput.n_requests} requests failed")
     return verdict
 
 

@@ -85,12 +85,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from actors.measure import percentiles
 from actors.serving.records import ServedRequest, ServedRun
+from sweeper.core.results import Latency, PrefixCacheUse
 
 # Saturation (module docstring). A trend of requests outstanding counts when its rise across
 # the window's arrivals exceeds this many standard errors...
@@ -386,24 +386,22 @@ def meets(request: ServedRequest, bounds_s: dict[str, float]) -> bool:
     return True
 
 
-def served_latency_columns(requests: Sequence[ServedRequest]) -> dict[str, Any]:
+def served_latency(requests: Sequence[ServedRequest]) -> Latency:
     """Mean and percentiles over completed requests; ITL pooled over every gap of every request."""
     ok = [r for r in requests if r.ok]
-    cols: dict[str, Any] = {}
-    cols.update(percentiles("ttft", [r.ttft_s for r in ok if r.ttft_s is not None]))
-    cols.update(percentiles("tpot", [r.tpot_s for r in ok if r.tpot_s is not None]))
-    cols.update(percentiles("itl", [g for r in ok for g in r.itl_s]))
-    cols.update(percentiles("e2e", [r.e2e_s for r in ok if r.e2e_s is not None]))
     queue = [r.queue_s for r in ok if r.queue_s is not None]
-    cols["queue_s"] = float(np.mean(queue)) if queue else None
-    return cols
+    return Latency(**percentiles("ttft", [r.ttft_s for r in ok if r.ttft_s is not None]),
+                   **percentiles("tpot", [r.tpot_s for r in ok if r.tpot_s is not None]),
+                   **percentiles("itl", [g for r in ok for g in r.itl_s]),
+                   **percentiles("e2e", [r.e2e_s for r in ok if r.e2e_s is not None]),
+                   queue_s=float(np.mean(queue)) if queue else None)
 
 
-def prefix_cache_columns(requests: Sequence[ServedRequest]) -> dict[str, Any]:
+def prefix_cache_use(requests: Sequence[ServedRequest]) -> PrefixCacheUse:
     """``prefix_cache_hit_rate``: of the prompt tokens of the completed requests whose engine said
     how many its prefix cache held, the share it held (vLLM's own hit rate, per request rather
     than per block); null where no request's was reported."""
     told = [r for r in requests if r.ok and r.cached_tokens is not None]
     prompt_tokens = sum(r.prompt_tokens for r in told)
     hit = sum(r.cached_tokens or 0 for r in told) / prompt_tokens if prompt_tokens else None
-    return {"prefix_cache_hit_rate": hit}
+    return PrefixCacheUse(prefix_cache_hit_rate=hit)

@@ -15,7 +15,7 @@ variant), ``nvml`` (devices and reads), ``curves`` (pure maths over samples),
 ``telemetry`` (what the actor holds).
 """
 
-from actors.telemetry.baseline import BaselineReuse, baseline_columns, trial_baseline
+from actors.telemetry.baseline import BaselineReuse, baseline_part, trial_baseline
 from actors.telemetry.curves import CounterCurve, PowerCurve
 from actors.telemetry.meter import (
     METHOD_COUNTER,
@@ -55,7 +55,7 @@ __all__ = [
     "TIMELINE_SCHEMA",
     "GPU_COLUMNS",
     "EnergyReport",
-    "baseline_columns",
+    "baseline_part",
     "trial_baseline",
     "CounterCurve",
     "DeviceMappingError",

@@ -26,7 +26,9 @@ and its baseline, belong to one load.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sweeper.core.results import Baseline
 
 if TYPE_CHECKING:
     from actors.telemetry.meter import IdleBaseline
@@ -56,21 +58,21 @@ class BaselineReuse:
         return abs(reading_w - held_w) <= self.tolerance_w * max(gpus, 1)
 
 
-def trial_baseline(telemetry: TelemetryBase, m: MeasureSettings) -> tuple[IdleBaseline | None, dict[str, Any]]:
-    """A trial's idle baseline, asked for at the end of its warm-up, and its row's columns;
-    None without GPUs or with ``idle_s: 0``."""
+def trial_baseline(telemetry: TelemetryBase, m: MeasureSettings) -> tuple[IdleBaseline | None, Baseline]:
+    """A trial's idle baseline, asked for at the end of its warm-up, and its result part;
+    None (and an empty part) without GPUs or with ``idle_s: 0``."""
     if not telemetry.active or m.idle_s <= 0:
-        return None, baseline_columns(None)
+        return None, Baseline()
     baseline = telemetry.idle_baseline(m.idle_s, BaselineReuse.from_settings(m))
-    return baseline, baseline_columns(baseline)
+    return baseline, baseline_part(baseline)
 
 
-def baseline_columns(baseline: IdleBaseline | None) -> dict[str, Any]:
-    """The trial row's baseline columns (besides ``idle_power_w``, which the energy columns carry)."""
+def baseline_part(baseline: IdleBaseline | None) -> Baseline:
+    """The trial's baseline as its result states it."""
     if baseline is None:
-        return dict.fromkeys(("idle_settle_s", "idle_baseline_reused", "idle_baseline_age_s", "idle_recheck_power_w",
-                              "gpu_idle_power_w"))
-    return {"idle_settle_s": baseline.settle_s, "idle_baseline_reused": baseline.reused,
-            "idle_baseline_age_s": baseline.age_s, "idle_recheck_power_w": baseline.recheck_power_w,
-            # Each GPU's own, in the order of gpu_uuids: they sum to idle_power_w.
-            "gpu_idle_power_w": [g.avg_power_w for g in baseline.window.gpus]}
+        return Baseline()
+    return Baseline(idle_power_w=baseline.power_w, idle_settle_s=baseline.settle_s,
+                    idle_baseline_reused=baseline.reused, idle_baseline_age_s=baseline.age_s,
+                    idle_recheck_power_w=baseline.recheck_power_w,
+                    # Each GPU's own, in the order of gpu_uuids: they sum to idle_power_w.
+                    gpu_idle_power_w=[g.avg_power_w for g in baseline.window.gpus])

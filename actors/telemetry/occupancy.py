@@ -12,7 +12,8 @@ may be gone by the time the row is written.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from sweeper.core.results import Occupancy
 
 # How far up a parent chain to walk before giving up: deeper trees are not ours to judge.
 _MAX_DEPTH = 64
@@ -68,10 +69,10 @@ class GpuOccupancy:
                 ours = None if self.owner_pid is None else descends_from(pid, self.owner_pid)
                 self.seen[pid] = (name, ours)
 
-    def columns(self) -> dict[str, Any]:
-        """``gpu_processes`` (pid name, ...) and ``energy_exclusive`` (sweeper.core.schema)."""
+    def part(self) -> Occupancy:
+        """``gpu_processes`` (pid name, ...) and ``energy_exclusive`` (sweeper.core.results)."""
         if not self.metered:
-            return {"gpu_processes": None, "energy_exclusive": None}
+            return Occupancy()
         text = ", ".join(f"{pid} {name}" for pid, (name, _) in sorted(self.seen.items()))
         verdicts = [ours for _, ours in self.seen.values()]
         if self.owner_pid is None:
@@ -82,4 +83,4 @@ class GpuOccupancy:
             exclusive = None
         else:
             exclusive = True
-        return {"gpu_processes": text, "energy_exclusive": exclusive}
+        return Occupancy(gpu_processes=text, energy_exclusive=exclusive)

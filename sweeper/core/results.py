@@ -93,8 +93,8 @@ class Outcome(Part):
 
 
 @dataclass(frozen=True)
-class Timing(Part):
-    """What the measured window did and how fast: work counted, throughput and per-request latency."""
+class Throughput(Part):
+    """What the measured window did and how fast: the work counted and the rate it was done at."""
 
     n_iterations: int | None = column("measured generate calls (offline; null in serving mode)")
     n_requests: int | None = column(
@@ -105,6 +105,14 @@ class Timing(Part):
     output_tokens: int | None = column(
         "generated tokens in the measured window (the tokens actually produced: per-token figures divide "
         "by these)")
+    throughput_tok_s: float | None = column("output_tokens / duration_s")
+    requests_per_s: float | None = column("offline: n_requests / duration_s; serving: achieved_rate_req_s")
+
+
+@dataclass(frozen=True)
+class Lengths(Part):
+    """How long the measured requests' prompts and replies were, and what mixed lengths cost a static batch (null where every request has the trial's lengths)."""
+
     input_len_mean: float | None = column(
         "mean prompt tokens of the measured requests (dataset prompts, natural/reference lengths; null "
         "for random prompts of one length and exact outputs)")
@@ -120,8 +128,12 @@ class Timing(Part):
         "offline, varied replies: share of decode slots (sequences x steps until the batch's longest "
         "reply ended) held by sequences already done: what early finishers cost a static batch; null for "
         "vLLM, as above")
-    throughput_tok_s: float | None = column("output_tokens / duration_s")
-    requests_per_s: float | None = column("offline: n_requests / duration_s; serving: achieved_rate_req_s")
+
+
+@dataclass(frozen=True)
+class Latency(Part):
+    """Per-request latency over the measured requests (serving: the completed ones)."""
+
     ttft_s: float | None = column(
         "mean time to first generated token (prefill; serving: from submission, queueing included)")
     ttft_p50_s: float | None = column("median time to first token")
@@ -145,29 +157,39 @@ class Timing(Part):
 
 
 @dataclass(frozen=True)
-class Serving(Part):
-    """A serving run under load (null offline): the offered and achieved load, the steady window, saturation, the client's own timeliness, conversations and SLOs."""
+class ServingRun(Part):
+    """A serving run as a whole (null offline): the load offered, what failed, the SLOs met."""
 
     n_failed_requests: int | None = column(
         "serving: requests that errored or did not finish within the run's time limit")
     offered_rate_req_s: float | None = column(
         "serving: requests / the span of their sends, the realised arrival rate (conversations: follow-up "
         "turns included; inf: all at once)")
+    run_duration_s: float | None = column(
+        "serving: the whole run, from its start (arrival time 0) to the last request's end")
+    max_concurrency_reached: int | None = column("serving: most requests in flight (submitted, not finished) at once")
+    goodput_req_s: float | None = column(
+        "serving: requests meeting every SLO bound / run_duration_s (vLLM's definition); null without an "
+        "slo")
+    slo_attainment: float | None = column("serving: share of the run's requests meeting every SLO bound")
+
+
+@dataclass(frozen=True)
+class SteadyState(Part):
+    """A serving run's steady window (null offline): where it lies, the load the engine held there, whether it kept up."""
+
     achieved_rate_req_s: float | None = column(
         "serving: requests completed per second in the steady window: its output tokens / duration_s / "
         "the mean output tokens of a request")
     total_throughput_tok_s: float | None = column(
         "serving: (output tokens + prompt tokens of requests whose first token came) in the steady window "
         "/ its duration")
-    run_duration_s: float | None = column(
-        "serving: the whole run, from its start (arrival time 0) to the last request's end")
     window_start_s: float | None = column("serving: steady window start, seconds from the run's start")
     window_end_s: float | None = column("serving: steady window end, seconds from the run's start")
     steady_batch: float | None = column(
         "serving: the steady level of requests running in the engine, which defines the window")
     mean_running_batch: float | None = column(
         "serving: time-weighted mean of requests running in the engine over the window")
-    max_concurrency_reached: int | None = column("serving: most requests in flight (submitted, not finished) at once")
     saturated: bool | None = column(
         "serving: the engine did not keep up with the offered rate: while requests arrived in the steady "
         "window, requests outstanding trended up by more than 3 standard errors (the count's spread about "
@@ -178,35 +200,15 @@ class Serving(Part):
     saturation_reason: str | None = column(
         "serving: the figures behind saturated (the trend in req/s with its standard error, or the "
         "completions against the Poisson interval)")
-    prefix_cache_hit_rate: float | None = column(
-        "serving: of the completed requests' prompt tokens, the share the engine took from its prefix "
-        "cache (requests.parquet cached_tokens over input_len, over the requests whose engine reported "
-        "it); null where none did")
-    request_prefill_share: float | None = column(
-        "serving: of the completed requests' energy (requests.parquet energy_j), the share spent in their "
-        "prefills (prefill_energy_j): what prompts cost against replies, by the token-share split; null "
-        "where unmetered")
-    n_conversations: int | None = column(
-        "conversations: conversations started (their first turns, by the arrival process)")
-    conversations_completed: int | None = column("conversations: conversations whose every turn completed")
-    turns_per_conversation: float | None = column(
-        "conversations: user turns per conversation, mean over those started")
-    energy_per_conversation_j: float | None = column(
-        "conversations: energy of a completed conversation (the sum of its turns' requests.parquet "
-        "energy_j), mean")
-    first_turn_energy_j: float | None = column(
-        "conversations: energy of a completed first turn (requests.parquet energy_j), mean")
-    last_turn_energy_j: float | None = column(
-        "conversations: energy of a completed conversation's last turn, the one with the longest history, "
-        "mean")
-    first_turn_ttft_s: float | None = column("conversations: TTFT of a completed first turn, mean")
-    last_turn_ttft_s: float | None = column("conversations: TTFT of a completed conversation's last turn, mean")
-    conversation_s: float | None = column(
-        "conversations: from a completed conversation's first send to its last reply's end (replies, turn "
-        "gaps and sends), mean")
     queue_growth: float | None = column(
         "serving: the rise of the least-squares line through requests outstanding (arrived, not finished) "
         "across the arrivals in the steady window, in requests; 0 with none there")
+
+
+@dataclass(frozen=True)
+class ClientTimeliness(Part):
+    """Whether the serving client kept its own schedule (null offline): how late it sent, against which bound."""
+
     send_lateness_p50_s: float | None = column(
         "serving: median send lateness over the run's requests (requests.parquet send_lateness_s: sent "
         "less due; the client's delay, not the engine's)")
@@ -226,16 +228,46 @@ class Serving(Part):
     client_behind: bool | None = column(
         "serving: the client fell behind its own schedule: send_lateness_p99_s above "
         "send_lateness_bound_s (its latencies then hold its own delay; the trial is unstable)")
-    client_processes: int | None = column(
-        "serving: processes the client sent the requests from (server backend: "
-        "backend_options.server.client_processes, 'auto' resolved for the run; 1 for in-process engines)")
     client_behind_reason: str | None = column(
         "serving: the figures behind client_behind (the p99 and max lateness, the bound, TTFT p50, the "
         "steady window left out)")
-    goodput_req_s: float | None = column(
-        "serving: requests meeting every SLO bound / run_duration_s (vLLM's definition); null without an "
-        "slo")
-    slo_attainment: float | None = column("serving: share of the run's requests meeting every SLO bound")
+    client_processes: int | None = column(
+        "serving: processes the client sent the requests from (server backend: "
+        "backend_options.server.client_processes, 'auto' resolved for the run; 1 for in-process engines)")
+
+
+@dataclass(frozen=True)
+class PrefixCacheUse(Part):
+    """What a serving engine took from its prefix cache (null where no engine reported it)."""
+
+    prefix_cache_hit_rate: float | None = column(
+        "serving: of the completed requests' prompt tokens, the share the engine took from its prefix "
+        "cache (requests.parquet cached_tokens over input_len, over the requests whose engine reported "
+        "it); null where none did")
+
+
+@dataclass(frozen=True)
+class Conversations(Part):
+    """Multi-turn conversations (null for single requests): how many, and what a conversation and its turns cost."""
+
+    n_conversations: int | None = column(
+        "conversations: conversations started (their first turns, by the arrival process)")
+    conversations_completed: int | None = column("conversations: conversations whose every turn completed")
+    turns_per_conversation: float | None = column(
+        "conversations: user turns per conversation, mean over those started")
+    energy_per_conversation_j: float | None = column(
+        "conversations: energy of a completed conversation (the sum of its turns' requests.parquet "
+        "energy_j), mean")
+    first_turn_energy_j: float | None = column(
+        "conversations: energy of a completed first turn (requests.parquet energy_j), mean")
+    last_turn_energy_j: float | None = column(
+        "conversations: energy of a completed conversation's last turn, the one with the longest history, "
+        "mean")
+    first_turn_ttft_s: float | None = column("conversations: TTFT of a completed first turn, mean")
+    last_turn_ttft_s: float | None = column("conversations: TTFT of a completed conversation's last turn, mean")
+    conversation_s: float | None = column(
+        "conversations: from a completed conversation's first send to its last reply's end (replies, turn "
+        "gaps and sends), mean")
 
 
 @dataclass(frozen=True)
@@ -299,38 +331,23 @@ class Compile(Part):
 
 @dataclass(frozen=True)
 class Memory(Part):
-    """Memory the measured window held."""
+    """Memory the measured window held: the backend's own peak and each GPU's."""
 
     peak_memory_bytes: int | None = column(
         "peak memory during the trial (transformers on CUDA: torch max_memory_allocated; vllm: NVML "
         "memory used on the trial's GPUs, i.e. what the engine reserves; CPU: the actor process's "
         "resident peak (VmHWM) since the trial's reset, null where the kernel cannot reset it)")
-    gpu_peak_memory_bytes: list[int] | None = column(
+    gpu_peak_memory_bytes: list[int | None] | None = column(
         "per GPU: the highest device memory in use NVML read in the window (every process on the GPU; the "
         "sampler's slow fields, every few samples)")
 
 
 @dataclass(frozen=True)
 class Energy(Part):
-    """Energy and power over the measured window and its attribution (null on CPU-only runs); per-GPU figures are lists in the order of gpu_uuids."""
+    """Energy and power over the measured window (null on CPU-only runs); per-GPU figures are lists in the order of gpu_uuids."""
 
     energy_j: float | None = column("GPU energy over the measured window, all GPUs the trial holds")
     energy_per_token_j: float | None = column("energy_j / output_tokens")
-    energy_per_request_j: float | None = column(
-        "offline: energy_j / n_requests; serving: mean of the completed requests' attributed energies "
-        "(requests.parquet energy_j, request_energy_method)")
-    energy_per_request_p50_j: float | None = column(
-        "median attributed energy of a completed request (energy per response; serving, and offline with "
-        "varied prompts or replies)")
-    energy_per_request_p90_j: float | None = column("90th percentile attributed energy of a completed request")
-    request_energy_method: str | None = column(
-        "how the energy was split over requests (token_share: serving, each instant's energy over the "
-        "requests then in flight; offline, each generate call's energy over its sequences; by the tokens "
-        "each processes; docs/METHOD.md)")
-    attributed_energy_j: float | None = column(
-        "serving: sum of the requests' attributed energies (= run_energy_j, up to rounding)")
-    run_energy_j: float | None = column("serving: GPU energy over the whole run (ramp-up and drain included)")
-    run_energy_uncertainty_j: float | None = column("serving: bound on the boundary error of run_energy_j")
     avg_power_w: float | None = column("energy_j / duration_s")
     peak_power_w: float | None = column(
         "highest per-sample power (summed over the trial's GPUs) in the window; each sample is NVML's "
@@ -343,13 +360,23 @@ class Energy(Part):
         "per GPU of gpu_uuids: its own counter's energy over the window's boundaries; they sum to "
         "energy_j")
     gpu_avg_power_w: list[float] | None = column("per GPU: gpu_energy_j / duration_s")
-    gpu_peak_power_w: list[float] | None = column(
+    gpu_peak_power_w: list[float | None] | None = column(
         "per GPU: its highest sampled power reading in the window (as peak_power_w, one GPU)")
-    gpu_idle_power_w: list[float] | None = column(
-        "per GPU: its mean power over the idle-baseline window; they sum to idle_power_w")
+    active_energy_j: float | None = column("energy_j - idle_power_w x duration_s")
+    energy_method: str | None = column("nvml_counter_interpolated | nvml_counter | power_integral")
+    energy_uncertainty_j: float | None = column("bound on the window-boundary error of energy_j")
+    energy_per_token_uncertainty_j: float | None = column("energy_uncertainty_j / output_tokens")
+
+
+@dataclass(frozen=True)
+class Baseline(Part):
+    """The idle baseline the trial's energy is judged against: the loaded GPUs' settled idle power, and whether it was taken for this trial or re-checked."""
+
     idle_power_w: float | None = column(
         "mean power over the idle-baseline window, summed over the trial's GPUs: taken after the warm-up, "
         "with the model loaded and the power settled (idle_settle_s); what active_energy_j subtracts")
+    gpu_idle_power_w: list[float] | None = column(
+        "per GPU: its mean power over the idle-baseline window; they sum to idle_power_w")
     idle_settle_s: float | None = column(
         "seconds the power took to stop falling after the warm-up, before the baseline window began (at "
         "most 10; longer is flagged unstable); null: no baseline, or a row from a version that did not "
@@ -363,18 +390,63 @@ class Energy(Part):
     idle_recheck_power_w: float | None = column(
         "the settled power a 0.5 s re-check read before deciding whether the group's baseline stands "
         "(sampled power, summed over GPUs); null: the trial had no baseline to re-check")
-    active_energy_j: float | None = column("energy_j - idle_power_w x duration_s")
+
+
+@dataclass(frozen=True)
+class PhaseEnergy(Part):
+    """The window's energy by phase, on the telemetry timeline over the engine's phase marks."""
+
     prefill_energy_j: float | None = column("energy attributed to prefill (timeline over phase marks)")
     decode_energy_j: float | None = column("energy attributed to decode")
     decode_energy_per_token_j: float | None = column("decode_energy_j / decode tokens")
     between_phases_energy_j: float | None = column(
         "energy in the window outside every prefill and decode mark (the host's time between generate "
         "calls), on the same curve: prefill + decode + this equals energy_j within energy_uncertainty_j")
-    energy_method: str | None = column("nvml_counter_interpolated | nvml_counter | power_integral")
-    energy_uncertainty_j: float | None = column("bound on the window-boundary error of energy_j")
-    energy_per_token_uncertainty_j: float | None = column("energy_uncertainty_j / output_tokens")
+
+
+@dataclass(frozen=True)
+class PerRequestEnergy(Part):
+    """The window's (serving: the run's) energy split over its requests."""
+
+    energy_per_request_j: float | None = column(
+        "offline: energy_j / n_requests; serving: mean of the completed requests' attributed energies "
+        "(requests.parquet energy_j, request_energy_method)")
+    energy_per_request_p50_j: float | None = column(
+        "median attributed energy of a completed request (energy per response; serving, and offline with "
+        "varied prompts or replies)")
+    energy_per_request_p90_j: float | None = column("90th percentile attributed energy of a completed request")
+    request_energy_method: str | None = column(
+        "how the energy was split over requests (token_share: serving, each instant's energy over the "
+        "requests then in flight; offline, each generate call's energy over its sequences; by the tokens "
+        "each processes; docs/METHOD.md)")
+    attributed_energy_j: float | None = column(
+        "serving: sum of the requests' attributed energies (= run_energy_j, up to rounding)")
+    request_prefill_share: float | None = column(
+        "serving: of the completed requests' energy (requests.parquet energy_j), the share spent in their "
+        "prefills (prefill_energy_j): what prompts cost against replies, by the token-share split; null "
+        "where unmetered")
+
+
+@dataclass(frozen=True)
+class RunEnergy(Part):
+    """A serving run's whole energy, ramp-up and drain included (null offline)."""
+
+    run_energy_j: float | None = column("serving: GPU energy over the whole run (ramp-up and drain included)")
+    run_energy_uncertainty_j: float | None = column("serving: bound on the boundary error of run_energy_j")
+
+
+@dataclass(frozen=True)
+class HostEnergy(Part):
+    """The host's energy over the window, from RAPL where readable."""
+
     cpu_energy_j: float | None = column("CPU package energy (RAPL) over the window, null when unreadable")
     dram_energy_j: float | None = column("DRAM energy (RAPL) over the window, null when unreadable")
+
+
+@dataclass(frozen=True)
+class Occupancy(Part):
+    """Whose processes were on the metered GPUs around the window: whether the energy is the trial's alone."""
+
     gpu_processes: str | None = column(
         "the compute processes NVML saw on the metered GPUs at the measured window's start and end (pid "
         "name, ...)")
@@ -386,15 +458,9 @@ class Energy(Part):
 
 
 @dataclass(frozen=True)
-class Stability(Part):
-    """How far the window's numbers can be trusted: its spread, intervals and the flags raised on it."""
+class Intervals(Part):
+    """The headline figures' 95 % intervals over the window's blocks of >= 1 s, and a precision target's outcome."""
 
-    iteration_energy_cv: float | None = column(
-        "coefficient of variation of energy per iteration over blocks of >= 1 s of iterations (null with "
-        "fewer than two blocks)")
-    iteration_throughput_cv: float | None = column(
-        "coefficient of variation of output tokens/s across the window's generate calls (null with fewer "
-        "than 3); CPU runs too")
     throughput_rel_ci95: float | None = column(
         "half-width of the 95 % confidence interval of the window's throughput over blocks of >= 1 s "
         "(Student's t, blocks as independent samples), as a share of the mean; null with fewer than 3 "
@@ -405,6 +471,24 @@ class Stability(Part):
         "with target_rel_ci: every headline interval over the whole window is within it (false: "
         "max_duration_s came first, or the last blocks widened an interval the stop judged on settled "
         "blocks; the trial is then flagged unstable); null: no target")
+
+
+@dataclass(frozen=True)
+class IterationNoise(Part):
+    """How much the window's iterations varied: information about the host, not an interval."""
+
+    iteration_energy_cv: float | None = column(
+        "coefficient of variation of energy per iteration over blocks of >= 1 s of iterations (null with "
+        "fewer than two blocks)")
+    iteration_throughput_cv: float | None = column(
+        "coefficient of variation of output tokens/s across the window's generate calls (null with fewer "
+        "than 3); CPU runs too")
+
+
+@dataclass(frozen=True)
+class Stability(Part):
+    """The verdict on the window's figures: whether they can be trusted, and notes on the host."""
+
     unstable: bool | None = column(
         "the reported figures are imprecise or biased (see unstable_reason): a headline 95 % interval "
         "wider than max_rel_ci (or a missed target_rel_ci), a window too short to judge, no energy window "
@@ -532,11 +616,25 @@ class TrialResult:
     outcome: Outcome
     setup: Setup = Setup()
     compile: Compile = Compile()
-    timing: Timing = Timing()
-    serving: Serving = Serving()
+    throughput: Throughput = Throughput()
+    lengths: Lengths = Lengths()
+    latency: Latency = Latency()
+    serving_run: ServingRun = ServingRun()
+    steady_state: SteadyState = SteadyState()
+    client: ClientTimeliness = ClientTimeliness()
+    prefix_cache: PrefixCacheUse = PrefixCacheUse()
+    conversations: Conversations = Conversations()
     speculation: Speculation = Speculation()
     memory: Memory = Memory()
     energy: Energy = Energy()
+    baseline: Baseline = Baseline()
+    phases: PhaseEnergy = PhaseEnergy()
+    request_energy: PerRequestEnergy = PerRequestEnergy()
+    run_energy: RunEnergy = RunEnergy()
+    host_energy: HostEnergy = HostEnergy()
+    occupancy: Occupancy = Occupancy()
+    intervals: Intervals = Intervals()
+    noise: IterationNoise = IterationNoise()
     stability: Stability = Stability()
     layer_pass: LayerPass = LayerPass()
     roofline: Roofline = Roofline()
@@ -551,6 +649,24 @@ class TrialResult:
     def row(self) -> dict[str, Any]:
         """The trials row's result columns: every part's, flattened (null where not set)."""
         return {name: value for f in fields(self) for name, value in getattr(self, f.name).items()}
+
+    @classmethod
+    def of(cls, outcome: Outcome, *parts: Part | None) -> TrialResult:
+        """The result of ``outcome`` and its producers' parts, each under the field of its type
+        (a part not given, or None, stays empty). A type given twice is a ``RowError``: every
+        figure is computed, and sent, once."""
+        by_field: dict[str, Part] = {}
+        fields_of = _fields_by_type()
+        for part in parts:
+            if part is None:
+                continue
+            name = fields_of.get(type(part))
+            if name is None:
+                raise RowError(f"trials: {type(part).__name__} is not a part of a trial's result")
+            if name in by_field:
+                raise RowError(f"trials: {type(part).__name__} given twice")
+            by_field[name] = part
+        return cls(outcome, **by_field)  # type: ignore[arg-type]  # each part under its own field
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> TrialResult:
@@ -577,6 +693,11 @@ class TrialResult:
 _PART_TYPES: dict[str, type[Part]] = {
     f.name: typing.get_type_hints(TrialResult)[f.name] for f in fields(TrialResult)
 }
+
+
+@cache
+def _fields_by_type() -> dict[type[Part], str]:
+    return {part: attr for attr, part in _PART_TYPES.items()}
 
 
 @cache

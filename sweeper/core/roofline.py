@@ -40,11 +40,7 @@ from typing import Any
 from sweeper.core.errors import SweeperError
 from sweeper.core.gpus import peak_rates
 from sweeper.core.precisions import Precision
-
-COLUMNS: tuple[str, ...] = (
-    "flops_per_token", "weight_bytes_per_token", "kv_bytes_per_token", "mfu", "mbu",
-    "gpu_peak_flop_per_s", "gpu_peak_bandwidth_bytes_per_s",
-)
+from sweeper.core.results import Roofline
 
 
 class UnsupportedArchitectureError(SweeperError):
@@ -217,10 +213,10 @@ def _double_quant_from(config: Mapping[str, Any]) -> bool:
     return bool(quant.get("bnb_4bit_use_double_quant", False)) if isinstance(quant, Mapping) else False
 
 
-def roofline_columns(config: Mapping[str, Any], precision: Precision, *, batch_size: int, input_len: int,
-                     output_len: int, gpu_names: Sequence[str], throughput_tok_s: float | None,
-                     tpot_s: float | None, double_quant: bool | None = None) -> dict[str, float | None]:
-    """The trials table's roofline columns (``COLUMNS``) of one measured window.
+def roofline(config: Mapping[str, Any], precision: Precision, *, batch_size: int, input_len: int,
+             output_len: int, gpu_names: Sequence[str], throughput_tok_s: float | None,
+             tpot_s: float | None, double_quant: bool | None = None) -> Roofline:
+    """The roofline part of one measured window's result.
 
     - ``flops_per_token`` = ``request_flops`` / output_len: every FLOP of the
       window (all prefills and decode steps) per generated token, so
@@ -237,21 +233,19 @@ def roofline_columns(config: Mapping[str, Any], precision: Precision, *, batch_s
     peaks null. ``double_quant`` None: read from the config's
     ``quantization_config`` (how transformers loaded it).
     """
-    cols: dict[str, float | None] = dict.fromkeys(COLUMNS)
     try:
         arch = Architecture.from_config(config)
     except UnsupportedArchitectureError:
-        return cols
+        return Roofline()
     if double_quant is None:
         double_quant = _double_quant_from(config)
     step_bytes = weight_bytes_per_step(arch, precision, batch_size, double_quant)
     kv = kv_bytes_per_token(arch, precision, input_len, output_len)
     flops = flops_per_token(arch, input_len, output_len)
-    cols.update(flops_per_token=flops, weight_bytes_per_token=step_bytes / batch_size, kv_bytes_per_token=kv)
     peak_flop, peak_bw = peak_rates(gpu_names, precision.peak_format)
-    cols.update(gpu_peak_flop_per_s=peak_flop, gpu_peak_bandwidth_bytes_per_s=peak_bw)
-    if peak_flop and throughput_tok_s is not None:
-        cols["mfu"] = flops * throughput_tok_s / peak_flop
-    if peak_bw and tpot_s and kv is not None:
-        cols["mbu"] = (step_bytes + batch_size * kv) / tpot_s / peak_bw
-    return cols
+    return Roofline(
+        flops_per_token=flops, weight_bytes_per_token=step_bytes / batch_size, kv_bytes_per_token=kv,
+        mfu=flops * throughput_tok_s / peak_flop if peak_flop and throughput_tok_s is not None else None,
+        mbu=(step_bytes + batch_size * kv) / tpot_s / peak_bw if peak_bw and tpot_s and kv is not None else None,
+        gpu_peak_flop_per_s=peak_flop, gpu_peak_bandwidth_bytes_per_s=peak_bw,
+    )

@@ -49,7 +49,10 @@ def _axis_columns() -> tuple[Column, ...]:
 
 def _python_to_arrow(kind: Any) -> pa.DataType:
     if typing.get_origin(kind) is list:
-        return pa.list_(_python_to_arrow(typing.get_args(kind)[0]))
+        # An element may be null (a GPU with no sample of a slow field): the list's type is the element's.
+        element = [a for a in typing.get_args(typing.get_args(kind)[0]) if a is not type(None)] \
+            or [typing.get_args(kind)[0]]
+        return pa.list_(_python_to_arrow(element[0]))
     return _ARROW[kind]
 
 

@@ -327,13 +327,13 @@ def trial_line(result: TrialResult) -> str:
         return str(result.outcome.error or "")[:200]
     # Any of these may be null on an ok row (a serving run with no steady state has no
     # throughput): the line says what there is.
-    timing = result.timing
-    shown = ((timing.throughput_tok_s, 1.0, "{:,.1f} tok/s"), (timing.ttft_s, 1e3, "ttft {:,.1f} ms"),
-             (result.serving.send_lateness_p99_s, 1e3, "sent late p99 {:,.1f} ms"),
+    throughput_tok_s, rel_ci95 = result.throughput.throughput_tok_s, result.intervals.throughput_rel_ci95
+    shown = ((throughput_tok_s, 1.0, "{:,.1f} tok/s"), (result.latency.ttft_s, 1e3, "ttft {:,.1f} ms"),
+             (result.client.send_lateness_p99_s, 1e3, "sent late p99 {:,.1f} ms"),
              (result.energy.energy_per_token_j, 1.0, "{:.4f} J/tok"))
     parts = [fmt.format(value * scale) for value, scale, fmt in shown if value is not None]
-    if timing.throughput_tok_s is not None and result.stability.throughput_rel_ci95 is not None:
-        parts[0] += f" ±{result.stability.throughput_rel_ci95:.0%}"  # how precise the figure is, beside it
+    if throughput_tok_s is not None and rel_ci95 is not None:
+        parts[0] += f" ±{rel_ci95:.0%}"  # how precise the figure is, beside it
     if result.stability.unstable:
-        parts.append("unstable (client behind)" if result.serving.client_behind else "unstable")
+        parts.append("unstable (client behind)" if result.client.client_behind else "unstable")
     return "  ".join(parts)

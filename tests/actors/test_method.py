@@ -13,6 +13,7 @@ from actors.stability import Verdict
 from actors.stages import StageClock
 from actors.telemetry import NullTelemetry
 from actors.workload import PromptSources
+from sweeper.core.results import Throughput
 from sweeper.plan.expand import expand
 from sweeper.plan.spec import parse_sweep
 from tests.actors.test_measure import FakeClock
@@ -46,8 +47,8 @@ class Scripted(Window):
         assert handle.duration_s == pytest.approx(2.0)  # the telemetry window was held around run() alone
         verdict = Verdict()
         verdict.flag("planted")
-        return Figures(row={"duration_s": handle.duration_s}, requests=[{"trial_id": "t"}], verdict=verdict,
-                       t_zero_s=handle.t_start_s, t_end_s=handle.t_end_s)
+        return Figures(parts=(Throughput(duration_s=handle.duration_s),), requests=[{"trial_id": "t"}],
+                       verdict=verdict, t_zero_s=handle.t_start_s, t_end_s=handle.t_end_s)
 
 
 def test_the_skeleton_runs_every_step_in_order_with_the_window_inside_the_energy_window():

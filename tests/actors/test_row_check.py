@@ -1,13 +1,15 @@
-"""Rows are checked against the schema in the actor that built them: a bad one fails its own
-trial, with the reason, and the next trial runs as usual."""
+"""Results are checked in the actor that built them (each part once; the row against the
+schema): a bad one fails its own trial, with the reason, and the next trial runs as usual."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-import actors.actor as actor_module
 from actors.actor import TrialRunner
-from sweeper.core.results import TrialResult
+from actors.measure import OfflineWindow
+from sweeper.core.results import Energy, Throughput
 from sweeper.core.schema import RowError, check_rows, to_table
 from sweeper.plan.expand import expand
 from sweeper.plan.spec import parse_sweep
@@ -31,32 +33,38 @@ def test_check_rows_names_the_column_and_the_problem():
         check_rows("requests", [{"output_tokens": 3}, {"output_tokens": "three"}])
 
 
-@pytest.mark.parametrize(("planted", "message"), [
-    ({"energy_joules": 12.0}, "does not know: energy_joules"),       # a misspelled column (no part has it)
-    ({"throughput_tok_s": "fast"}, "trials.throughput_tok_s"),        # a value of the wrong type
+def _twice(parts):
+    return (*parts, Energy(energy_j=1.0))  # one figure computed, and sent, twice
+
+
+def _wrong_type(parts):
+    return tuple(Throughput(throughput_tok_s="fast") if isinstance(p, Throughput) else p for p in parts)
+
+
+@pytest.mark.parametrize(("plant", "message"), [
+    (_twice, "Energy given twice"),
+    (_wrong_type, "trials.throughput_tok_s"),  # a value the schema cannot hold
 ])
-def test_a_bad_row_fails_its_trial_and_the_next_trial_runs(monkeypatch, planted, message):
+def test_a_bad_result_fails_its_trial_and_the_next_trial_runs(monkeypatch, plant, message):
     first, second, third = group()
     runner = TrialRunner()
     assert runner.load(first).ok
     try:
         assert runner.run(first).status == "ok"
-        real = actor_module.measure_trial
+        real = OfflineWindow.figures
 
-        def planting(*args, **kwargs):
-            # As a producer that returns the planted column would: its parts are made from it.
-            measured = real(*args, **kwargs)
-            made = {k: v for k, v in measured.row.items() if v is not None}
-            measured.result = TrialResult.from_row({**made, **planted})
-            return measured
+        def planting(self, *args, **kwargs):
+            # As a window whose producers made these parts would: they meet in the method's skeleton.
+            figures = real(self, *args, **kwargs)
+            return dataclasses.replace(figures, parts=plant(figures.parts))
 
-        monkeypatch.setattr(actor_module, "measure_trial", planting)
+        monkeypatch.setattr(OfflineWindow, "figures", planting)
         bad = runner.run(second)
         assert bad.status == "failed" and bad.row["reason"] == "invalid_row"
         assert message in bad.row["error"]
         # The failed row itself fits the schema: the driver writes it like any other.
         assert to_table("trials", [{"trial_id": second.trial_id, **bad.row}]).num_rows == 1
-        monkeypatch.setattr(actor_module, "measure_trial", real)
+        monkeypatch.setattr(OfflineWindow, "figures", real)
         assert runner.run(third).status == "ok"
     finally:
         runner.close()

@@ -9,7 +9,7 @@ import pytest
 from actors.backends.base import Generation, ModelSpec, PromptBatch, RequestTiming
 from actors.backends.noop import NoopBackend, simulated_reply_len
 from actors.backends.transformers.eager import reply_lengths
-from actors.measure import length_columns, measure_trial, request_energies, request_rows
+from actors.measure import lengths, measure_trial, request_energies, request_rows
 from actors.serving.measure import measure_serving_trial
 from actors.telemetry import NullTelemetry
 from sweeper.plan.expand import expand
@@ -63,15 +63,15 @@ def test_the_waste_of_a_static_batch_by_hand():
         return Generation(0.0, 1.0, reqs)
 
     gens = [gen([4, 2], [3, 1]), gen([5, 5], [2, 2])]
-    cols = length_columns(gens, request_rows(gens, 0.0, None))
+    got = lengths(gens, request_rows(gens, 0.0, None))
     # prompts padded to 4 and 5: 2 pads of 18 slots; replies run 3 and 2 steps: 2 idle of 10 slots.
-    assert cols["prompt_pad_share"] == pytest.approx(2 / 18)
-    assert cols["decode_idle_slot_share"] == pytest.approx(2 / 10)
-    assert cols["output_len_mean"] == 2.0 and cols["input_len_mean"] == 4.0
+    assert got.prompt_pad_share == pytest.approx(2 / 18)
+    assert got.decode_idle_slot_share == pytest.approx(2 / 10)
+    assert got.output_len_mean == 2.0 and got.input_len_mean == 4.0
     # An engine that batches continuously inside the call (vLLM) pads nothing: no waste to report.
     continuous = [Generation(g.t_start_s, g.t_end_s, g.requests, static_batch=False) for g in gens]
-    cols = length_columns(continuous, request_rows(continuous, 0.0, None))
-    assert cols["prompt_pad_share"] is None and cols["decode_idle_slot_share"] is None
+    got = lengths(continuous, request_rows(continuous, 0.0, None))
+    assert got.prompt_pad_share is None and got.decode_idle_slot_share is None
 
 
 def test_request_energies_split_each_call_by_tokens_and_sum_to_the_window():

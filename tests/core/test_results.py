@@ -10,7 +10,16 @@ from datetime import datetime, timezone
 import pytest
 
 from sweeper.core.configuration import Configuration
-from sweeper.core.results import Part, RowError, Timing, TrialResult
+from sweeper.core.results import (
+    Energy,
+    Latency,
+    Outcome,
+    Part,
+    RowError,
+    Stability,
+    Throughput,
+    TrialResult,
+)
 from sweeper.core.schema import _IDENTITY, TRIALS, _axis_columns, to_table
 from sweeper.core.status import Reason, Status, failed_outcome
 from sweeper.plan.expand import expand
@@ -31,7 +40,8 @@ def test_every_result_column_of_the_schema_is_one_field_of_one_part_with_its_typ
     schema = {c.name: c for c in TRIALS if c.name not in fixed}
     assert set(names) == set(schema), (set(names) ^ set(schema))
     arrow = {str: "string", int: "int64", float: "double", bool: "bool", datetime: "timestamp[us, tz=UTC]",
-             list[float]: "list<item: double>", list[int]: "list<item: int64>"}
+             list[float]: "list<item: double>", list[int]: "list<item: int64>",
+             list[float | None]: "list<item: double>", list[int | None]: "list<item: int64>"}
     for name, part in declared:
         spec = next(s for s in part.specs() if s.name == name)
         assert str(schema[name].type) == arrow[spec.type], name
@@ -41,7 +51,7 @@ def test_every_result_column_of_the_schema_is_one_field_of_one_part_with_its_typ
 
 
 def test_a_result_flattens_to_exactly_its_columns_and_the_table_holds_them():
-    result = TrialResult(failed_outcome(Reason.TIMEOUT, "ran past"), timing=Timing(throughput_tok_s=12.5))
+    result = TrialResult(failed_outcome(Reason.TIMEOUT, "ran past"), throughput=Throughput(throughput_tok_s=12.5))
     row = result.row()
     assert set(row) == {name for name, part in _declared() if part is not Configuration}
     assert (row["status"], row["reason"], row["throughput_tok_s"], row["energy_j"]) == ("failed", "timeout", 12.5, None)
@@ -61,9 +71,20 @@ def test_a_flat_row_goes_to_the_parts_that_declare_its_columns_and_an_unknown_on
     assert result.fidelity.fidelity_kl == 0.01 and result.energy.gpu_energy_j == [1.0, 2.0]
     with pytest.raises(RowError, match="energy_joules"):
         TrialResult.from_row({"status": Status.OK, "energy_joules": 3.0})
-    with pytest.raises(RowError, match="Timing: column.*energy_j"):
-        Timing.of({"energy_j": 3.0})
+    with pytest.raises(RowError, match="Throughput: column.*energy_j"):
+        Throughput.of({"energy_j": 3.0})
     with pytest.raises(RowError, match="outcome"):
         TrialResult.from_row({"energy_j": 3.0})
     with pytest.raises(TypeError):
-        Timing(energy_j=3.0)  # type: ignore[call-arg]  # a part built by keyword is checked where it is built
+        Throughput(energy_j=3.0)  # type: ignore[call-arg]  # a part built by keyword is checked where it is built
+
+
+def test_a_result_is_made_of_its_producers_parts_each_once():
+    ok = Outcome(status=Status.OK)
+    result = TrialResult.of(ok, Throughput(duration_s=2.0), None, Energy(energy_j=5.0), Stability(unstable=False))
+    assert (result.throughput.duration_s, result.energy.energy_j, result.stability.unstable) == (2.0, 5.0, False)
+    assert result.latency == Latency() and result.row()["ttft_s"] is None  # a part not given stays empty
+    with pytest.raises(RowError, match="Energy given twice"):
+        TrialResult.of(ok, Energy(energy_j=5.0), Energy(energy_j=6.0))
+    with pytest.raises(RowError, match="Configuration is not a part of a trial's result"):
+        TrialResult.of(ok, Configuration())

@@ -11,13 +11,13 @@ import pytest
 from sweeper.core.gpus import GPUS, held_gpu_names, match_gpu
 from sweeper.core.precisions import PRECISIONS
 from sweeper.core.presets import PRESETS
+from sweeper.core.results import Roofline
 from sweeper.core.roofline import (
-    COLUMNS,
     Architecture,
     UnsupportedArchitectureError,
     kv_bytes_per_token,
     request_flops,
-    roofline_columns,
+    roofline,
 )
 
 # meta-llama/Llama-3.2-1B: hidden 2048, MLP 8192, 16 layers, 32 heads of 64, 8 KV heads, vocab 128256, tied.
@@ -35,7 +35,7 @@ def cfg(name: str, **override) -> dict:
 def cols(config: dict, precision: str = "bf16", **kw) -> dict:
     args = dict(batch_size=1, input_len=128, output_len=64, gpu_names=["NVIDIA H200"],
                 throughput_tok_s=100.0, tpot_s=0.01)
-    return roofline_columns(config, PRECISIONS[precision], **{**args, **kw})
+    return dict(roofline(config, PRECISIONS[precision], **{**args, **kw}).items())
 
 
 # -- parameter counts -----------------------------------------------------------------------
@@ -280,14 +280,8 @@ def test_unknown_architecture_gives_all_nulls():
     gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 2, "vocab_size": 512}
     with pytest.raises(UnsupportedArchitectureError, match="gpt2"):
         Architecture.from_config(gpt2)
-    got = cols(gpt2)
-    assert set(got) == set(COLUMNS) and all(v is None for v in got.values())
-
-
-def test_columns_are_trials_schema_columns():
-    from sweeper.core.schema import TRIALS
-
-    assert set(COLUMNS) <= {c.name for c in TRIALS}
+    assert roofline(gpt2, PRECISIONS["bf16"], batch_size=1, input_len=128, output_len=64, gpu_names=[],
+                    throughput_tok_s=100.0, tpot_s=0.01) == Roofline()
 
 
 # -- a real trial ------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from actors.backends.base import PrepareInfo
+from sweeper.core.results import Compile
 
 # Devices the compiled path runs on unless a backend is given its own list: CUDA
 # graphs are the point of it (on a CPU the backend falls back to eager).
@@ -103,7 +103,7 @@ class CompiledDecode:
         # Prefill needs only the last position's logits (generate asks the same).
         self._keep_last = ({"logits_to_keep": 1}
                            if "logits_to_keep" in inspect.signature(model.forward).parameters else {})
-        self._prepared: dict[tuple[int, int], PrepareInfo] = {}
+        self._prepared: dict[tuple[int, int], Compile] = {}
         # Hooked modules (the layer-profiling pass) must run eager: a hook inside a
         # CUDA graph fires once at capture, never at replay.
         self._modules = list(model.modules())
@@ -219,16 +219,16 @@ class CompiledDecode:
     def prepare(self, generate: Callable[[np.ndarray, int], Any], sync: Callable[[], None],
                 is_out_of_memory: Callable[[BaseException], bool], vocab_size: int,
                 batch_size: int, input_len: int, output_len: int,
-                clock: Callable[[], float] = time.monotonic) -> PrepareInfo:
+                clock: Callable[[], float] = time.monotonic) -> Compile:
         """Compile and capture graphs for the shape; time it against a steady-state call.
 
         ``compile_s`` = (time of the preparing calls) - (as many steady-state
         calls): what the first calls of a new shape cost beyond decoding.
         """
         if not self.active:
-            return PrepareInfo(None, self.status())
+            return Compile(None, self.status())
         if output_len < 2:
-            return PrepareInfo(None, "fallback: output_len 1 has no decode step to compile (prefill runs eager)")
+            return Compile(None, "fallback: output_len 1 has no decode step to compile (prefill runs eager)")
         key = (batch_size, input_len + output_len)
         rng = np.random.default_rng([batch_size, input_len, output_len])
 
@@ -267,14 +267,14 @@ class CompiledDecode:
         if self.mode == "reduce-overhead" and (skips := _cudagraph_skips() - skips0):
             notes.append(f"CUDA graphs skipped {skips} time(s)")
         status = "; ".join(["compiled", *notes])
-        info = PrepareInfo(max((t1 - t0) - PREPARE_CALLS * steady_s, 0.0), status)
+        info = Compile(max((t1 - t0) - PREPARE_CALLS * steady_s, 0.0), status)
         self._prepared[key] = info
         return info
 
-    def _fall_back(self, reason: str) -> PrepareInfo:
+    def _fall_back(self, reason: str) -> Compile:
         import torch._dynamo
 
         self.fallback = reason
         self._cache = self._cache_shape = self._step = None
         torch._dynamo.reset()  # drop what was compiled; every later call runs eager
-        return PrepareInfo(None, self.status())
+        return Compile(None, self.status())

@@ -23,7 +23,6 @@ from actors.backends.base import (
     Generation,
     LoadInfo,
     ModelSpec,
-    PrepareInfo,
     PromptBatch,
     RequestTiming,
 )
@@ -35,6 +34,7 @@ from actors.serving.client import Follow, run_requests
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.backends import TransformersOptions
 from sweeper.core.precisions import PRECISIONS
+from sweeper.core.results import Compile
 
 
 def _dtype_kwarg() -> str:
@@ -163,7 +163,7 @@ class TransformersBackend(Backend):
         self._setup[key] = (config, StepClock())
         return self._setup[key]
 
-    def prepare(self, batch_size: int, input_len: int, output_len: int) -> PrepareInfo:
+    def prepare(self, batch_size: int, input_len: int, output_len: int) -> Compile:
         """Compile the decode step for this shape and capture its graphs (compiled path only)."""
         if self._compiled is None:
             raise RuntimeError("prepare() before load()")

@@ -51,7 +51,6 @@ from actors.backends.base import (
     Generation,
     LoadInfo,
     ModelSpec,
-    PrepareInfo,
     PromptBatch,
     RequestTiming,
 )
@@ -63,6 +62,7 @@ from actors.serving.client import Follow
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.backends import VllmOptions
 from sweeper.core.precisions import PRECISIONS
+from sweeper.core.results import Compile
 from sweeper.core.servers import TRITON_CACHE_DIR, VLLM_CACHE_DIR
 
 log = logging.getLogger(__name__)
@@ -382,9 +382,9 @@ class VllmBackend(Backend):
                         type(exc).__name__, exc)
             return None
 
-    def prepare(self, batch_size: int, input_len: int, output_len: int) -> PrepareInfo:
+    def prepare(self, batch_size: int, input_len: int, output_len: int) -> Compile:
         # The engine compiles and captures CUDA graphs once, while loading (in load_s).
-        return PrepareInfo(compile_status="eager (enforce_eager)" if self.options.enforce_eager
+        return Compile(compile_status="eager (enforce_eager)" if self.options.enforce_eager
                            else "compiled (at engine start, in load_s)")
 
     def _sampling_params(self, output_len: int, stop_at_eos: bool = False) -> Any:

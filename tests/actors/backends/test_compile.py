@@ -13,11 +13,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from actors.backends.base import ModelSpec, PrepareInfo
+from actors.backends.base import ModelSpec
 from actors.backends.transformers.compiled import RecompiledError, compiled_graphs
 from actors.backends.transformers.eager import TransformersBackend
 from bench.benchkit import output_ids
 from sweeper.core.backends import TransformersOptions
+from sweeper.core.results import Compile
 from tests.conftest import run_cli
 
 INPUT_LEN, OUTPUT_LEN = 12, 8
@@ -60,7 +61,7 @@ def _tokens(backend: TransformersBackend, prompts: np.ndarray):
 
 
 def test_eager_and_cpu_fall_back_with_their_status(eager):
-    assert eager.prepare(2, INPUT_LEN, OUTPUT_LEN) == PrepareInfo(None, "eager")
+    assert eager.prepare(2, INPUT_LEN, OUTPUT_LEN) == Compile(None, "eager")
     b = TransformersBackend()  # the default: compiled on GPUs only
     b.load(_spec(compile=True))
     info = b.prepare(2, INPUT_LEN, OUTPUT_LEN)

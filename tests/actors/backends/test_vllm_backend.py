@@ -589,20 +589,21 @@ vllm:generation_tokens_total{engine="0",model_name="m"} 5000.0
 
 
 def test_speculation_counts_are_summed_over_engines_and_a_window_is_a_difference():
-    from actors.backends.speculation import SpeculationCounts, window_columns
+    from actors.backends.speculation import SpeculationCounts, window_speculation
+    from sweeper.core.results import Speculation
 
     after = SpeculationCounts.from_prometheus_text(VLLM_METRICS)
     assert after == SpeculationCounts(drafts=160.0, draft_tokens=640.0, accepted_tokens=240.0)
     before = SpeculationCounts(drafts=60.0, draft_tokens=240.0, accepted_tokens=40.0)
-    columns = window_columns(before, after)
-    assert columns == {"spec_drafts": 100.0, "spec_draft_tokens": 400.0, "spec_accepted_tokens": 200.0,
-                       "spec_acceptance_rate": 0.5, "spec_tokens_per_step": 3.0}
+    assert window_speculation(before, after) == Speculation(
+        spec_drafts=100.0, spec_draft_tokens=400.0, spec_accepted_tokens=200.0, spec_acceptance_rate=0.5,
+        spec_tokens_per_step=3.0)
     # Speculation off: the engine counts none of them, and the row gets no such columns.
     assert SpeculationCounts.from_prometheus_text("vllm:generation_tokens_total 5.0\n") is None
-    assert window_columns(None, after) == {} and window_columns(before, None) == {}
+    assert window_speculation(None, after) is None and window_speculation(before, None) is None
     # No draft in the window: the rates are unknown, not zero.
-    idle = window_columns(before, before)
-    assert idle["spec_acceptance_rate"] is None and idle["spec_tokens_per_step"] is None
+    idle = window_speculation(before, before)
+    assert idle is not None and idle.spec_acceptance_rate is None and idle.spec_tokens_per_step is None
 
 
 def test_speculation_counts_from_vllms_in_process_snapshot():

@@ -19,7 +19,7 @@ from actors.serving.conversations import (
     ConversationScript,
     Dialogue,
     HistoryEncoder,
-    conversation_columns,
+    conversation_figures,
 )
 from actors.serving.measure import measure_serving_trial
 from actors.serving.records import ServedRequest, ServedRun
@@ -111,12 +111,12 @@ def test_a_failed_turn_ends_its_conversation_and_the_others_go_on():
     ok = ServedRequest(2, 4, 0.0, 0.0, None, (0.1,), 0.1)
     assert s.next_turn(ok, 0.0).index == 3
     run = ServedRun(0.0, 1.0, (failed, ok, ServedRequest(3, 9, 0.2, 0.2, None, (0.3, 0.4), 0.4)))
-    columns = conversation_columns(run, s, [5.0, 1.0, 2.0])
-    assert columns["n_conversations"] == 2 and columns["conversations_completed"] == 1
-    assert columns["energy_per_conversation_j"] == pytest.approx(3.0)
-    assert columns["first_turn_energy_j"] == pytest.approx(1.0)  # the failed first turn is left out
-    assert columns["last_turn_energy_j"] == pytest.approx(2.0)
-    assert columns["conversation_s"] == pytest.approx(0.4)
+    figures = conversation_figures(run, s, [5.0, 1.0, 2.0])
+    assert figures.n_conversations == 2 and figures.conversations_completed == 1
+    assert figures.energy_per_conversation_j == pytest.approx(3.0)
+    assert figures.first_turn_energy_j == pytest.approx(1.0)  # the failed first turn is left out
+    assert figures.last_turn_energy_j == pytest.approx(2.0)
+    assert figures.conversation_s == pytest.approx(0.4)
 
 
 def _sweep(path: Path, **workload) -> dict:

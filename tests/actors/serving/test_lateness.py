@@ -63,12 +63,13 @@ def test_a_late_run_is_flagged_with_its_figures_and_an_early_one_is_not():
     ok = send_lateness(on_time, SteadyWindow(10.0, 90.0, 1.0), 0.005, 0.02, 0.0)
     assert not ok.behind and ok.reason is None
     assert ok.run.count == 100 and ok.steady.count == 80
-    assert ok.columns()["send_lateness_p99_s"] == pytest.approx(0.001)
-    assert ok.columns()["client_behind"] is False
+    assert ok.part().send_lateness_p99_s == pytest.approx(0.001)
+    assert ok.part().client_behind is False
     late = on_time[:90] + [served(i, float(i), i + 0.3) for i in range(90, 100)]
     verdict = send_lateness(late, SteadyWindow(10.0, 85.0, 1.0), 0.005, 0.02, 5.0)
     assert verdict.behind and verdict.late == 10
-    assert verdict.columns()["send_lateness_max_s"] == pytest.approx(0.3)
+    assert verdict.part(client_processes=2).send_lateness_max_s == pytest.approx(0.3)
+    assert verdict.part(client_processes=2).client_processes == 2
     assert "send lateness p99 300 ms" in verdict.reason and "> 5 ms" in verdict.reason
     assert "TTFT p50 (20 ms)" in verdict.reason and "leaves out 5 s" in verdict.reason
 

@@ -10,7 +10,7 @@ import pytest
 
 from actors.serving.arrivals import arrival_offsets, serving_requests
 from actors.serving.records import ServedRequest, ServedRun
-from actors.serving.stats import meets, running, served_latency_columns, steady_window
+from actors.serving.stats import meets, running, served_latency, steady_window
 from actors.workload import RandomSource
 from sweeper.core.settings import ServingSettings
 
@@ -27,7 +27,7 @@ RECORDED = [served(i, 0.0, 0.1 * (i + 1), 0.01 * (i + 1), 5) for i in range(4)]
 
 
 def test_percentiles_and_means_match_a_hand_computation():
-    cols = served_latency_columns(RECORDED)
+    cols = dict(served_latency(RECORDED).items())
     assert cols["ttft_s"] == pytest.approx(0.25)
     # numpy's linear interpolation between order statistics: 0.1 + 0.5 * ... at rank 1.5 -> 0.25
     assert cols["ttft_p50_s"] == pytest.approx(0.25)

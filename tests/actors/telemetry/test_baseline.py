@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from actors.telemetry import BaselineReuse, NullTelemetry, Telemetry, trial_baseline
-from sweeper.core.schema import trials_columns
+from sweeper.core.results import Baseline
 from sweeper.core.settings import MeasureSettings
 from tests.actors.telemetry.test_telemetry import START_S, install, uuid
 from tests.fake_nvml import FakeClock, FakeGpu, PowerTrace
@@ -117,14 +117,15 @@ def test_trial_columns_say_whether_the_baseline_was_reused(monkeypatch, clock):
     gpu = FakeGpu(uuid(0), power=PowerTrace(90.0))
     tel = telemetry(monkeypatch, clock, [gpu])
     m = MeasureSettings(idle_s=1.0)
-    baseline, cols = trial_baseline(tel, m)
+    baseline, part = trial_baseline(tel, m)
     assert baseline is not None
-    assert cols == {"idle_settle_s": baseline.settle_s, "idle_baseline_reused": False, "idle_baseline_age_s": 0.0,
-                    "idle_recheck_power_w": None, "gpu_idle_power_w": [baseline.power_w]}
+    assert part == Baseline(idle_power_w=baseline.power_w, idle_settle_s=baseline.settle_s,
+                            idle_baseline_reused=False, idle_baseline_age_s=0.0, idle_recheck_power_w=None,
+                            gpu_idle_power_w=[baseline.power_w])
     busy(tel, clock, 3.0, [gpu], 250.0, 90.0)
-    _, cols = trial_baseline(tel, m)
-    assert cols["idle_baseline_reused"] is True and cols["idle_baseline_age_s"] > 3.0
-    assert cols["idle_recheck_power_w"] == pytest.approx(90.0, abs=0.05)
-    assert set(cols) <= {c.name for c in trials_columns()}
+    _, part = trial_baseline(tel, m)
+    assert part.idle_baseline_reused is True and part.idle_baseline_age_s > 3.0
+    assert part.idle_recheck_power_w == pytest.approx(90.0, abs=0.05)
+    assert part.idle_power_w == pytest.approx(90.0, abs=0.05)  # the group's, as re-checked
     # Without GPUs nothing is measured and nothing is claimed.
-    assert trial_baseline(NullTelemetry(reason="no GPU"), m) == (None, dict.fromkeys(cols))
+    assert trial_baseline(NullTelemetry(reason="no GPU"), m) == (None, Baseline())

@@ -17,7 +17,8 @@ import pyarrow as pa
 import pynvml
 import pytest
 
-from actors.measure import ENERGY_COLUMNS, energy_columns
+from actors.measure import window_energy_parts
+from actors.method import ratio, window_memory
 from actors.telemetry import (
     DEFAULT_POLICY,
     GPU_COLUMNS,
@@ -39,6 +40,7 @@ from actors.telemetry import (
     TelemetryError,
     resolve_gpus,
 )
+from sweeper.core.results import Energy, HostEnergy, PhaseEnergy
 from tests.fake_nvml import FakeClock, FakeGpu, FakeNvml, PowerTrace
 
 START_S = 1000.0
@@ -726,16 +728,24 @@ def measured_trial(tel, clock, p0, *, iterations=12, iter_s=1.0, prefill_s=0.04)
     return handle, marks, bounds
 
 
-# The offline method's energy columns, then the GPUs' (``actors.measure``): what a trial row holds.
-TRIAL_COLUMNS = (*ENERGY_COLUMNS, *GPU_COLUMNS)
+# The offline window's energy parts and the figures it takes from the same report, then the
+# GPUs' (``actors.measure``): what a trial row holds of the telemetry.
+TRIAL_COLUMNS = (*(spec.name for part in (Energy, PhaseEnergy, HostEnergy) for spec in part.specs()),
+                 "energy_per_request_j", "iteration_energy_cv", "gpu_peak_memory_bytes", *GPU_COLUMNS)
 
 
 def trial_energy_columns(tel, handle, *, idle_power_w, marks, output_tokens, requests, decode_tokens,
                          iteration_bounds):
-    """The telemetry's typed report of the window, turned into columns by the measurement method."""
+    """The telemetry's typed report of the window, turned into result parts by the measurement
+    method, as columns."""
     report = tel.report(handle, marks=marks, iteration_bounds=iteration_bounds)
-    return {**energy_columns(report, idle_power_w=idle_power_w, output_tokens=output_tokens, requests=requests,
-                             decode_tokens=decode_tokens), **tel.environment()}
+    parts = window_energy_parts(report, idle_power_w=idle_power_w, output_tokens=output_tokens,
+                                decode_tokens=decode_tokens)
+    window = report.window if report is not None else None
+    return {**{name: value for part in parts for name, value in part.items()},
+            "energy_per_request_j": ratio(parts[0].energy_j, requests),
+            "iteration_energy_cv": report.iteration_energy_cv if report is not None else None,
+            "gpu_peak_memory_bytes": window_memory(window, None).gpu_peak_memory_bytes, **tel.environment()}
 
 
 def test_telemetry_trial_columns(monkeypatch, clock, tmp_path):
@@ -757,7 +767,7 @@ def test_telemetry_trial_columns(monkeypatch, clock, tmp_path):
     assert cols["energy_per_token_uncertainty_j"] == pytest.approx(cols["energy_uncertainty_j"] / 1200)
     assert cols["p99_power_w"] == pytest.approx(500.0, rel=1e-3) and cols["peak_power_w"] == pytest.approx(500.0)
     assert 0 <= cols["iteration_energy_cv"] < 0.05  # steady 500 W iterations: under max_iteration_cv
-    assert cols["idle_power_w"] == pytest.approx(60.0, rel=1e-3)
+    assert idle_w == pytest.approx(60.0, rel=1e-3)
     assert cols["active_energy_j"] == pytest.approx(cols["energy_j"] - 60.0 * w.duration_s, rel=1e-3)
     assert cols["prefill_energy_j"] + cols["decode_energy_j"] == pytest.approx(cols["energy_j"], abs=cols["energy_uncertainty_j"])
     # The marks tile the window: nothing lies between phases.
@@ -800,9 +810,9 @@ def test_iteration_energy_spread_is_measured_and_noted_as_host_noise(monkeypatch
     assert cols["iteration_energy_cv"] > 0.05
     verdict = Verdict()
     verdict.process_noise(0.05, throughput_cv=None, iterations=6, energy_cv=cols["iteration_energy_cv"])
-    assert verdict.columns()["noisy_host"] is True and "energy CV" in verdict.columns()["noisy_host_reason"]
-    assert verdict.columns()["unstable"] is False  # noise alone does not make the figures imprecise
-    assert cols["idle_power_w"] is None and cols["active_energy_j"] is None
+    assert verdict.part().noisy_host is True and "energy CV" in verdict.part().noisy_host_reason
+    assert verdict.part().unstable is False  # noise alone does not make the figures imprecise
+    assert cols["active_energy_j"] is None
 
 
 def test_measure_block_that_raises_leaves_no_open_window(monkeypatch, clock, tmp_path):
