@@ -27,7 +27,7 @@ EXPECTED = (
 OFFLINE = ("n_iterations", "peak_memory_bytes", "weight_memory_bytes", "prefill_energy_j", "decode_energy_j",
            "throughput_rel_ci95", "mfu", "mbu")
 SERVING = ("energy_per_request_j", "run_energy_j", "achieved_rate_req_s", "ttft_p50_s", "tpot_p50_s",
-           "send_lateness_p99_s", "request_energy_method")
+           "send_lateness_p99_s", "request_energy_method", "peak_memory_bytes")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -392,6 +392,24 @@ def _check_width(planned: list[PlannedTrial], device: Device, capabilities: Capa
         raise SweepFileError(sweep_path, "tensor_parallel", reason)
 
 
+def _check_fidelity_reference(planned: list[PlannedTrial], device: Device, sweep_path: str) -> None:
+    """A fidelity reference whose backend cannot run its precision leaves every trial that needs
+    it without fidelity: the sweep asks for the impossible, which the file should say now, not
+    each trial's row after the run."""
+    for p in planned:
+        t = p.trial
+        if not p.runnable or t.fidelity is None:
+            continue
+        name = t.fidelity.reference_backend or t.backend
+        options = t.backend_options if name == t.backend else None
+        reason = BACKENDS[name].unsupported_reason(t.fidelity.reference, device, t.tensor_parallel, options)
+        if reason:
+            raise SweepFileError(
+                sweep_path, "fidelity.reference",
+                f"the {t.backend} trials' reference cannot run: {reason}. Name a backend that runs it, e.g. "
+                f"reference: {{backend: transformers, precision: {t.fidelity.reference}}}, or exclude those trials")
+
+
 def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", check_hub: bool = True,
               capabilities: Capabilities | None = None, expanded: tuple[list[Trial], int] | None = None) -> Plan:
     """The sweep's trials for ``device``, each runnable or skipped with the reason.
@@ -408,6 +426,7 @@ def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", chec
         planned.append(PlannedTrial(t, verdicts[key]))
     if capabilities is not None:
         _check_width(planned, device, capabilities, sweep_path)
+    _check_fidelity_reference(planned, device, sweep_path)
     plan = Plan(sweep=sweep, device=device, trials=planned, excluded=excluded,
                 warnings=steady_window_warnings(p.trial for p in planned if p.runnable)
                 + speculation_warnings(p.trial for p in planned)

@@ -200,3 +200,19 @@ def test_a_shape_longer_than_the_models_positions_is_skipped_at_plan_time(tiny_g
     assert skipped[("tiny-llama", 2041)] == ("input_len + output_len = 2049 exceeds the model's 2048 positions "
                                              "(max_position_embeddings in its config)")
     assert "exceeds the model's 64 positions" in skipped[(gpt2, 2040)]
+
+
+def test_a_fidelity_reference_its_backend_cannot_run_is_the_sweep_files_error():
+    fidelity = {"name": "f", "models": "llama-3.2-1b", "backends": ["transformers", "vllm"], "precisions": ["fp32", "bf16"],
+                "exclude": [{"backend": "vllm", "precision": "fp32"}], "batch_sizes": 1,
+                "workload": {"input_len": 8, "output_len": 4}}
+    with pytest.raises(SweepFileError, match="fidelity.reference") as info:
+        make_plan(parse_sweep({**fidelity, "fidelity": {"reference": "fp32"}}), "cuda")
+    assert "the vllm trials' reference cannot run: backend vllm does not support precision fp32" in str(info.value)
+    assert "reference: {backend: transformers, precision: fp32}" in str(info.value)
+    # Named on a backend that runs it, the same reference plans; on a CPU the vLLM trials are
+    # skipped, so their reference is no one's problem.
+    ok = make_plan(parse_sweep({**fidelity, "fidelity": {"reference": {"backend": "transformers", "precision": "fp32"}}}),
+                   "cuda")
+    assert len(ok.runnable) == 3
+    assert make_plan(parse_sweep({**fidelity, "fidelity": {"reference": "fp32"}}), "cpu").runnable
