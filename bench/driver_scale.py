@@ -108,7 +108,7 @@ def sweeper_run(trials: int, gpus: int, step_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         store = ResultStore(tmp)
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        summary = run_plan(plan, store, cluster, quiet=True)
+        summary = run_plan(plan, store, cluster)
         rows = store.read_shards("trials", columns=["started_at", "finished_at", "status"]).to_pylist()
     actor_s = sum((r["finished_at"] - r["started_at"]).total_seconds() for r in rows if r["status"] == Status.OK)
     return {"wall_s": summary.wall_s, "trials": len(rows), "ok": summary.ok,

@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> None:
         store = ResultStore(tmp)
         run_start = datetime.now(timezone.utc)
         try:
-            summary = run_plan(plan, store, info, quiet=True)
+            summary = run_plan(plan, store, info)
         finally:
             ray.shutdown()
             cluster.shutdown()

@@ -18,6 +18,7 @@ from rich.markup import escape
 
 from sweeper.core.errors import UserInputError
 from sweeper.core.settings import Device
+from sweeper.live import LiveObserver
 
 if TYPE_CHECKING:
     from sweeper.run.session import RunResult, RunSetup
@@ -86,18 +87,6 @@ def _fail(exc: UserInputError) -> typer.Exit:
 SweepArg = Annotated[Path, typer.Argument(help="sweep file (YAML)", show_default=False)]
 
 
-class _Console:
-    """The run session's ``Observer``: what a run says, on stderr (the live view included)."""
-
-    console: Console | None = err
-
-    def say(self, line: str) -> None:
-        err.print(line, highlight=False, markup=False, soft_wrap=True)
-
-    def warn(self, line: str) -> None:
-        _warn(line)
-
-
 @app.command(cls=_Command)
 def plan(
     sweep_file: SweepArg,
@@ -114,7 +103,7 @@ def plan(
     target: Device | None = None if device is DeviceChoice.auto else device.value
     try:
         view = plan_sweep(sweep_file, target, address=address, output=output, retry_failed=retry_failed,
-                          observer=_Console())
+                          observer=LiveObserver(err))
     except UserInputError as exc:
         raise _fail(exc) from None
     if as_json:
@@ -145,11 +134,11 @@ def run(
 
     options = RunOptions(retry_failed=retry_failed, max_retries=max_retries, oom_pruning=not no_oom_pruning,
                          split_groups=not no_split)
-    observer = _Console()
+    observer = LiveObserver(err, quiet=quiet)
     try:
         # The sweep is checked, and its destination taken, before a cluster starts or a GPU spins.
         with open_run(sweep_file, output, observer) as setup, _signals_as_interrupts():
-            result = run_sweep(setup, options, address=address, quiet=quiet, observer=observer)
+            result = run_sweep(setup, options, address=address, observer=observer)
     except UserInputError as exc:
         raise _fail(exc) from None
     except ResultsWriteError as exc:
@@ -201,7 +190,7 @@ def _installed_since(setup: RunSetup, result: RunResult, failed: list[str]) -> s
 
 
 def _warn(line: str) -> None:
-    err.print(f"warning: {line}", highlight=False, markup=False, soft_wrap=True)
+    LiveObserver(err).warn(line)
 
 
 class _Terminated(KeyboardInterrupt):

@@ -87,7 +87,7 @@ def main(scenario: str, sweep_path: str, out: str) -> None:
                                    args=(cluster, workers, Path(out), removed, stop), daemon=True)
         watcher.start()
     try:
-        summary = run_plan(plan, ResultStore(out), info, RunOptions(max_retries=2), quiet=True)
+        summary = run_plan(plan, ResultStore(out), info, RunOptions(max_retries=2))
     finally:
         stop.set()
         if watcher is not None:

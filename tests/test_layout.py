@@ -2,7 +2,8 @@
 
 - ``sweeper.core`` imports nothing else of sweeper's (and no data plane);
 - ``sweeper.plan`` imports core; ``sweeper.run`` imports core, plan; ``sweeper.analysis``
-  imports core; the CLI may import them all;
+  imports core; the command line's renderings (``sweeper.console``, ``sweeper.live``) import
+  what they draw; the CLI may import them all;
 - ``actors`` (the data plane) imports ``sweeper.core`` and nothing else of the control plane;
 - the control plane never imports ``actors``: the scheduler names the actor class by string;
 - no cycle among the modules' top-level imports.
@@ -24,7 +25,10 @@ ALLOWED = {
     "sweeper.plan": {"sweeper.core", "sweeper.plan"},
     "sweeper.run": {"sweeper.core", "sweeper.plan", "sweeper.run"},
     "sweeper.analysis": {"sweeper.core", "sweeper.analysis"},
-    "sweeper.cli": {"sweeper.core", "sweeper.plan", "sweeper.run", "sweeper.analysis", "sweeper.console"},
+    "sweeper.cli": {"sweeper.core", "sweeper.plan", "sweeper.run", "sweeper.analysis", "sweeper.console",
+                    "sweeper.live"},
+    # The command line's live view of a run: it draws the run's events.
+    "sweeper.live": {"sweeper.core", "sweeper.run", "sweeper.live"},
     # What the command line shows: it renders the session's and the analysis layer's values.
     "sweeper.console": {"sweeper.core", "sweeper.plan", "sweeper.run", "sweeper.analysis"},
     "actors": {"sweeper.core", "actors"},
@@ -75,6 +79,36 @@ def test_each_module_imports_only_the_layers_below_it(module):
     bad = sorted(n for n in _imports(path, top_level_only=False)
                  if not _within(n, allowed) and n not in ("sweeper", "actors"))
     assert not bad, f"{module} ({_layer(module)}) imports {bad}; allowed: {sorted(allowed)}"
+
+
+def _writes_to_a_terminal(node: ast.AST) -> bool:
+    """A call that prints: ``print(...)``, ``<console>.print(...)`` / ``.log(...)``, or a write to
+    ``sys.stdout`` / ``sys.stderr``."""
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    if isinstance(f, ast.Name):
+        return f.id == "print"
+    if isinstance(f, ast.Attribute):
+        if f.attr in ("print", "rule"):
+            return True
+        owner = f.value
+        return (f.attr == "write" and isinstance(owner, ast.Attribute) and owner.attr in ("stdout", "stderr"))
+    return False
+
+
+@pytest.mark.parametrize("module", sorted(m for m in _modules() if _layer(m) == "sweeper.run"))
+def test_nothing_in_the_run_layer_prints(module):
+    """The run layer tells an ``Observer`` (lines, events); the command line decides what is shown."""
+    tree = ast.parse(_modules()[module].read_text())
+    printing = [node.lineno for node in ast.walk(tree) if _writes_to_a_terminal(node)]
+    assert not printing, f"{module} prints at line(s) {printing}"
+
+
+def test_the_print_check_sees_a_print():
+    assert _writes_to_a_terminal(ast.parse("console.print('x')").body[0].value)
+    assert _writes_to_a_terminal(ast.parse("sys.stderr.write('x')").body[0].value)
+    assert not _writes_to_a_terminal(ast.parse("observer.say('x')").body[0].value)
 
 
 def test_no_import_cycles():

@@ -1,20 +1,17 @@
-"""Where a run's messages go: an ``Observer`` (the command line prints them; a notebook or a
-test keeps them). The session and the scheduler both speak to one, so that nothing in
-``sweeper.run`` prints on its own."""
+"""Where a run's messages and events go: an ``Observer`` (the command line prints them and
+draws its live view from the events; a notebook or a test keeps them). The session and the
+scheduler both speak to one, so that nothing in ``sweeper.run`` prints on its own."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from rich.console import Console
+from sweeper.run.events import Notice, RunEvent
 
 
 class Observer(Protocol):
-    """Where a run's messages go (the command line prints them; a notebook may keep them)."""
-
-    console: Console | None  # the live progress view's console; None: no view
+    """Where a run's messages and events go."""
 
     def say(self, line: str) -> None:
         """What the run is doing (connecting, resuming, how many trials)."""
@@ -22,17 +19,25 @@ class Observer(Protocol):
     def warn(self, line: str) -> None:
         """Something the user should know and may want to change (the run goes on)."""
 
+    def on_event(self, event: RunEvent) -> None:
+        """What happened in the run (``sweeper.run.events``); a ``Notice`` is also a line to say."""
+
 
 @dataclass
 class Quiet:
-    """An ``Observer`` that keeps every message and shows nothing."""
+    """An ``Observer`` that keeps every message and event and shows nothing."""
 
-    console: Console | None = None
     said: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    events: list[RunEvent] = field(default_factory=list)
 
     def say(self, line: str) -> None:
         self.said.append(line)
 
     def warn(self, line: str) -> None:
         self.warnings.append(line)
+
+    def on_event(self, event: RunEvent) -> None:
+        self.events.append(event)
+        if isinstance(event, Notice):
+            self.say(event.text)

@@ -10,7 +10,7 @@ from typing import Any
 from sweeper.core.results import TrialResult
 from sweeper.core.stages import StageSpan
 from sweeper.core.trial import Trial
-from sweeper.run.progress import Placement
+from sweeper.run.events import Placement
 from sweeper.run.storage import ResultStore
 
 

@@ -2,8 +2,9 @@
 
 The command line is one caller of this module (it parses, calls, renders and maps
 exit codes); a notebook or a test is another. Nothing here prints: what a run says
-on its way (connecting, resuming, warnings) goes to an ``Observer``, the live view
-to the ``console`` it carries, and every result comes back typed.
+on its way (connecting, resuming, warnings) and every event of the run go to an
+``Observer`` (the command line's draws its live view from them), and every result
+comes back typed.
 
     with open_run("sweeps/quickstart.yaml", output="results/q") as setup:
         result = run_sweep(setup, RunOptions())
@@ -154,7 +155,7 @@ class RunResult:
 
 
 def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: str | None = None,
-              quiet: bool = False, observer: Observer | None = None) -> RunResult:
+              observer: Observer | None = None) -> RunResult:
     """Run the sweep's missing trials on Ray (joining ``address``, else an embedded local Ray),
     write each one's shards as it ends, then aggregate the tables.
 
@@ -185,7 +186,7 @@ def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: st
     observer.say(f"sweeper: {sweep.name}: {len(plan.runnable)} trials to run in {plan.load_count()} group(s), "
                  f"{len(plan.skipped)} skipped, on {cluster.nodes} node(s) with {cluster.gpus} GPU(s), "
                  f"{cluster.cpus} CPU(s); results in {store.uri}")
-    summary = run_plan(plan, store, cluster, options, quiet=quiet, observer=observer)
+    summary = run_plan(plan, store, cluster, options, observer=observer)
     return RunResult(summary, store.aggregate(), store)
 
 

@@ -1,10 +1,28 @@
-"""What a run did, for its closing summary: counts, wall and busy time, where the slot time went."""
+"""What a run did, for its closing summary: counts, wall and busy time, where the slot time went.
+
+The run's accounting is a listener of its events (``sweeper.run.events``): the scheduler
+counts nothing itself.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from sweeper.core.stages import IDLE, STAGES, StageSpan, stage_seconds
+from sweeper.core.status import Status
+from sweeper.run.events import (
+    ActorHandedOver,
+    ActorRequested,
+    GroupPlaced,
+    GroupSplit,
+    PlanSkipped,
+    Resumed,
+    Retrying,
+    RunEnded,
+    RunEvent,
+    TrialRecorded,
+    TrialTimed,
+)
 
 
 @dataclass
@@ -44,6 +62,48 @@ class RunSummary:
         if self.wall_s <= 0:
             return None
         return self.busy_s / (max(self.slots, 1) * self.wall_s)
+
+    def on_event(self, event: RunEvent) -> None:
+        """Count what the event says happened."""
+        match event:
+            case TrialRecorded():
+                self._recorded(event)
+            case TrialTimed(busy_s=busy_s, width=width, placement=placement):
+                # Slot-seconds: a tensor-parallel trial keeps each of its GPUs busy for its time.
+                self.busy_s += busy_s * width
+                for slot in placement.slots if placement is not None else ():
+                    use = self.placements.setdefault(slot, PlacementUse())
+                    use.trials += 1
+                    use.busy_s += busy_s
+            case ActorRequested():
+                self.model_loads += 1
+            case GroupPlaced(placement=placement):
+                for slot in placement.slots if placement is not None else ():
+                    self.placements.setdefault(slot, PlacementUse()).model_loads += 1
+            case Retrying():
+                self.retries += 1
+            case ActorHandedOver():
+                self.actor_handovers += 1
+            case GroupSplit():
+                self.group_splits += 1
+            case PlanSkipped(count=count):
+                self.skipped += count
+            case Resumed(already_ok=ok, kept_failed=kept):
+                self.resumed = ok + kept
+            case RunEnded(wall_s=wall_s, write_s=write_s):
+                self.wall_s, self.write_s = wall_s, write_s
+
+    def _recorded(self, event: TrialRecorded) -> None:
+        self.add_stages(list(event.stages), slots=event.slots)
+        outcome = event.result.outcome
+        self.ran += event.ran
+        if outcome.status == Status.OK:
+            self.ok += 1
+        elif outcome.status == Status.SKIPPED:
+            self.skipped += 1
+        else:
+            self.failed += 1
+            self.failures.append(f"{event.trial.label()}: {outcome.error}")
 
     def add_stages(self, spans: list[StageSpan], slots: int = 1) -> None:
         """Add an actor's spans, once per slot it holds (a tensor-parallel actor's load holds

@@ -10,17 +10,18 @@ in the driver's output directory whatever filesystem the workers see.
 group, each with an explicit ``GroupState``), and each event — an actor placed,
 a model loaded, a trial done, an actor dead, a trial past its time limit — has
 one method. It talks to the cluster only through an ``ActorRunner``
-(``RayActorRunner`` in production), so it is tested without a cluster too.
+(``RayActorRunner`` in production), so it is tested without a cluster too. What
+happened it tells its listeners as typed events (``sweeper.run.events``): the run's
+accounting (``RunSummary``) and its ``Observer`` (the command line's live view);
+it counts nothing and draws nothing itself.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from sweeper.core.backends import BACKENDS
@@ -28,7 +29,7 @@ from sweeper.core.errors import SweeperError, first_line
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.results import Setup, TrialResult
 from sweeper.core.stages import StageSpan
-from sweeper.core.status import Reason, Status, failed_outcome, skipped_outcome
+from sweeper.core.status import Reason, failed_outcome, skipped_outcome
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import Plan, TrialGroup
 from sweeper.run.actor_runner import (
@@ -41,13 +42,32 @@ from sweeper.run.actor_runner import (
     RayActorRunner,
 )
 from sweeper.run.cluster import ClusterInfo
+from sweeper.run.events import (
+    ActorHandedOver,
+    ActorRequested,
+    GroupEnded,
+    GroupLoaded,
+    GroupPlaced,
+    GroupSplit,
+    Placement,
+    PlanSkipped,
+    Polled,
+    Resumed,
+    Retrying,
+    RunEnded,
+    RunEvent,
+    RunStarted,
+    TrialRecorded,
+    TrialStarted,
+    TrialTimed,
+)
+from sweeper.run.group_run import Call, GroupRun, GroupState, RunOptions
 from sweeper.run.observer import Observer, Quiet
-from sweeper.run.progress import Placement, ProgressView, trial_line
 from sweeper.run.recorder import Recorder
 from sweeper.run.resume import is_settled, predicted_oom, resume_filter
 from sweeper.run.splitting import best_split
 from sweeper.run.storage import ResultStore
-from sweeper.run.summary import PlacementUse, RunSummary
+from sweeper.run.summary import RunSummary
 
 # The seam and the writer live in their own modules; these names stay importable from here.
 __all__ = ["ACTOR_CLASS", "ActorDied", "ActorRunner", "CallFailed", "CallKind", "GroupRun", "GroupState",
@@ -57,87 +77,6 @@ __all__ = ["ACTOR_CLASS", "ActorDied", "ActorRunner", "CallFailed", "CallKind", 
 
 class ResultsWriteError(SweeperError):
     """A shard could not be written (a full disk, a lost mount): the sweep stops, what was written stays."""
-
-
-# -- records -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RunOptions:
-    retry_failed: bool = False  # re-run trials whose stored result is failed
-    max_retries: int = 2  # re-runs of a trial whose actor died, before it is recorded failed
-    oom_pruning: bool = True  # skip larger batches of a shape that ran out of memory
-    split_groups: bool = True  # give a long group's last trials to an idle slot (sweeper.run.splitting)
-    poll_s: float = 0.25  # how often the display refreshes and time limits are checked
-
-
-# -- the state machine -------------------------------------------------------------------
-
-class GroupState(enum.Enum):
-    # Its actor is not requested yet: the group reads a fidelity reference that another group
-    # of this run computes, and waits until that group holds its resources. Ray does not place
-    # actors queued for the same resources in the order they were asked for; asked for at
-    # once, a reader could get the slot first and load the reference precision itself.
-    HELD = "held"
-    WAITING = "waiting"  # its actor is requested; the cluster may be holding it back for resources
-    LOADING = "loading"  # the actor is placed and loading the group's model
-    RUNNING = "running"  # a trial is submitted (or about to be)
-    DONE = "done"  # every trial recorded; its actor is gone
-
-
-@dataclass(eq=False)  # identity: a group's run is a key of the progress view
-class GroupRun:
-    """One group's progress: its actor (replaced when it dies or hangs) and its queue."""
-
-    group: TrialGroup
-    resources: dict[str, Any]  # what the group's actor holds
-    pending: list[Trial]
-    state: GroupState = GroupState.WAITING
-    actor: Any = None
-    load: LoadResult | None = None
-    current: Trial | None = None  # submitted, or waiting for a fresh actor to retry it
-    # Times the current trial's actor died under it (loading or running it); before
-    # the first trial, deaths while loading the group's model.
-    deaths: int = 0
-    started_s: float = 0.0  # monotonic time the current attempt was submitted
-    placed_s: float = 0.0  # monotonic time the actor got its resources (its load's clock starts)
-    attempt: int = 0  # actors started for this group; tells a stale actor's replies apart
-    placement: Placement | None = None
-    # The load's stage spans (and the actor's start), recorded with the next trial recorded.
-    load_stages: list[StageSpan] = field(default_factory=list)
-    # What a split weighs: the driver's seconds per finished trial.
-    trials_timed: int = 0
-    trial_s_total: float = 0.0
-    # The groups whose actors are requested once this one is placed (or closed): those that
-    # read the fidelity reference this group computes.
-    readers: list[GroupRun] = field(default_factory=list)
-
-    @property
-    def mean_trial_s(self) -> float | None:
-        return self.trial_s_total / self.trials_timed if self.trials_timed else None
-
-    @property
-    def label(self) -> str:
-        return self.group.label
-
-    def timed_out(self, now_s: float) -> bool:
-        limit_s = self.current.measure.timeout_s if self.current is not None else None
-        return limit_s is not None and now_s - self.started_s > limit_s
-
-    def load_timed_out(self, now_s: float) -> bool:
-        # Only once placed: an actor queued behind other groups for a GPU is not loading yet.
-        limit_s = self.group.trials[0].measure.load_timeout_s
-        return self.state is GroupState.LOADING and now_s - self.placed_s > limit_s
-
-
-@dataclass(frozen=True)
-class _Call:
-    group: GroupRun
-    kind: CallKind
-    attempt: int  # the group's actor attempt the call went to
-    # A close: the actor it ends (the group may have handed its own on) and when it is killed
-    # if it has not closed by then.
-    actor: Any = None
-    deadline_s: float = 0.0
 
 
 class SweepRun:
@@ -152,57 +91,58 @@ class SweepRun:
     """
 
     def __init__(self, plan: Plan, store: ResultStore, cluster: ClusterInfo, runner: ActorRunner, *,
-                 options: RunOptions = RunOptions(), observer: Observer | None = None, quiet: bool = False,
+                 options: RunOptions | None = None, observer: Observer | None = None,
                  clock: Callable[[], float] = time.monotonic):
-        self.plan, self.cluster, self.runner, self.options = plan, cluster, runner, options
+        self.plan, self.cluster, self.runner = plan, cluster, runner
+        self.options = options if options is not None else RunOptions()
         self.clock = clock
-        # What the run says (resuming, retries) goes to the observer; the live view to its console.
         self.observer: Observer = observer if observer is not None else Quiet()
-        self.quiet = quiet
         self.recorder = Recorder(store)
         self.store = store
         self.summary = RunSummary(planned=len(plan.trials), slots=cluster.slots,
                                   slot_unit="GPU(s)" if cluster.gpus else "node(s)")
+        # Who hears what happened: the accounting first, so that a view reads settled counts.
+        self.listeners: tuple[Callable[[RunEvent], None], ...] = (self.summary.on_event, self.observer.on_event)
         self.groups: list[GroupRun] = []
         # The groups not done yet, in the order they started: what hand-over and splitting
         # look through after every trial, so that finished groups cost them nothing.
         self.open: list[GroupRun] = []
         self.longest_load_s: dict[str, float] = {}  # per backend, placement to loaded, this run
-        self.calls: dict[Any, _Call] = {}  # future -> what it answers
-        self.view: ProgressView | None = None
+        self.calls: dict[Any, Call] = {}  # future -> what it answers
+
+    def emit(self, event: RunEvent) -> None:
+        for listener in self.listeners:
+            listener(event)
 
     # -- driving -----------------------------------------------------------------------
     def run(self) -> RunSummary:
         t_begin = self.clock()
         for p in self.plan.skipped:
             self.recorder.record(p.trial, TrialResult(skipped_outcome(Reason.UNSUPPORTED, p.skip_reason or "")))
-            self.summary.skipped += 1
+        self.emit(PlanSkipped(len(self.plan.skipped)))
         todo = self._resume()
-        with ProgressView(len(todo), slots=self.cluster.slots, console=self.observer.console,
-                          quiet=self.quiet) as view:
-            self.view = view
+        self.emit(RunStarted(len(todo), self.cluster.slots))
+        try:
             self._start_groups(self.plan.groups(todo))
-            try:
-                while self.calls:
-                    self.step()
-                self.recorder.flush()
-            except KeyboardInterrupt:
-                # Running trials are dropped, not recorded: a second run finds them missing.
-                # Finished ones are written before the interrupt goes on.
-                self._kill_all()
-                self._flush_quietly()
-                raise
-            except OSError as exc:
-                self._kill_all()
-                self._flush_quietly()
-                raise ResultsWriteError(
-                    f"writing results to {self.store.uri} failed ({exc.strerror or first_line(exc)}); the sweep "
-                    f"stopped; the trial(s) it finished and wrote are kept: free space (or fix the "
-                    f"destination) and run the same command again to resume") from None
-            finally:
-                self.recorder.shutdown()
-        self.summary.wall_s = self.clock() - t_begin
-        self.summary.write_s = self.recorder.write_s
+            while self.calls:
+                self.step()
+            self.recorder.flush()
+        except KeyboardInterrupt:
+            # Running trials are dropped, not recorded: a second run finds them missing.
+            # Finished ones are written before the interrupt goes on.
+            self._kill_all()
+            self._flush_quietly()
+            raise
+        except OSError as exc:
+            self._kill_all()
+            self._flush_quietly()
+            raise ResultsWriteError(
+                f"writing results to {self.store.uri} failed ({exc.strerror or first_line(exc)}); the sweep "
+                f"stopped; the trial(s) it finished and wrote are kept: free space (or fix the "
+                f"destination) and run the same command again to resume") from None
+        finally:
+            self.recorder.shutdown()
+            self.emit(RunEnded(self.clock() - t_begin, self.recorder.write_s))
         return self.summary
 
     def _flush_quietly(self) -> None:
@@ -221,7 +161,7 @@ class SweepRun:
     def step(self) -> None:
         """Handle the calls that have returned, then the trials past their time limit."""
         ready = self.runner.wait(list(self.calls), self.options.poll_s)
-        self._view.refresh()
+        self.emit(Polled())
         for future in ready:
             call = self.calls.pop(future)
             g = call.group
@@ -247,12 +187,8 @@ class SweepRun:
 
     def _resume(self) -> list[Trial]:
         todo, have_ok, kept_failed = resume_filter(self.plan.runnable, self.store, self.options.retry_failed)
-        self.summary.resumed = have_ok + kept_failed
         if have_ok or kept_failed:
-            msg = f"resuming: {have_ok} trial(s) already ok"
-            if kept_failed:
-                msg += f", {kept_failed} failed or predicted out of memory kept (use --retry-failed to re-run them)"
-            self.observer.say(msg + f"; {len(todo)} to run")
+            self.emit(Resumed(have_ok, kept_failed, len(todo)))
         return todo
 
     def _resources(self, group: TrialGroup) -> dict[str, Any]:
@@ -271,30 +207,23 @@ class SweepRun:
             return {"num_gpus": group.num_gpus, "num_cpus": 1, **placed}
         return {"num_gpus": 0, "num_cpus": self.cluster.min_node_cpus, **placed}
 
-    @property
-    def _view(self) -> ProgressView:
-        if self.view is None:
-            raise RuntimeError("the sweep run has not started")
-        return self.view
-
     # -- actions -------------------------------------------------------------------------
     def start_actor(self, g: GroupRun) -> None:
         g.actor = self.runner.start(g.resources)
         g.load, g.placement, g.state = None, None, GroupState.WAITING
         g.attempt += 1
-        self._view.group_waiting(g, g.label, g.resources["num_gpus"])
+        self.emit(ActorRequested(g, g.label, g.resources["num_gpus"]))
         # Actor calls run in order: the ping answers as soon as the actor is placed,
         # before its load, so the display shows where it is loading.
         self._submit(g, CallKind.PING)
         self._submit_load(g)
-        self.summary.model_loads += 1
 
     def _submit(self, g: GroupRun, kind: CallKind, trial: Trial | None = None) -> None:
-        self.calls[self.runner.call(g.actor, kind, trial)] = _Call(g, kind, g.attempt)
+        self.calls[self.runner.call(g.actor, kind, trial)] = Call(g, kind, g.attempt)
 
     def _submit_load(self, g: GroupRun) -> None:
         future = self.runner.call(g.actor, CallKind.LOAD, g.group.trials[0], g.group.load_request)
-        self.calls[future] = _Call(g, CallKind.LOAD, g.attempt)
+        self.calls[future] = Call(g, CallKind.LOAD, g.attempt)
 
     def _start_groups(self, groups: list[TrialGroup]) -> None:
         """Request an actor for every group, in the plan's start order, except the readers of a
@@ -336,7 +265,7 @@ class SweepRun:
             self.start_actor(g)
         else:
             self._close(g)
-            self._view.group_done(g)
+            self.emit(GroupEnded(g))
 
     def submit_next(self, g: GroupRun) -> None:
         """Run the group's current trial (a retry) or its next one; end the group when none is left."""
@@ -346,7 +275,7 @@ class SweepRun:
                 return
             g.current, g.deaths = g.pending.pop(0), 0
         g.state = GroupState.RUNNING
-        self._view.trial_started(g.current, g)
+        self.emit(TrialStarted(g, g.current))
         g.started_s = self.clock()
         self._submit(g, CallKind.RUN, g.current)
 
@@ -361,7 +290,7 @@ class SweepRun:
             self._close_actor(g)
         else:
             self.runner.kill(g.actor)
-        self._view.group_done(g)
+        self.emit(GroupEnded(g))
 
     def _close_actor(self, g: GroupRun) -> None:
         """Ask the finished group's actor to release its backend, then (``on_closed``) end it, which
@@ -369,10 +298,10 @@ class SweepRun:
         seconds to end, and other GPUs' trials must not wait for it."""
         actor, g.actor = g.actor, None
         future = self.runner.close(actor)
-        self.calls[future] = _Call(g, CallKind.CLOSE, g.attempt, actor=actor,
+        self.calls[future] = Call(g, CallKind.CLOSE, g.attempt, actor=actor,
                                    deadline_s=self.clock() + CLOSE_TIMEOUT_S)
 
-    def on_closed(self, call: _Call) -> None:
+    def on_closed(self, call: Call) -> None:
         """A finished group's actor has released its backend (or its close failed): end it."""
         self.runner.release(call.actor)
 
@@ -397,7 +326,7 @@ class SweepRun:
         _, g, moved = best
         h = GroupRun(g.group, g.resources, g.pending[-moved:])
         del g.pending[-moved:]
-        self.summary.group_splits += 1
+        self.emit(GroupSplit())
         self._add(h)
         return True
 
@@ -427,7 +356,7 @@ class SweepRun:
         h.actor, g.actor = g.actor, None
         h.attempt += 1
         h.load = None
-        self.summary.actor_handovers += 1
+        self.emit(ActorHandedOver())
         self.on_placed(h, g.placement)
         self._submit_load(h)
 
@@ -438,10 +367,10 @@ class SweepRun:
         return TrialResult(failed_outcome(reason, text), setup=Setup(load_s=g.load.load_s if g.load else None))
 
     def _record(self, g: GroupRun, trial: Trial, result: TrialResult, tables: dict[str, Any],
-                stages: list[StageSpan]) -> None:
+                stages: list[StageSpan], *, ran: bool) -> None:
         spans, g.load_stages = g.load_stages + stages, []
-        self.summary.add_stages(spans, slots=self._width(g))
         self.recorder.record(trial, result, tables, spans, g.placement)
+        self.emit(TrialRecorded(trial, result, ran, tuple(spans), self._width(g)))
 
     def finish(self, g: GroupRun, result: TrialResult, tables: dict[str, Any],
                stages: list[StageSpan] | None = None) -> None:
@@ -449,44 +378,27 @@ class SweepRun:
         trial, g.current = g.current, None
         if trial is None:
             raise RuntimeError(f"{g.label}: a result arrived with no trial running")
-        self._record(g, trial, result, tables, stages or [])
-        self.summary.ran += 1
-        outcome = result.outcome
-        status = outcome.status or Status.FAILED
-        if status == Status.OK:
-            self.summary.ok += 1
-        else:
-            self.summary.failed += 1
-            self.summary.failures.append(f"{trial.label()}: {outcome.error}")
-        self._view.trial_finished(trial, status, trial_line(result))
-        if self.options.oom_pruning and outcome.reason == Reason.OOM:
+        self._record(g, trial, result, tables, stages or [], ran=True)
+        if self.options.oom_pruning and result.outcome.reason == Reason.OOM:
             # The group's trials may have been split among copies: prune them all.
             for t, copy in [(t, h) for h in self.open if h.group is g.group for t in predicted_oom(trial, h.pending)]:
                 copy.pending.remove(t)
                 text = (f"predicted out of memory: batch {trial.batch_size} of the same shape ran out "
                         f"({trial.trial_id})")
-                self.recorder.record(t, TrialResult(skipped_outcome(Reason.PREDICTED_OOM, text)))
-                self.summary.skipped += 1
-                self._view.trial_finished(t, Status.SKIPPED, text)
+                skipped = TrialResult(skipped_outcome(Reason.PREDICTED_OOM, text))
+                self.recorder.record(t, skipped)
+                self.emit(TrialRecorded(t, skipped, ran=False))
 
     def fail_rest(self, g: GroupRun, reason: Reason, text: str) -> None:
         queue = ([g.current] if g.current is not None else []) + g.pending
         g.current, g.pending = None, []
         for t in queue:
-            self._record(g, t, self._failed(g, reason, text), {}, [])
-            self.summary.failed += 1
-            self.summary.failures.append(f"{t.label()}: {text}")
-            self._view.trial_finished(t, Status.FAILED, text)
+            self._record(g, t, self._failed(g, reason, text), {}, [], ran=False)
 
     def add_busy(self, g: GroupRun, busy_s: float) -> None:
-        # Slot-seconds: a tensor-parallel trial keeps each of its GPUs busy for its time.
-        self.summary.busy_s += busy_s * self._width(g)
         g.trials_timed += 1
         g.trial_s_total += busy_s
-        for slot in g.placement.slots if g.placement is not None else ():
-            use = self.summary.placements.setdefault(slot, PlacementUse())
-            use.trials += 1
-            use.busy_s += busy_s
+        self.emit(TrialTimed(busy_s, self._width(g), g.placement))
 
     @staticmethod
     def _width(g: GroupRun) -> int:
@@ -531,10 +443,7 @@ class SweepRun:
             where = Placement(where["hostname"], where["ray_node_id"] or "", where.get("ray_gpu_ids"))
         g.placement = where
         g.state, g.placed_s = GroupState.LOADING, self.clock()
-        for slot in g.placement.slots if g.placement is not None else ():
-            self.summary.placements.setdefault(slot, PlacementUse()).model_loads += 1
-        if g.placement is not None:
-            self._view.group_placed(g, g.placement)
+        self.emit(GroupPlaced(g, g.placement))
         self._release_readers(g)
 
     def on_loaded(self, g: GroupRun, load: LoadResult) -> None:
@@ -543,7 +452,7 @@ class SweepRun:
         g.load_stages += load.stages
         backend = g.group.backend
         self.longest_load_s[backend] = max(self.longest_load_s.get(backend, 0.0), self.clock() - g.placed_s)
-        self._view.group_loaded(g)
+        self.emit(GroupLoaded(g))
         if load.ok:
             self.submit_next(g)
             return
@@ -565,8 +474,7 @@ class SweepRun:
     def _load_lost(self, g: GroupRun, reason: Reason, retry_text: str, error: Callable[[int], str]) -> None:
         g.deaths += 1
         if g.deaths <= self.options.max_retries:
-            self.summary.retries += 1
-            self.observer.say(f"retry {g.deaths}/{self.options.max_retries}: {retry_text}")
+            self.emit(Retrying(g.deaths, self.options.max_retries, retry_text))
             self.replace_actor(g)
             return
         # on_loaded ends the group and kills its actor: a hung one must not hold its GPU.
@@ -581,9 +489,9 @@ class SweepRun:
         """The actor died running a trial: retry it on a fresh actor, or record it failed."""
         g.deaths += 1
         if g.deaths <= self.options.max_retries:
-            self.summary.retries += 1  # g.current stays: it re-runs once the fresh actor has loaded
+            # g.current stays: it re-runs once the fresh actor has loaded.
             label = g.current.label() if g.current is not None else g.label
-            self.observer.say(f"retry {g.deaths}/{self.options.max_retries}: actor died running {label}: {text}")
+            self.emit(Retrying(g.deaths, self.options.max_retries, f"actor died running {label}: {text}"))
         else:
             self.finish(g, self._failed(g, Reason.ACTOR_DIED, f"actor died {g.deaths} time(s) running this trial: "
                                                              f"{text}"), {})
@@ -599,8 +507,8 @@ class SweepRun:
 
 
 def run_plan(plan: Plan, store: ResultStore, cluster: ClusterInfo, options: RunOptions | None = None, *,
-             quiet: bool = False, observer: Observer | None = None, runner: ActorRunner | None = None) -> RunSummary:
+             observer: Observer | None = None, runner: ActorRunner | None = None) -> RunSummary:
     """Run ``plan``'s missing trials on Ray actors (see ``SweepRun``), writing each one's shards
-    as it ends; what the run says goes to ``observer`` (its console carries the live view)."""
+    as it ends; what happens goes to ``observer`` as events (the command line's live view)."""
     return SweepRun(plan, store, cluster, runner or RayActorRunner(), options=options or RunOptions(),
-                    observer=observer, quiet=quiet).run()
+                    observer=observer).run()

@@ -59,7 +59,7 @@ def test_a_new_axis_flows_through_a_real_run_and_the_report(ray_local, tmp_path)
     with AXES.extended(KNOB):
         plan = make_plan(parse_sweep(SWEEP), "cpu")
         store = ResultStore(str(tmp_path / "out"))
-        summary = run_plan(plan, store, ray_local, quiet=True)
+        summary = run_plan(plan, store, ray_local)
         assert summary.ok == 4 and summary.model_loads == 1
         store.aggregate()
         rows = pq.read_table(tmp_path / "out" / "trials.parquet").to_pylist()

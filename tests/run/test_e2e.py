@@ -99,7 +99,7 @@ measure: {{warmup_iters: 0, min_iters: 1, min_duration_s: 0, idle_s: 0}}
     sweep = load_sweep(sweep_path)
     plan = make_plan(sweep, ray_local.device, sweep_path=str(sweep_path))
     store = ResultStore(str(tmp_path / "out"))
-    summary = run_plan(plan, store, ray_local, quiet=True)
+    summary = run_plan(plan, store, ray_local)
     assert (summary.ok, summary.failed, summary.skipped) == (3, 2, 1)
     store.aggregate()
     rows = {(r["model"], r["input_len"]): r for r in query(
@@ -116,7 +116,7 @@ measure: {{warmup_iters: 0, min_iters: 1, min_duration_s: 0, idle_s: 0}}
         assert rows[("tiny-llama", n)]["status"] == "ok"
 
     # failed trials are kept on resume unless asked to retry them
-    summary2 = run_plan(plan, store, ray_local, quiet=True)
+    summary2 = run_plan(plan, store, ray_local)
     assert summary2.ran == 0 and summary2.resumed == 5
-    summary3 = run_plan(plan, store, ray_local, RunOptions(retry_failed=True), quiet=True)
+    summary3 = run_plan(plan, store, ray_local, RunOptions(retry_failed=True))
     assert summary3.ran == 0 and summary3.failed == 2  # the 2 load failures re-tried, failing again

@@ -90,7 +90,7 @@ backend_options: {noop: {load_s: 600}}
 """)
     store = ResultStore(str(tmp_path / "out"))
     t0 = time.monotonic()
-    summary = run_plan(plan, store, ray_local, RunOptions(max_retries=1), quiet=True)
+    summary = run_plan(plan, store, ray_local, RunOptions(max_retries=1))
     assert time.monotonic() - t0 < 120
     rows = _rows(store)
     assert [(r["status"], r["reason"]) for r in rows.values()] == [("failed", "load_timeout")] * 2
@@ -112,7 +112,7 @@ measure: {warmup_iters: 1, min_iters: 1, min_duration_s: 0, idle_s: 0, timeout_s
 """)
     store = ResultStore(str(tmp_path / "out"))
     t0 = time.monotonic()
-    summary = run_plan(plan, store, ray_local, quiet=True)
+    summary = run_plan(plan, store, ray_local)
     rows = _rows(store)
     assert {k: (r["status"], r["reason"]) for k, r in rows.items()} == {
         (1, 8, 4): ("ok", None), (1, 8, 2000): ("failed", "timeout"),
@@ -170,7 +170,7 @@ def _run_killing(plan, store, ray_local, kills: int, max_retries: int, phase: st
     killer = threading.Thread(target=_kill_running_actors, args=(kills, stop, killed, phase), daemon=True)
     killer.start()
     try:
-        summary = run_plan(plan, store, ray_local, RunOptions(max_retries=max_retries), quiet=True)
+        summary = run_plan(plan, store, ray_local, RunOptions(max_retries=max_retries))
     finally:
         stop.set()
         killer.join()

@@ -48,7 +48,8 @@ def _trials(write_sweep, n: int):
 
 
 def test_the_eta_ticks_between_events_and_counts_pending_loads(write_sweep):
-    from sweeper.run.progress import Placement, ProgressView, format_duration
+    from sweeper.live import ProgressView, format_duration
+    from sweeper.run.events import Placement
 
     clock = FakeClock()
     trials = _trials(write_sweep, 6)
@@ -78,7 +79,7 @@ def test_the_eta_ticks_between_events_and_counts_pending_loads(write_sweep):
 
 
 def test_a_slot_per_group_spreads_the_remaining_work(write_sweep):
-    from sweeper.run.progress import ProgressView
+    from sweeper.live import ProgressView
 
     clock = FakeClock()
     trials = _trials(write_sweep, 4)

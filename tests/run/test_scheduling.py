@@ -19,9 +19,9 @@ from actors.backends.base import ModelSpec
 from sweeper.core.backends import BACKENDS
 from sweeper.core.errors import SweepFileError
 from sweeper.core.presets import PRESETS
+from sweeper.live import LiveObserver
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
-from sweeper.run.observer import Quiet
 from sweeper.run.storage import ResultStore
 from sweeper.run.sweep_run import RunOptions, run_plan
 from tests.cluster_scenarios import run_scenario
@@ -103,8 +103,8 @@ def test_a_simulated_oom_fails_its_trial_and_prunes_larger_batches(ray_local, wr
     plan = _plan(write_sweep, OOM_SWEEP)
     store = ResultStore(str(tmp_path / "out"))
     log = io.StringIO()
-    summary = run_plan(plan, store, ray_local, RunOptions(oom_pruning=pruning), quiet=True,
-                       observer=Quiet(console=Console(file=log, width=300)))
+    summary = run_plan(plan, store, ray_local, RunOptions(oom_pruning=pruning),
+                       observer=LiveObserver(Console(file=log, width=300)))
     rows = {r["batch_size"]: r for r in store.read_shards("trials").to_pylist()}
     assert (rows[1]["status"], rows[2]["status"], rows[2]["reason"]) == ("ok", "failed", "oom")
     if pruning:
@@ -124,10 +124,11 @@ def test_a_simulated_oom_fails_its_trial_and_prunes_larger_batches(ray_local, wr
 
 
 def test_the_progress_view_counts_skips_apart_and_estimates_from_measured_trials(ray_local, write_sweep):
-    from sweeper.run.progress import Placement, ProgressView
+    from sweeper.live import ProgressView
+    from sweeper.run.events import Placement
 
     trials = _plan(write_sweep, OOM_SWEEP).runnable
-    view = ProgressView(4, slots=2, console=Console(file=io.StringIO()), quiet=True)
+    view = ProgressView(4, slots=2, console=Console(file=io.StringIO()))
     view.group_waiting("g", "tiny-llama noop/fp32", num_gpus=1)
     assert "1 waiting" in view.counts_text() and "ETA --" in view.counts_text()
     view.group_placed("g", Placement("host", "abcdef0123", "1"))

@@ -31,7 +31,7 @@ def test_a_sweep_runs_through_the_session_api_without_the_cli(write_sweep, tmp_p
 
     observer = Quiet()
     with open_run(sweep, out, observer) as setup:
-        result = run_sweep(setup, RunOptions(), quiet=True, observer=observer)
+        result = run_sweep(setup, RunOptions(), observer=observer)
     assert result.summary.ok == 2 and result.summary.skipped == 2 and result.summary.failed == 0
     assert result.counts["trials"] == 4
     assert any("starting Ray (local)" in line for line in observer.said)

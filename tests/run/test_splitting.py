@@ -5,13 +5,11 @@ actors: test_scheduling.py."""
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from rich.console import Console
 
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import make_plan
@@ -80,7 +78,7 @@ def run(tmp_path, runner: TimedRunner, sweep, cluster=FOUR_GPUS, **options) -> t
     plan = make_plan(sweep, "cuda")
     store = ResultStore(str(tmp_path / "out"))
     sweep_run = SweepRun(plan, store, cluster, runner, options=RunOptions(poll_s=0.01, **options),
-                         observer=Quiet(console=Console(file=io.StringIO())), quiet=True, clock=runner.clock)
+                         observer=Quiet(), clock=runner.clock)
     sweep_run.run()
     store.aggregate()
     return sweep_run, pq.read_table(tmp_path / "out" / "trials.parquet").to_pylist()

@@ -32,7 +32,7 @@ def ran(ray_local, tmp_path_factory):
     path.write_text(SWEEP)
     plan = make_plan(load_sweep(path), "cpu", sweep_path=str(path))
     store = ResultStore(str(tmp_path / "out"))
-    summary = run_plan(plan, store, ray_local, quiet=True)
+    summary = run_plan(plan, store, ray_local)
     store.aggregate()
     trials = pd.read_parquet(tmp_path / "out" / "trials.parquet")
     stages = pd.read_parquet(tmp_path / "out" / "stages.parquet")

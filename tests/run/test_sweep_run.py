@@ -8,14 +8,12 @@ actors is tested in test_e2e.py, test_faults.py and test_scheduling.py.
 
 from __future__ import annotations
 
-import io
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.parquet as pq
-from rich.console import Console
 
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.results import TrialResult
@@ -23,8 +21,10 @@ from sweeper.core.trial import Trial
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import parse_sweep
 from sweeper.run.cluster import ClusterInfo
+from sweeper.run.events import Polled, TrialRecorded
 from sweeper.run.observer import Quiet
 from sweeper.run.storage import ResultStore
+from sweeper.run.summary import RunSummary
 from sweeper.run.sweep_run import ActorDied, CallKind, GroupState, RunOptions, SweepRun
 
 CPU = ClusterInfo(gpus=0, cpus=2, nodes=1, min_node_cpus=2)
@@ -106,7 +106,7 @@ def _run(tmp_path, runner: ScriptedRunner, sweep=None, **options: Any) -> tuple[
     plan = make_plan(sweep or _sweep(), "cpu")
     store = ResultStore(str(tmp_path / "out"))
     sweep_run = SweepRun(plan, store, CPU, runner, options=RunOptions(poll_s=0.01, **options),
-                         observer=Quiet(console=Console(file=io.StringIO())), quiet=True)
+                         observer=Quiet())
     sweep_run.run()
     store.aggregate()
     return sweep_run, pq.read_table(tmp_path / "out" / "trials.parquet").to_pylist()
@@ -137,6 +137,31 @@ def test_an_actor_death_retries_the_trial_on_a_fresh_actor(tmp_path):
     # Said to the run's observer, not printed: the scheduler prints nothing itself.
     assert [line for line in run.observer.said if line.startswith("retry ")] == [
         "retry 1/2: actor died running tiny-llama noop/fp32 bs=2 in=8 out=4: node lost"]
+
+
+def test_the_run_tells_what_happened_as_events_and_its_accounting_is_their_sum(tmp_path):
+    def script(trial: Trial, attempt: int) -> Any:
+        return ActorDied("node lost") if trial.batch_size == 2 and attempt == 0 else ok_row(trial)
+
+    run, _ = _run(tmp_path, ScriptedRunner(script), _sweep(precisions="fp32"))
+    events = [e for e in run.observer.events if not isinstance(e, Polled)]
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[:2] == ["PlanSkipped", "RunStarted"] and kinds[-1] == "RunEnded"
+    # One group: its actor, placed, loaded, its first trial, then the death and the retry on a
+    # fresh actor that loads again before the trial re-runs.
+    assert kinds[2:8] == ["ActorRequested", "GroupPlaced", "GroupLoaded", "TrialStarted", "TrialTimed",
+                          "TrialRecorded"]
+    retry = kinds.index("Retrying")
+    assert kinds[retry - 2:retry + 4] == ["TrialStarted", "TrialTimed", "Retrying", "ActorRequested", "GroupPlaced",
+                                          "GroupLoaded"]
+    assert [e.trial.batch_size for e in events if isinstance(e, TrialRecorded)] == [1, 2, 4]
+    # The accounting holds nothing the events did not say: replayed into a fresh summary, they
+    # give the run's.
+    replayed = RunSummary(planned=run.summary.planned, slots=run.summary.slots, slot_unit=run.summary.slot_unit)
+    for event in run.observer.events:
+        replayed.on_event(event)
+    assert replayed == run.summary
+    assert (replayed.ran, replayed.ok, replayed.retries, replayed.model_loads) == (3, 3, 1, 2)
 
 
 def test_a_trial_whose_actor_keeps_dying_is_failed_and_the_group_goes_on(tmp_path):
@@ -415,7 +440,7 @@ def test_a_finished_groups_close_does_not_hold_up_the_sweep_and_a_hung_one_is_ki
     runner = ScriptedRunner(closes_hang={1})
     store = ResultStore(str(tmp_path / "out"))
     run = SweepRun(make_plan(_sweep(), "cpu"), store, CPU, runner, options=RunOptions(poll_s=0.01),
-                   observer=Quiet(console=Console(file=io.StringIO())), quiet=True, clock=lambda: next(ticks))
+                   observer=Quiet(), clock=lambda: next(ticks))
     summary = run.run()
     store.aggregate()
     rows = pq.read_table(tmp_path / "out" / "trials.parquet").to_pylist()

@@ -557,7 +557,7 @@ profile: {layers: submodule}
 """)
     plan = make_plan(load_sweep(path), ray_local.device, sweep_path=str(path))
     store = ResultStore(str(tmp_path / "out"))
-    summary = run_plan(plan, store, ray_local, quiet=True)
+    summary = run_plan(plan, store, ray_local)
     assert (summary.ok, summary.failed) == (4, 0), summary.failures
     counts = store.aggregate()
     out = tmp_path / "out"

@@ -1,5 +1,7 @@
 """Live progress of a sweep: a ticking bar, where each group runs, one line per finished trial.
 
+The command line's rendering of a run's events (``sweeper.run.events``): ``LiveObserver`` is
+the run session's ``Observer`` on a console, and feeds the events to a ``ProgressView``.
 Two renderings of the same events. On a terminal: rich's progress bar (done,
 failed and skipped counts, elapsed, an ETA recomputed at every refresh) above a
 table of the groups (which node and GPUs each holds, what it is doing, for how
@@ -38,37 +40,23 @@ from rich.text import Text
 from sweeper.core.results import TrialResult
 from sweeper.core.status import Status
 from sweeper.core.trial import Trial
+from sweeper.run.events import (
+    ActorRequested,
+    GroupEnded,
+    GroupLoaded,
+    GroupPlaced,
+    Notice,
+    Placement,
+    Polled,
+    RunEnded,
+    RunEvent,
+    RunStarted,
+    TrialRecorded,
+    TrialStarted,
+)
 
 MAX_ROWS = 40  # a live table taller than a terminal scrolls away and helps nobody
 REFRESH_PER_S = 4
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a group's actor runs: its node and the GPUs Ray gave it there."""
-
-    hostname: str
-    node_id: str
-    gpu_ids: str | None  # node-local, comma-separated; None: no GPU (CPU-only cluster)
-
-    @property
-    def node(self) -> str:
-        # Nodes of one host (a local test cluster) differ only in their Ray node id.
-        return f"{self.hostname}:{self.node_id[:8]}"
-
-    @property
-    def gpus(self) -> str:
-        return f"GPU {self.gpu_ids}" if self.gpu_ids else "CPU"
-
-    @property
-    def slots(self) -> tuple[str, ...]:
-        """One name per GPU held (``node GPU i``), or the node's ``CPU``: what the run's
-        per-GPU accounting counts a group's time and loads against."""
-        ids = [i.strip() for i in (self.gpu_ids or "").split(",") if i.strip()]
-        return tuple(f"{self.node} GPU {i}" for i in ids) or (f"{self.node} CPU",)
-
-    def __str__(self) -> str:
-        return f"{self.node} {self.gpus}"
 
 
 @dataclass
@@ -183,6 +171,24 @@ class ProgressView:
             self.console.print(text, highlight=False, soft_wrap=True)
         else:
             self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+    def on_event(self, event: RunEvent) -> None:
+        """Show what the run's event says (the events a view draws; others pass by)."""
+        match event:
+            case Polled():
+                self.refresh()
+            case TrialRecorded(trial=trial, result=result):
+                self.trial_finished(trial, result.outcome.status or Status.FAILED, trial_line(result))
+            case TrialStarted(group=group, trial=trial):
+                self.trial_started(trial, group)
+            case ActorRequested(group=group, label=label, gpus=gpus):
+                self.group_waiting(group, label, gpus)
+            case GroupPlaced(group=group, placement=placement) if placement is not None:
+                self.group_placed(group, placement)
+            case GroupLoaded(group=group):
+                self.group_loaded(group)
+            case GroupEnded(group=group):
+                self.group_done(group)
 
     # -- events (``key`` identifies a group; labels of two groups may be equal) ------------
     def group_waiting(self, key: object, label: str, num_gpus: int = 0) -> None:
@@ -337,3 +343,31 @@ def trial_line(result: TrialResult) -> str:
     if result.stability.unstable:
         parts.append("unstable (client behind)" if result.client.client_behind else "unstable")
     return "  ".join(parts)
+
+
+class LiveObserver:
+    """The run session's ``Observer`` on a console: its lines printed, its events drawn by a
+    ``ProgressView`` from the run's start to its end (``quiet``: plain lines, no live display)."""
+
+    def __init__(self, console: Console, *, quiet: bool = False) -> None:
+        self.console, self.quiet = console, quiet
+        self.view: ProgressView | None = None
+
+    def say(self, line: str) -> None:
+        self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+    def warn(self, line: str) -> None:
+        self.console.print(f"warning: {line}", highlight=False, markup=False, soft_wrap=True)
+
+    def on_event(self, event: RunEvent) -> None:
+        if isinstance(event, RunStarted):
+            self.view = ProgressView(event.to_run, slots=event.slots, console=self.console, quiet=self.quiet)
+            self.view.__enter__()
+        elif isinstance(event, RunEnded):
+            view, self.view = self.view, None
+            if view is not None:
+                view.__exit__(None, None, None)
+        elif isinstance(event, Notice):
+            self.say(event.text)
+        elif self.view is not None:
+            self.view.on_event(event)

@@ -1,0 +1,183 @@
+"""What a sweep run tells its listeners: one typed event per thing that happened.
+
+The scheduler (``sweeper.run.sweep_run``) decides what runs where and emits these; it keeps
+no counts and draws nothing. Its listeners do the rest: the run's accounting
+(``RunSummary.on_event``: counts, busy time, the per-GPU table) and the run's ``Observer``
+(the command line's live view, a notebook's log, a test's list). A group is named by an
+opaque ``group`` key (two groups may share a label) and its ``label``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sweeper.core.results import TrialResult
+from sweeper.core.stages import StageSpan
+from sweeper.core.trial import Trial
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a group's actor runs: its node and the GPUs Ray gave it there."""
+
+    hostname: str
+    node_id: str
+    gpu_ids: str | None  # node-local, comma-separated; None: no GPU (CPU-only cluster)
+
+    @property
+    def node(self) -> str:
+        # Nodes of one host (a local test cluster) differ only in their Ray node id.
+        return f"{self.hostname}:{self.node_id[:8]}"
+
+    @property
+    def gpus(self) -> str:
+        return f"GPU {self.gpu_ids}" if self.gpu_ids else "CPU"
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        """One name per GPU held (``node GPU i``), or the node's ``CPU``: what the run's
+        per-GPU accounting counts a group's time and loads against."""
+        ids = [i.strip() for i in (self.gpu_ids or "").split(",") if i.strip()]
+        return tuple(f"{self.node} GPU {i}" for i in ids) or (f"{self.node} CPU",)
+
+    def __str__(self) -> str:
+        return f"{self.node} {self.gpus}"
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """Something that happened in a run."""
+
+
+@dataclass(frozen=True)
+class Notice(RunEvent):
+    """An event the user is told of in a line of its own (``text``)."""
+
+    @property
+    def text(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class PlanSkipped(RunEvent):
+    """The plan's skipped trials (unsupported here) were recorded, before anything ran."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class Resumed(Notice):
+    """The results directory already held some of the plan's trials."""
+
+    already_ok: int
+    kept_failed: int  # failed or predicted out of memory, kept without --retry-failed
+    to_run: int
+
+    @property
+    def text(self) -> str:
+        kept = (f", {self.kept_failed} failed or predicted out of memory kept (use --retry-failed to re-run them)"
+                if self.kept_failed else "")
+        return f"resuming: {self.already_ok} trial(s) already ok{kept}; {self.to_run} to run"
+
+
+@dataclass(frozen=True)
+class RunStarted(RunEvent):
+    """The run begins: ``to_run`` trials over ``slots`` GPUs (or CPU-only nodes)."""
+
+    to_run: int
+    slots: int
+
+
+@dataclass(frozen=True)
+class Polled(RunEvent):
+    """The scheduler looked at its calls (several times a second): time passed."""
+
+
+@dataclass(frozen=True)
+class ActorRequested(RunEvent):
+    """A group's actor was asked for: it waits for free resources, then loads."""
+
+    group: object
+    label: str
+    gpus: int
+
+
+@dataclass(frozen=True)
+class GroupPlaced(RunEvent):
+    """The group's actor holds its resources (or was handed over): where it runs."""
+
+    group: object
+    placement: Placement | None
+
+
+@dataclass(frozen=True)
+class GroupLoaded(RunEvent):
+    """The group's model load ended (ok or not)."""
+
+    group: object
+
+
+@dataclass(frozen=True)
+class GroupEnded(RunEvent):
+    """The group has no trial left to run."""
+
+    group: object
+
+
+@dataclass(frozen=True)
+class TrialStarted(RunEvent):
+    group: object
+    trial: Trial
+
+
+@dataclass(frozen=True)
+class TrialRecorded(RunEvent):
+    """A trial's result was recorded: one it ran (``ran``), or one failed or skipped without
+    running (its group's load failed, its OOM was predicted). ``stages``: the spans of its
+    actor's time it carries, over ``slots`` slots (a tensor-parallel actor holds several)."""
+
+    trial: Trial
+    result: TrialResult
+    ran: bool
+    stages: tuple[StageSpan, ...] = field(default=())
+    slots: int = 1
+
+
+@dataclass(frozen=True)
+class TrialTimed(RunEvent):
+    """A trial held ``placement``'s slots for ``busy_s`` (its ``width`` GPUs each)."""
+
+    busy_s: float
+    width: int
+    placement: Placement | None
+
+
+@dataclass(frozen=True)
+class GroupSplit(RunEvent):
+    """A long group gave its last trials to a second copy of its model on an idle slot."""
+
+
+@dataclass(frozen=True)
+class ActorHandedOver(RunEvent):
+    """A finished group's actor loads a waiting group's model instead of a new actor."""
+
+
+@dataclass(frozen=True)
+class Retrying(Notice):
+    """An actor died (or hung loading): its trial, or its load, runs again on a fresh actor."""
+
+    attempt: int
+    max_retries: int
+    why: str
+
+    @property
+    def text(self) -> str:
+        return f"retry {self.attempt}/{self.max_retries}: {self.why}"
+
+
+@dataclass(frozen=True)
+class RunEnded(RunEvent):
+    """The run is over (finished, interrupted or stopped by an error)."""
+
+    wall_s: float
+    write_s: float
