@@ -111,6 +111,17 @@ def test_the_print_check_sees_a_print():
     assert not _writes_to_a_terminal(ast.parse("observer.say('x')").body[0].value)
 
 
+def test_no_two_classes_share_a_name():
+    """One meaning per name: a class name names one class across the control and data planes."""
+    where: dict[str, list[str]] = {}
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(module)
+    shared = {name: modules for name, modules in where.items() if len(modules) > 1}
+    assert not shared, f"classes sharing a name: {shared}"
+
+
 def test_no_import_cycles():
     modules = _modules()
     graph = {m: {n for n in (_imports(p, top_level_only=True)) if n in modules and n != m}
