@@ -177,8 +177,11 @@ class ProgressView:
         match event:
             case Polled():
                 self.refresh()
-            case TrialRecorded(trial=trial, result=result):
-                self.trial_finished(trial, result.outcome.status or Status.FAILED, trial_line(result))
+            case TrialRecorded(trial=trial, result=result, ran=ran):
+                # A trial that never ran (its group's load failed, its OOM predicted) has only its
+                # reason to show, whole: the cause is at its end (a server's last log line).
+                line = trial_line(result) if ran else str(result.outcome.error or "")
+                self.trial_finished(trial, result.outcome.status or Status.FAILED, line)
             case TrialStarted(group=group, trial=trial):
                 self.trial_started(trial, group)
             case ActorRequested(group=group, label=label, gpus=gpus):

@@ -78,6 +78,43 @@ def test_the_eta_ticks_between_events_and_counts_pending_loads(write_sweep):
     assert [format_duration(s) for s in (None, 42.4, 185, 3725)] == ["--", "42s", "3m05s", "1h02m"]
 
 
+def test_the_live_observer_draws_a_runs_events_and_says_its_notices(write_sweep):
+    from sweeper.core.results import Throughput, TrialResult
+    from sweeper.core.status import Reason, Status, failed_outcome
+    from sweeper.live import LiveObserver
+    from sweeper.run.events import (
+        ActorRequested,
+        GroupPlaced,
+        Placement,
+        Retrying,
+        RunEnded,
+        RunStarted,
+        TrialRecorded,
+    )
+
+    log = io.StringIO()
+    observer = LiveObserver(Console(file=log, width=120), quiet=True)
+    first, second = _trials(write_sweep, 2)
+    cause = "server exited with code 3 before it was ready; " + "x" * 250 + " Install with pip install transformers[serving]"
+    for event in (RunStarted(2, 1), ActorRequested("g", "tiny-llama noop/fp32", 0),
+                  GroupPlaced("g", Placement("host", "node0000", None)),
+                  TrialRecorded(first, TrialResult.of(failed_outcome(Reason.OOM, "out of memory " + "y" * 300),
+                                                      Throughput(throughput_tok_s=1.0)), ran=True),
+                  Retrying(1, 2, "actor died running it: node lost"),
+                  TrialRecorded(second, TrialResult(failed_outcome(Reason.LOAD_FAILED, cause)), ran=False),
+                  RunEnded(1.0, 0.0)):
+        observer.on_event(event)
+    lines = log.getvalue().splitlines()
+    assert any(line.startswith("placed  tiny-llama noop/fp32 on host:node0000 CPU") for line in lines)
+    assert "retry 1/2: actor died running it: node lost" in lines
+    finished = [line for line in lines if line.startswith("[")]
+    assert [line.split()[0] for line in finished] == ["[1/2]", "[2/2]"]
+    assert all(Status.FAILED in line for line in finished)
+    # A trial that ran shows its error cut to one screen; one that never ran shows its cause whole.
+    assert "y" * 300 not in finished[0] and "transformers[serving]" in finished[1]
+    assert observer.view is None  # the view ends with the run
+
+
 def test_a_slot_per_group_spreads_the_remaining_work(write_sweep):
     from sweeper.live import ProgressView
 
