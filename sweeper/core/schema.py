@@ -235,7 +235,7 @@ def schema_markdown() -> str:
 if __name__ == "__main__":  # python -m sweeper.core.schema > docs/SCHEMA.md
     print("# Result tables\n")
     print("Generated from `sweeper/core/schema.py` and, for the trials table's results, the typed parts "
-          "of `sweeper/core/results.py` that actors send (`python -m sweeper.core.schema > docs/SCHEMA.md`); "
+          "in `sweeper/core/results/` that actors send (`python -m sweeper.core.schema > docs/SCHEMA.md`); "
           "a test keeps the two in step. Units are in the column names: `_s` seconds, `_j` joules, "
           "`_w` watts, `_bytes` bytes, `_mj` millijoules, `_mhz` MHz, `_c` degrees Celsius, `_pct` per cent.\n")
     print("Per-GPU figures (`gpu_energy_j`, `gpu_avg_power_w`, `gpu_peak_power_w`, `gpu_peak_memory_bytes`, "
