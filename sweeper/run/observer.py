@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sweeper.run.events import Notice, RunEvent
+from sweeper.run.events import Notice, Polled, RunEvent
 
 
 class Observer(Protocol):
@@ -25,7 +25,8 @@ class Observer(Protocol):
 
 @dataclass
 class Quiet:
-    """An ``Observer`` that keeps every message and event and shows nothing."""
+    """An ``Observer`` that keeps every message and event and shows nothing (but the ``Polled``
+    ticks, several a second: they say only that time passed, and a long run would pile them up)."""
 
     said: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -38,6 +39,8 @@ class Quiet:
         self.warnings.append(line)
 
     def on_event(self, event: RunEvent) -> None:
+        if isinstance(event, Polled):
+            return
         self.events.append(event)
         if isinstance(event, Notice):
             self.say(event.text)
