@@ -35,8 +35,33 @@ def _answers(send: object, target: int) -> bool:
     return True
 
 
-def _group_alive(pgid: int) -> bool:
-    return _answers(os.killpg, pgid)
+def group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs.
+
+    A member that has exited but is not yet reaped (a zombie: the server's leader until the
+    process that launched it waits for it) still answers ``killpg``'s signal 0, and a stop that
+    asked only that would wait out its whole bound for a server that is gone. So where /proc
+    lists the group's members, only a member that is not a zombie counts; where it lists none
+    (another PID namespace's view), the signal's answer stands.
+    """
+    if not _answers(os.killpg, pgid):
+        return False
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return True
+    members = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, _ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # gone since the listing
+        if int(pgrp) == pgid:
+            if state != "Z":
+                return True
+            members += 1
+    return members == 0
 
 
 def stop_group(pgid: int, timeout_s: float) -> None:
@@ -46,7 +71,7 @@ def stop_group(pgid: int, timeout_s: float) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _group_alive(pgid):
+    while time.monotonic() < deadline and group_running(pgid):
         time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)

@@ -24,7 +24,7 @@ import pytest
 
 from actors.backends.server.client import Endpoint, run_http
 from actors.backends.server.process import ServerError, ServerProcess
-from actors.backends.server.reaper import alive
+from actors.backends.server.reaper import alive, group_running
 from actors.serving.records import NOT_SENT, UNFINISHED, ServingRequest
 from sweeper.core.servers import DIALECTS
 from tests.fault_server import FAULT_SERVER
@@ -192,6 +192,29 @@ def test_stop_ends_the_whole_group_and_kills_what_ignores_sigterm(tmp_path):
     assert code == -signal.SIGKILL  # SIGTERM was ignored: the bound passed, then SIGKILL
     assert time.monotonic() - t0 < 10.0
     assert wait_gone(pids) == []
+
+
+def test_a_group_whose_processes_have_all_exited_is_not_waited_for():
+    """A server that ends on SIGTERM stays a zombie until its launcher reaps it, and a zombie
+    still answers killpg's signal 0: a stop that asked only that waited out its whole bound
+    (30 s per launched server) for a server already gone."""
+    leader = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while alive(leader.pid):  # exited, and left unreaped: a zombie
+            assert time.monotonic() < deadline, "a process that does nothing never exited"
+            time.sleep(0.02)
+        os.killpg(leader.pid, 0)  # the zombie is still its group's member
+        assert not group_running(leader.pid)
+    finally:
+        leader.wait()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        assert group_running(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not group_running(sleeper.pid)
 
 
 def test_a_server_that_exits_before_ready_says_why_in_one_line(tmp_path):
