@@ -13,6 +13,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    # The workers share the machine's cores: each torch process (a test's, a Ray actor's, a
+    # launched server's; all inherit this) computes on one thread. Several processes each
+    # running an OpenMP pool as wide as the machine spin against one another, and a CPU-bound
+    # test ran four times slower beside two other workers than alone.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
@@ -77,7 +83,11 @@ class _SharedHead:
                 cls._process = subprocess.Popen(
                     [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
                      "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats", "--block"],
-                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=cls.child_environment())
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                    # Loopback only, and no token: `ray start` turns token authentication on by
+                    # default, and a driver in this process, where Ray is already imported, could
+                    # no longer turn it on for itself (tests/run/test_fleet.py tests tokens).
+                    env={**cls.child_environment(), "RAY_AUTH_MODE": "disabled"})
             deadline = time.monotonic() + 120
             while "Ray runtime started" not in log.read_text():
                 if cls._process.poll() is not None or time.monotonic() > deadline:
@@ -112,10 +122,12 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """One real local Ray for the tests that drive the scheduler in-process."""
+    """A real Ray for the tests that drive the scheduler in-process: this process joins the
+    session's shared head as a driver of its own. One Ray per test process, not two: an idle
+    one holds some 650 MB, and the suite runs several processes side by side (pytest-xdist)."""
     from sweeper.run.cluster import connect
 
-    info = connect(None)
+    info = connect(_SharedHead.address())
     yield info
     import ray
 
@@ -189,9 +201,37 @@ def quickstart_results(tmp_path_factory) -> Path:
 
 # Fixtures that start Ray or run a whole sweep: any test using them is slow, whatever it does itself.
 _SLOW_FIXTURES = frozenset({"ray_local", "quickstart_results"})
+# Session fixtures that run a sweep for many tests to read: under pytest-xdist, the tests that
+# use one run on one worker (an ``xdist_group``), so that it is run once, not once per worker.
+_SHARED_RESULTS = {"quickstart_results": "quickstart"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks added here, and xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if _SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        names = set(getattr(item, "fixturenames", ()))
+        if _SLOW_FIXTURES & names:
             item.add_marker(pytest.mark.slow)
+        for fixture, group in _SHARED_RESULTS.items():
+            if fixture in names and item.get_closest_marker("xdist_group") is None:
+                item.add_marker(pytest.mark.xdist_group(group))
+    items[:] = _long_modules_first(items)
+
+
+def _long_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The run order: modules made mostly of slow tests first (each module's tests stay
+    together, in their order, so a module's fixtures are set up once per worker).
+
+    Under pytest-xdist the long tests then start while every worker is busy with them, and the
+    many short ones fill the workers' last minutes, instead of one long test starting late and
+    running on alone; a run without workers is unchanged but for the order.
+    """
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def slow_share(tests: list[pytest.Item]) -> float:
+        return sum(t.get_closest_marker("slow") is not None for t in tests) / len(tests)
+
+    ordered = sorted(modules.values(), key=slow_share, reverse=True)  # stable: ties keep their order
+    return [item for tests in ordered for item in tests]

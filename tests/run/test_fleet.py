@@ -27,7 +27,8 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.slow,
+# One worker holds the module's fleets (pytest-xdist): each is several `ray start` nodes.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fleet"),
               pytest.mark.skipif(shutil.which("ray") is None, reason="the ray command line is not installed")]
 
 # Notice a killed node in about a second, not Ray's default of ~30 s.

@@ -13,6 +13,9 @@ from sweeper.plan.spec import load_sweep
 from sweeper.run.storage import ResultStore
 from sweeper.run.sweep_run import run_plan
 
+# One worker runs the module's sweep once (pytest-xdist).
+pytestmark = pytest.mark.xdist_group("stages")
+
 SWEEP = """
 name: stages
 models: [tiny-llama, tiny-qwen2]

@@ -21,7 +21,8 @@ from actors.backends.transformers.eager import TransformersBackend
 from actors.serving.records import ServingRequest
 from sweeper.core.backends import TransformersOptions
 
-pytestmark = pytest.mark.slow
+# One worker loads the real model once for the module (pytest-xdist).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bundled-model")]
 
 SHORT = ["What is the capital of France? Answer in one word.", "Reply with only the word yes.",
          "What is 2 + 2? Give just the number."]

@@ -21,6 +21,9 @@ from sweeper.core.backends import TransformersOptions
 from sweeper.core.results import Compile
 from tests.conftest import run_cli
 
+# One worker builds the module's compiled and eager backends once (pytest-xdist).
+pytestmark = pytest.mark.xdist_group("compile")
+
 INPUT_LEN, OUTPUT_LEN = 12, 8
 
 
