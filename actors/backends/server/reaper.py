@@ -35,6 +35,16 @@ def _answers(send: object, target: int) -> bool:
     return True
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/PID/stat``'s fields after the command name (state, ppid, pgrp, ...), or None
+    where it cannot be read. The name, in parentheses, may itself hold spaces and parentheses."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def group_running(pgid: int) -> bool:
     """Whether a process of group ``pgid`` still runs.
 
@@ -52,11 +62,10 @@ def group_running(pgid: int) -> bool:
         return True
     members = 0
     for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state, _ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
+        fields = _stat_fields(int(pid))
+        if fields is None:
             continue  # gone since the listing
+        state, _ppid, pgrp = fields[:3]
         if int(pgrp) == pgid:
             if state != "Z":
                 return True
@@ -98,11 +107,8 @@ def alive(pid: int) -> bool:
     """Whether process ``pid`` runs; a zombie (exited, not yet reaped by its parent) does not."""
     if not _answers(os.kill, pid):
         return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
+    fields = _stat_fields(pid)
+    return fields is None or fields[0] != "Z"  # no /proc entry to read: signal 0's answer stands
 
 
 def main(argv: list[str]) -> int:
