@@ -250,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     served = args.model
     argv = ENGINES["vllm"].command(model=model, served_model=served, precision=args.precision,
                                    tensor_parallel=args.tensor_parallel, seed=0, synthetic=not bundled,
-                                   args=json.loads(args.args))
+                                   args=json.loads(args.args), device="cuda")
     out = Path(args.out)
     log = out.with_suffix(".log")
     gpus = [str(i) for i in range(args.tensor_parallel)]

@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from sweeper.core.continuous_batching import CPU_SERVER_FLAGS
 from sweeper.core.secrets import REDACTED, is_secret_flag, secret_positions
 
 EngineName = Literal["vllm", "sglang", "transformers"]
@@ -132,6 +133,9 @@ class ServerEngine:
     # Flags for a synthetic (random-weight) model: the engine initializes the weights itself.
     synthetic_flags: tuple[str, ...] = ()
     extra_flags: tuple[str, ...] = ()  # always given; may hold {placeholders}
+    # device -> flags (each with its value) given on that device unless the sweep's ``args``
+    # set the same flag
+    device_flags: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     precision_notes: Mapping[str, str] = field(default_factory=dict)
     version_module: str | None = None
     # The engine logs its start's phases as vLLM does (actors/backends/vllm/start.py): the
@@ -169,7 +173,7 @@ class ServerEngine:
         return None
 
     def command(self, *, model: str, served_model: str, precision: str, tensor_parallel: int, seed: int,
-                synthetic: bool, args: Mapping[str, Any]) -> list[str]:
+                synthetic: bool, args: Mapping[str, Any], device: str) -> list[str]:
         """The command line, with ``{port}``, ``{host}`` and ``{device}`` left to fill at launch."""
         argv = [*self.program, model, "--host", "{host}", "--port", "{port}"]
         if self.served_name_flag:
@@ -182,7 +186,11 @@ class ServerEngine:
         if synthetic:
             argv += list(self.synthetic_flags)
         argv += list(self.extra_flags)
-        return argv + engine_args(args)
+        given = engine_args(args)
+        for flag, value in self.device_flags.get(device, {}).items():
+            if flag not in given and "--no-" + flag[2:] not in given:
+                argv += [flag, value]
+        return argv + given
 
 
 def engine_args(args: Mapping[str, Any]) -> list[str]:
@@ -249,6 +257,8 @@ ENGINES: dict[str, ServerEngine] = {
             served_name_flag=None, tensor_parallel_flag=None, seed_flag="--default-seed",
             # Continuous batching: a server batches the requests in flight, as the others do.
             extra_flags=("--continuous-batching", "--device", "{device}", "--log-level", "warning"),
+            # A bounded KV cache on a CPU (sweeper.core.continuous_batching says why).
+            device_flags={"cpu": CPU_SERVER_FLAGS},
             model_list_is_hub_cache=True,
             precision_notes={"fp8": "transformers serve has no fp8 flag",
                              "fp4": "transformers serve quantizes to bnb-4bit (nf4) or bnb-8bit only"},

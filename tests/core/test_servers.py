@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from sweeper.core.backends import BACKENDS
+from sweeper.core.continuous_batching import CPU_KV_CACHE_PAGES, CPU_MAX_BATCH_TOKENS
 from sweeper.core.errors import SweepFileError
 from sweeper.core.servers import DIALECTS, ENGINES, ServerOptions, engine_args
 from sweeper.plan.expand import make_plan
@@ -17,20 +18,38 @@ from sweeper.plan.spec import parse_sweep
 
 def test_engine_command_lines_carry_precision_parallelism_and_flags():
     vllm = ENGINES["vllm"].command(model="/m", served_model="llama-3.1-8b", precision="fp8", tensor_parallel=2,
-                                   seed=3, synthetic=True, args={"max-num-seqs": 64, "enforce_eager": True})
+                                   seed=3, synthetic=True, args={"max-num-seqs": 64, "enforce_eager": True},
+                                   device="cuda")
     assert vllm[:4] == ["python", "-m", "vllm.entrypoints.cli.main", "serve"]
     text = " ".join(vllm)
     assert "/m --host {host} --port {port} --served-model-name llama-3.1-8b" in text
     assert "--dtype bfloat16 --quantization fp8 --tensor-parallel-size 2 --seed 3 --load-format dummy" in text
     assert text.endswith("--max-num-seqs 64 --enforce-eager")
     hf = ENGINES["transformers"].command(model="/m", served_model="x", precision="nf4", tensor_parallel=1, seed=0,
-                                         synthetic=True, args={})
+                                         synthetic=True, args={}, device="cuda")
     assert "--quantization bnb-4bit" in " ".join(hf) and "--continuous-batching" in hf and "--load-format" not in hf
+    # On a GPU transformers sizes its KV cache itself.
+    assert "--cb-num-blocks" not in hf and "--cb-max-batch-tokens" not in hf
     assert engine_args({"no_x": False, "n": 2}) == ["--no-no-x", "--n", "2"]
     # SGLang reports each reply's cached prompt tokens; its radix cache is turned off by args.
     sg = " ".join(ENGINES["sglang"].command(model="/m", served_model="x", precision="bf16", tensor_parallel=2,
-                                            seed=1, synthetic=True, args={"disable-radix-cache": True}))
+                                            seed=1, synthetic=True, args={"disable-radix-cache": True},
+                                            device="cuda"))
     assert "--tp-size 2 --random-seed 1 --load-format dummy --enable-cache-report --disable-radix-cache" in sg
+
+
+def test_transformers_serve_on_a_cpu_gets_a_bounded_kv_cache_that_args_override():
+    """transformers' default on a CPU is 60 % of the host's free memory, zeroed at start: a
+    launched server on a CPU gets sweeper's bound instead, unless the sweep's args set one."""
+    def command(args):
+        return ENGINES["transformers"].command(model="/m", served_model="x", precision="fp32", tensor_parallel=1,
+                                               seed=0, synthetic=True, args=args, device="cpu")
+
+    bounded = " ".join(command({}))
+    assert f"--cb-num-blocks {CPU_KV_CACHE_PAGES} --cb-max-batch-tokens {CPU_MAX_BATCH_TOKENS}" in bounded
+    own = command({"cb-num-blocks": 8})
+    assert own.count("--cb-num-blocks") == 1 and own[own.index("--cb-num-blocks") + 1] == "8"
+    assert own[own.index("--cb-max-batch-tokens") + 1] == str(CPU_MAX_BATCH_TOKENS)
 
 
 @pytest.mark.parametrize(("launch", "precision", "device", "tp", "why"), [

@@ -33,10 +33,6 @@ SERVER_COLUMNS = ("server_engine", "server_version", "server_command", "server_u
                   "energy_unmetered_reason")
 
 
-# transformers serve sizes its continuous-batching KV cache from the free memory (60 % on a CPU;
-# 13.7 GB of RSS seen on a 24 GB machine): the tests that start one run on one pytest-xdist
-# worker, one after the other, never two at once.
-ONE_TRANSFORMERS_SERVE_AT_A_TIME = pytest.mark.xdist_group("transformers-serve")
 
 
 def _server_pids(results: Path) -> list[int]:
@@ -50,7 +46,6 @@ def _server_pids(results: Path) -> list[int]:
 
 
 @pytest.mark.slow
-@ONE_TRANSFORMERS_SERVE_AT_A_TIME
 def test_launched_transformers_servers_end_to_end(tmp_path, write_sweep, smollm2_dir):
     """The shipped example's transformers rows plus the bundled real model, each group served
     by its own launched ``transformers serve``."""
@@ -98,7 +93,6 @@ def test_launched_transformers_servers_end_to_end(tmp_path, write_sweep, smollm2
 
 
 @pytest.mark.slow
-@ONE_TRANSFORMERS_SERVE_AT_A_TIME
 def test_base_url_measures_a_running_transformers_serve(tmp_path, write_sweep):
     from actors.backends.server.process import ServerProcess
     from actors.models import materialize_servable
@@ -106,7 +100,7 @@ def test_base_url_measures_a_running_transformers_serve(tmp_path, write_sweep):
 
     model = str(materialize_servable("tiny-llama"))
     argv = ENGINES["transformers"].command(model=model, served_model=model, precision="fp32", tensor_parallel=1,
-                                           seed=0, synthetic=True, args={})
+                                           seed=0, synthetic=True, args={}, device="cpu")
     server = ServerProcess.launch(argv, log_path=tmp_path / "external.log", fields={"device": "cpu"})
     try:
         server.wait_ready(120)

@@ -177,7 +177,7 @@ class ServerBackend(Backend):
         if engine is not None:
             argv = engine.command(model=model_path, served_model=served, precision=spec.precision,
                                   tensor_parallel=spec.tensor_parallel, seed=spec.seed,
-                                  synthetic=spec.source == "synthetic", args=options.args)
+                                  synthetic=spec.source == "synthetic", args=options.args, device=device)
             argv += engine_args(options.secret_args)
             secret_values = list(options.secret_args.values())
         else:

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from actors.serving.records import UNFINISHED, ServedRequest, ServingRequest
+from sweeper.core.continuous_batching import CPU_KV_CACHE_PAGES, CPU_MAX_BATCH_TOKENS
 
 # How long submitting one request may block on the manager's input queue.
 SUBMIT_TIMEOUT_S = 10.0
@@ -37,7 +38,11 @@ class ContinuousBatchingEngine:
                                   pad_token_id=model.generation_config.pad_token_id or 0)
         # Block sharing off for measurement, as vLLM's prefix caching is: random prompts share
         # nothing, and a served request must cost what it costs alone.
-        cb = ContinuousBatchingConfig(allow_block_sharing=False, max_requests_per_batch=max_batch_requests)
+        # On a CPU a bounded KV cache, not 60 % of the host's memory (sweeper.core.continuous_batching).
+        on_cpu = model.device.type == "cpu"
+        cb = ContinuousBatchingConfig(allow_block_sharing=False, max_requests_per_batch=max_batch_requests,
+                                      num_blocks=CPU_KV_CACHE_PAGES if on_cpu else None,
+                                      max_batch_tokens=CPU_MAX_BATCH_TOKENS if on_cpu else None)
         self.eos_token_id = model.generation_config.eos_token_id
         self.manager = model.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
         self.manager.start()

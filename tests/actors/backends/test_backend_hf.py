@@ -66,3 +66,18 @@ def test_synthetic_weights_are_seeded():
         b.close()
     assert (weights[0] == weights[1]).all()
     assert not (weights[0] == weights[2]).all()
+
+
+def test_serving_on_a_cpu_holds_a_bounded_kv_cache(backend):
+    """transformers' own sizing on a CPU takes 60 % of the host's free memory (13.7 GB on a
+    24 GB machine) and zeroes it; on a CPU the engine gets sweeper's bound instead."""
+    import time
+
+    from actors.serving.records import ServingRequest
+    from sweeper.core.continuous_batching import CPU_KV_CACHE_PAGES, CPU_MAX_BATCH_TOKENS
+
+    requests = [ServingRequest(i, np.arange(8 + i, 16 + i), 4, 0.0) for i in range(3)]
+    run = backend.serve(requests, max_concurrency=None, deadline_s=time.monotonic() + 120)
+    assert [r.output_tokens for r in run.requests] == [4, 4, 4]
+    cache = backend._serving.manager.batch_processor.cache
+    assert (cache.num_blocks, cache.max_batch_tokens) == (CPU_KV_CACHE_PAGES, CPU_MAX_BATCH_TOKENS)
