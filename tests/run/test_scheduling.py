@@ -26,6 +26,7 @@ from sweeper.run.storage import ResultStore
 from sweeper.run.sweep_run import RunOptions, run_plan
 from tests.cluster_scenarios import run_scenario
 from tests.conftest import ROOT
+from tests.fake_nvml import FakeClock
 
 
 def _plan(write_sweep, text: str, device: str = "cpu"):
@@ -56,6 +57,9 @@ workload: {input_len: 8, output_len: 4}
 
 def test_noop_loads_without_torch_and_generates_exact_timed_tokens():
     backend = create_backend("noop")
+    # Virtual time, so the step times are exactly the configured ones on any machine.
+    clock = FakeClock(100.0)
+    backend.clock, backend.sleep = clock, clock.sleep
     options = BACKENDS["noop"].options.model_validate({"step_s": 0.01, "prefill_s": 0.03})
     info = backend.load(ModelSpec("synthetic", "llama-3.1-8b", "bf16", options))
     assert info.vocab_size == PRESETS["llama-3.1-8b"].config["vocab_size"] == 128256
@@ -63,8 +67,8 @@ def test_noop_loads_without_torch_and_generates_exact_timed_tokens():
     gen = backend.generate(np.zeros((3, 8), dtype=np.int64), output_len=6)
     assert len(gen.requests) == 3 and gen.output_tokens == 18
     r = gen.requests[0]
-    assert r.t_first_token_s - r.t_start_s == pytest.approx(0.03, abs=0.01)
-    assert r.t_end_s - r.t_first_token_s == pytest.approx(5 * 0.01, abs=0.01)
+    assert r.t_first_token_s - r.t_start_s == pytest.approx(0.03)
+    assert r.t_end_s - r.t_first_token_s == pytest.approx(5 * 0.01)
     assert [m[0] for m in gen.marks] == ["prefill", "decode"]
     # the backend never needed torch (it may be imported by other tests in this process)
     assert BACKENDS["noop"].requires == ()
