@@ -41,6 +41,7 @@ SUBCOMMANDS = (
     "readme-plot",
     "conversations",
     "typed-rows",
+    "kv-cache",
 )
 
 
