@@ -43,29 +43,29 @@ def _available_gb() -> float:
 
 
 def measure_one(model: str, precision: str, sizing: str) -> dict[str, Any]:
-    """In a fresh process: the manager's memory under one sizing."""
+    """In a fresh process: the manager's memory under one sizing. sweeper's is the engine a
+    serving trial runs (``ContinuousBatchingEngine``), so the figure is the shipped path's."""
     import torch
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     from actors.backends import create_backend
     from actors.backends.base import ModelSpec
+    from actors.backends.transformers.serving import ContinuousBatchingEngine
     from sweeper.core.backends import BACKENDS
     from sweeper.core.bundled import BUNDLED_MODELS
-    from sweeper.core.continuous_batching import CPU_KV_CACHE_PAGES, CPU_MAX_BATCH_TOKENS
 
     backend: Any = create_backend("transformers")  # its model, which the Backend interface does not name
     source = "bundled" if model in BUNDLED_MODELS else "synthetic"
     backend.load(ModelSpec(source, model, precision, BACKENDS["transformers"].default_options()))
-    bounded = sizing == "sweeper"
     available_gb, loaded_gb = _available_gb(), _resident_gb()
-    config = GenerationConfig(do_sample=False, num_beams=1, eos_token_id=-1, pad_token_id=0)
     with torch.inference_mode():
-        manager = backend.model.init_continuous_batching(
-            generation_config=config,
-            continuous_batching_config=ContinuousBatchingConfig(
-                allow_block_sharing=False, num_blocks=CPU_KV_CACHE_PAGES if bounded else None,
-                max_batch_tokens=CPU_MAX_BATCH_TOKENS if bounded else None))
-        manager.start()
+        if sizing == "sweeper":
+            manager = ContinuousBatchingEngine(backend.model, None).manager
+        else:  # transformers' defaults but for block sharing, which the engine turns off too
+            manager = backend.model.init_continuous_batching(
+                generation_config=GenerationConfig(do_sample=False, num_beams=1, eos_token_id=-1, pad_token_id=0),
+                continuous_batching_config=ContinuousBatchingConfig(allow_block_sharing=False))
+            manager.start()
         manager.add_request(list(range(8, 40)), request_id="r", max_new_tokens=16)
         next(out for out in manager if out.request_id == "r")
         cache = manager.batch_processor.cache
