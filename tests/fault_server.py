@@ -5,7 +5,7 @@ A real HTTP server (aiohttp) speaking the streamed ``/v1/completions`` and
 words ``w0 w1 ...`` with the usage in its last chunk. Flags make it fail the ways real
 servers fail: never ready, exiting before ready, dying after N requests, HTTP errors,
 errors mid-stream, slow first tokens, several tokens per chunk, no ``[DONE]``, ignoring
-SIGTERM, a child process in its group. It is no stand-in for the engine servers (the
+SIGTERM, a child process in its group, killing its launcher as it starts. It is no stand-in for the engine servers (the
 end-to-end tests launch ``transformers serve``); it makes each failure happen on purpose.
 
     python tests/fault_server.py --port 8000 [--model NAME] [flags]
@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pid-file", default=None, help="append this process's pid (and its child's)")
     p.add_argument("--child", action="store_true", help="start a child process in the same process group")
     p.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (only SIGKILL ends it)")
+    p.add_argument("--kill-launcher", action="store_true",
+                   help="once its pids are written, SIGKILL the process that started it and that process's "
+                        "other children, as Ray ends a dead actor: an interrupt the moment a server starts")
     p.add_argument("--env-out", default=None, help="write this process's environment (JSON) to this file at start")
     p.add_argument("--log-requests", default=None, help="append each request's JSON body to this file")
     p.add_argument("--api-key", default=None, help="answer 401 to /v1 requests without 'Authorization: Bearer KEY'")
@@ -183,6 +186,12 @@ def main() -> None:
     if args.pid_file:
         with open(args.pid_file, "a") as out:
             out.write("".join(f"{p}\n" for p in pids))
+    if args.kill_launcher:
+        import psutil
+
+        launcher = psutil.Process(os.getppid())
+        for p in [launcher, *(c for c in launcher.children() if c.pid != os.getpid())]:
+            p.kill()
     if args.exit_before_ready is not None:
         print(args.exit_message, flush=True)
         sys.exit(args.exit_before_ready)

@@ -142,6 +142,15 @@ def test_no_import_cycles():
             visit(m, [m])
 
 
+def test_the_command_line_starts_without_pandas():
+    """Every test's and every user's `sweeper` command pays for its imports: pandas (about 0.3 s,
+    pulled in by pyarrow.dataset) is imported where results are read, not when the CLI and its
+    run session load."""
+    code = ("import sys, sweeper.cli, sweeper.run.session; "
+            "assert 'pandas' not in sys.modules and 'pyarrow.dataset' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
 @pytest.mark.slow
 def test_the_control_plane_loads_without_torch():
     code = ("import sys, sweeper.cli, sweeper.plan.expand, sweeper.run.sweep_run, sweeper.run.storage, "

@@ -23,7 +23,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -197,7 +196,10 @@ class ShardFiles:
     def _read_batch(self, kind: str, paths: list[str], schema: pa.Schema,
                     columns: list[str] | None) -> pa.Table | None:
         # The current schema is imposed, so shards written before a column was
-        # added read back with nulls in it.
+        # added read back with nulls in it. Imported here: pyarrow.dataset imports pandas
+        # (about 0.3 s), which a command that reads no shard does not need.
+        import pyarrow.dataset as ds
+
         try:
             return ds.dataset(paths, schema=schema, format="parquet", filesystem=self.fs).to_table(columns=columns)
         except (pa.ArrowInvalid, OSError):

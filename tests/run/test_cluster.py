@@ -109,23 +109,30 @@ def test_a_cluster_of_another_ray_or_python_is_one_line_with_the_fix():
 @pytest.mark.slow
 def test_a_long_group_splits_onto_the_idle_node_and_runs_every_trial_once(tmp_path):
     """One group of 16 two-second trials on two 1-GPU nodes: after its first trial the driver
-    moves about half of the rest to a second copy of the model on the idle node (a noop load
-    takes about 6 s on a 2-core machine: the split must still save more than that)."""
+    moves about half of the rest to a second copy of the model on the idle node (an actor's
+    start and a noop load take a few seconds on a 2-core machine: the split must still save
+    more than that)."""
     info, rows, by_node = _spread(tmp_path, "name: long\nmodels: tiny-llama\nprecisions: fp32\n"
                                             "batch_sizes: [1, 2, 3, 4, 5, 6, 7, 8]\nrepeats: 2\n", min_duration_s=2.0)
-    assert (info["ok"], info["failed"], info["group_splits"], info["model_loads"]) == (16, 0, 1, 2)
+    # At least the one split; another, once the first copy ends, where the machine's timing left
+    # enough behind (the policy weighs the remaining trials against a load's measured cost).
+    assert (info["ok"], info["failed"]) == (16, 0) and info["group_splits"] >= 1
+    assert info["model_loads"] == 1 + info["group_splits"]
     assert len(rows) == len({r["trial_id"] for r in rows}) == 16
     assert set(by_node) == set(info["workers"]) and min(len(v) for v in by_node.values()) >= 4
 
 
 def _spread(tmp_path, sweep_head: str, min_duration_s: float) -> tuple[dict, list[dict], dict[str, list[dict]]]:
     """Run a noop sweep on two 1-GPU nodes behind a GPU-less head (its own process); its
-    summary, rows and rows per node, having checked that no node's GPU ran two trials at once."""
+    summary, rows and rows per node, having checked that no node's GPU ran two trials at once.
+
+    The noop backend sleeps its step times: what is under test is placement, and a real model
+    here would only add its imports and its CPU-bound windows to the suite's time."""
     from sweeper.run.storage import ResultStore
     from tests.cluster_scenarios import run_scenario
 
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(sweep_head + "workload: {input_len: 8, output_len: 4}\n"
+    sweep.write_text(sweep_head + "backends: noop\nworkload: {input_len: 8, output_len: 4}\n"
                      f"measure: {{warmup_iters: 0, min_iters: 1, min_duration_s: {min_duration_s}, idle_s: 0}}\n")
     info = run_scenario("spread", sweep, tmp_path / "out", ROOT)
     rows = ResultStore(str(tmp_path / "out")).read_shards("trials").to_pylist()

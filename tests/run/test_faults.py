@@ -100,14 +100,17 @@ backend_options: {noop: {load_s: 600}}
 
 @pytest.mark.slow
 def test_a_trial_past_its_timeout_fails_and_its_actor_is_replaced(ray_local, write_sweep, tmp_path):
-    # out=2000 (warm-up call included) takes 10+ s of one-token steps on a CPU; out=4 a few ms.
-    # The limit leaves a loaded 2-core CI machine room for the short trials.
+    # The step time is the test's, not the machine's: out=2000 sleeps 20 s of 10 ms steps (its
+    # warm-up call alone is past the limit), out=4 40 ms; the limit leaves a loaded 2-core
+    # machine room for the short trials and their actor's start.
     plan = _plan(write_sweep, """
 name: timeouts
 models: [tiny-llama]
+backends: noop
 precisions: fp32
 batch_sizes: [1, 2]
 workload: {input_len: 8, output_len: [4, 2000]}
+backend_options: {noop: {step_s: 0.01}}
 measure: {warmup_iters: 1, min_iters: 1, min_duration_s: 0, idle_s: 0, timeout_s: 3.0}
 """)
     store = ResultStore(str(tmp_path / "out"))
@@ -154,12 +157,15 @@ def _kill_running_actors(times: int, stop: threading.Event, killed: list[int], m
         time.sleep(0.05)
 
 
+# Two-second windows of 10 ms steps: the killer finds each trial mid-measurement.
 DEATH_SWEEP = """
 name: deaths
 models: [tiny-llama]
+backends: noop
 precisions: fp32
 batch_sizes: [1, 2]
 workload: {input_len: 8, output_len: 4}
+backend_options: {noop: {step_s: 0.01}}
 measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 2.0, idle_s: 0}
 """
 

@@ -54,7 +54,9 @@ def test_launched_transformers_servers_end_to_end(tmp_path, write_sweep, smollm2
     text = text.replace("models: [tiny-llama]", "models: [tiny-llama, smollm2-135m]").replace(
         "precisions: bf16", "precisions: [bf16, fp32]\nexclude: [{model: smollm2-135m, precision: bf16}, "
                             "{model: tiny-llama, precision: fp32}]")
-    sweep = write_sweep(text.replace("request_rate: [4, 16]", "request_rate: [8]"))
+    # One rate and 24 requests: the real model's server computes every request on 2 shared cores.
+    sweep = write_sweep(text.replace("request_rate: [4, 16]", "request_rate: [8]").replace("num_prompts: 48",
+                                                                                           "num_prompts: 24"))
     out = tmp_path / "server"
     # A machine that never downloaded a model has no Hub cache directory, and transformers
     # serve answers its model list with an error there: the launcher creates it.

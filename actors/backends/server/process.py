@@ -131,6 +131,31 @@ class ServerProcess:
         command = resolve_program([part.format(**values) for part in argv])
         shown = [redact(word, secrets) for word in redact_argv(command)]
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        # The watchdog first, so that no server ever runs unwatched (reaper.py says why); it
+        # detaches, and this goes on once it runs on its own, waiting for the server's pid.
+        watchdog = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("reaper.py")), str(os.getpid()), str(stop_timeout_s)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        assert watchdog.stdin is not None
+        with watchdog.stdin as to_watchdog:
+            if watchdog.wait(timeout=30) != 0:
+                raise ServerError(f"the server's watchdog could not start (exit code {watchdog.returncode})")
+            popen = cls._start(command, log_path, env, shown, secrets)
+            try:
+                to_watchdog.write(f"{popen.pid}\n".encode())
+                to_watchdog.flush()
+            except BrokenPipeError:  # the watchdog is gone: a server must not run unwatched
+                stop_group(popen.pid, 1.0)
+                popen.wait()
+                raise ServerError("the server's watchdog exited before the server started") from None
+        log.info("server pid %d on %s:%d, log %s", popen.pid, host, port, log_path)
+        return cls(argv=shown, base_url=f"http://{host}:{port}/v1", log_path=log_path, popen=popen,
+                   started_s=time.monotonic(), headers=dict(headers or {}))
+
+    @staticmethod
+    def _start(command: list[str], log_path: Path, env: Mapping[str, str] | None, shown: list[str],
+               secrets: Sequence[str]) -> subprocess.Popen:
+        """The server's process, leading a session of its own, its output going to ``log_path``."""
         with open(log_path, "ab") as out:
             out.write(f"$ {' '.join(shown)}\n".encode())
             out.flush()
@@ -144,15 +169,7 @@ class ServerProcess:
             assert popen.stdout is not None
             threading.Thread(target=_copy_redacted, args=(popen.stdout, log_path, tuple(secrets)),
                              name=f"server-log-{popen.pid}", daemon=True).start()
-        # The watchdog detaches: this returns once it runs on its own (reaper.py says why).
-        subprocess.run(
-            [sys.executable, str(Path(__file__).with_name("reaper.py")), str(os.getpid()), str(popen.pid),
-             str(stop_timeout_s)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, check=True, timeout=30)
-        log.info("server pid %d on %s:%d, log %s", popen.pid, host, port, log_path)
-        return cls(argv=shown, base_url=f"http://{host}:{port}/v1", log_path=log_path, popen=popen,
-                   started_s=time.monotonic(), headers=dict(headers or {}))
+        return popen
 
     @property
     def pid(self) -> int:

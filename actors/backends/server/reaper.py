@@ -1,10 +1,17 @@
 """Stops a launched server's process group once the process that launched it is gone.
 
-Run as a script (``python reaper.py WATCHED_PID SERVER_PID STOP_TIMEOUT_S``) in a session
-of its own, so that it outlives its launcher: when the actor that started a server dies
-(killed by Ray, by the driver's Ctrl-C or SIGTERM, or with its raylet), nothing of the
-actor runs any more, and this is what ends the server. It also exits, after clearing
-the server's group, when the server's leader exits first (a normal stop).
+Run as a script (``python reaper.py WATCHED_PID STOP_TIMEOUT_S``) in a session of its own,
+so that it outlives its launcher: when the actor that started a server dies (killed by Ray,
+by the driver's Ctrl-C or SIGTERM, or with its raylet), nothing of the actor runs any more,
+and this is what ends the server. It also exits, after clearing the server's group, when
+the server's leader exits first (a normal stop).
+
+It starts before the server and reads the server's pid from its stdin, written by the
+launcher the moment the server is started: a watchdog started after the server (a Python
+start, a second or more on a loaded machine) left a window in which an interrupt killed the
+launcher, Ray killed the server's leader as the dead worker's child, and the leader's own
+children ran on with no one to end them. An end of input without a pid (the launcher died
+first, or started no server) ends the watchdog: there is nothing to watch.
 
 It detaches (forks, and the launched process exits at once): Ray kills a dead worker's
 direct children, which would be the server's leader and this watchdog, and leave the
@@ -112,12 +119,16 @@ def alive(pid: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    watched, server, timeout_s = int(argv[1]), int(argv[2]), float(argv[3])
+    watched, timeout_s = int(argv[1]), float(argv[2])
     if os.fork() > 0:
         return 0  # the launcher reaps this one at once; the watchdog is no child of its
     # (an orphan, adopted by init or the node's subreaper)
     # The launcher's Ctrl-C reaches its own process group, not this session; ignore it anyway.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    line = sys.stdin.readline().strip()
+    if not line.isdigit():
+        return 0  # no server was started, or its launcher is gone before it could say which
+    server = int(line)
     ended = _wait_for_either(watched, server)
     # The server leads its own group (its pgid is its pid). After a normal stop its leader
     # has exited and the launcher cleared the group; anything left is killed here.

@@ -260,23 +260,52 @@ def test_a_server_answering_503_while_it_warms_up_is_waited_for(tmp_path):
         proc.stop(2.0)
 
 
-def test_a_killed_launcher_takes_its_server_with_it(tmp_path):
-    """SIGKILL to the process that launched the server (what Ray does to an actor): nothing of
-    the launcher runs any more, and the watchdog ends the server's group."""
-    pid_file = tmp_path / "pids"
+def _launch_in_a_process(tmp_path: Path, pid_file: Path, *flags: str,
+                         env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A process that launches the fault server (``flags`` added), says ``ready`` once it
+    answers, then waits: the launcher an actor is, as a process of its own."""
     script = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(Path.cwd())!r})
         from pathlib import Path
         from actors.backends.server.process import ServerProcess
         p = ServerProcess.launch(["python", {str(FAULT_SERVER)!r}, "--port", "{{port}}", "--pid-file",
-                                  {str(pid_file)!r}, "--child"], log_path=Path({str(tmp_path / 'l.log')!r}),
-                                 stop_timeout_s=2.0)
+                                  {str(pid_file)!r}, "--child", *{list(flags)!r}],
+                                 log_path=Path({str(tmp_path / 'l.log')!r}), stop_timeout_s=2.0)
         p.wait_ready(30)
         print("ready", flush=True)
         time.sleep(600)
     """)
-    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def test_a_launcher_killed_the_moment_its_server_starts_takes_it_with_it(tmp_path):
+    """An interrupt as the server starts, on a machine where the watchdog is slow to start:
+    the server's first act is to SIGKILL its launcher and the launcher's other children (what
+    Ray does to a dead actor), and every Python the launcher starts takes a second longer to
+    start the watchdog. The watchdog detaches before the server starts, so the server's group
+    ends all the same; a watchdog started after the server was still the launcher's child
+    there, died with it, and left the server's child running for good."""
+    slow = tmp_path / "slow-watchdog"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(
+        "import sys, time\nif sys.argv and sys.argv[0].endswith('reaper.py'):\n    time.sleep(1.0)\n")
+    pid_file = tmp_path / "pids"
+    launcher = _launch_in_a_process(tmp_path, pid_file, "--kill-launcher", env={"PYTHONPATH": str(slow)})
+    try:
+        assert launcher.wait(60) == -signal.SIGKILL
+        pids = read_pids(pid_file, 2)
+        assert wait_gone(pids) == [], [p for p in pids if alive(p)]
+    finally:
+        launcher.kill()
+
+
+def test_a_killed_launcher_takes_its_server_with_it(tmp_path):
+    """SIGKILL to the process that launched the server (what Ray does to an actor): nothing of
+    the launcher runs any more, and the watchdog ends the server's group."""
+    pid_file = tmp_path / "pids"
+    launcher = _launch_in_a_process(tmp_path, pid_file)
     try:
         assert launcher.stdout is not None and launcher.stdout.readline().strip() == "ready"
         pids = read_pids(pid_file, 2)
