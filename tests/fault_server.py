@@ -5,8 +5,9 @@ A real HTTP server (aiohttp) speaking the streamed ``/v1/completions`` and
 words ``w0 w1 ...`` with the usage in its last chunk. Flags make it fail the ways real
 servers fail: never ready, exiting before ready, dying after N requests, HTTP errors,
 errors mid-stream, slow first tokens, several tokens per chunk, no ``[DONE]``, ignoring
-SIGTERM, a child process in its group, killing its launcher as it starts. It is no stand-in for the engine servers (the
-end-to-end tests launch ``transformers serve``); it makes each failure happen on purpose.
+SIGTERM, a child process in its group, killing its launcher as it starts. It is no stand-in
+for the engine servers (the end-to-end tests launch ``transformers serve``); it makes each
+failure happen on purpose.
 
     python tests/fault_server.py --port 8000 [--model NAME] [flags]
 """

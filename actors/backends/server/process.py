@@ -137,9 +137,15 @@ class ServerProcess:
             [sys.executable, str(Path(__file__).with_name("reaper.py")), str(os.getpid()), str(stop_timeout_s)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         assert watchdog.stdin is not None
-        with watchdog.stdin as to_watchdog:
-            if watchdog.wait(timeout=30) != 0:
-                raise ServerError(f"the server's watchdog could not start (exit code {watchdog.returncode})")
+        with watchdog.stdin as to_watchdog:  # closed on the way out: a watchdog told no pid exits
+            try:
+                code = watchdog.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                watchdog.kill()
+                watchdog.wait()
+                raise ServerError("the server's watchdog did not start within 30 s") from None
+            if code != 0:
+                raise ServerError(f"the server's watchdog could not start (exit code {code})")
             popen = cls._start(command, log_path, env, shown, secrets)
             try:
                 to_watchdog.write(f"{popen.pid}\n".encode())
