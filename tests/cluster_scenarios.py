@@ -72,11 +72,12 @@ def run_scenario(scenario: str, sweep_path: Path, out: Path, root: Path) -> dict
 
 def main(scenario: str, sweep_path: str, out: str) -> None:
     head_gpus = 1 if scenario == "single" else 0
-    # No dashboard: nothing here reads it, and its processes cost each scenario seconds of CPU.
+    # No dashboard and no log monitors: nothing here reads them (sweeper's driver takes no
+    # worker logs), and their processes cost each scenario seconds of CPU.
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2 if head_gpus else 1, "num_gpus": head_gpus, "include_dashboard": False,
-        "_system_config": FAST_HEALTH_CHECK})
-    workers = [cluster.add_node(num_cpus=c, num_gpus=g) for c, g in WORKERS[scenario]]
+        "include_log_monitor": False, "_system_config": FAST_HEALTH_CHECK})
+    workers = [cluster.add_node(num_cpus=c, num_gpus=g, include_log_monitor=False) for c, g in WORKERS[scenario]]
     cluster.wait_for_nodes()
     head_id, worker_ids = cluster.head_node.node_id, [w.node_id for w in workers]
     info = connect(cluster.address)

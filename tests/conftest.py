@@ -21,25 +21,72 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
-            env: dict[str, str] | None = None, own_ray: bool = False) -> subprocess.CompletedProcess:
-    """Run the real ``sweeper`` command line in a fresh process (``env``: added to this one's).
+# The environment of the session's Ray head and its workers: this process's as the session
+# began, whichever test starts the head. A test that has set a variable of its own (its cache
+# directory, say) gets a Ray of its own for its run; the tests after it join the head again.
+_SESSION_ENVIRONMENT = dict(os.environ)
 
-    A ``sweeper run`` joins the session's shared Ray head (``--address``), which saves each run
-    the ~6 s of starting a Ray of its own on 2 cores, unless the test asks for its own Ray
-    (``own_ray``: what a run without ``--address`` does is under test) or its run needs another
-    environment than the head's, whose workers would not see it (``env``, or a variable set
-    since the head started).
+# Commands run in this process rather than a fresh one: those that start no Ray and take no
+# signals. Each would otherwise pay a Python start and sweeper's imports (0.5-0.9 CPU-s on 2
+# cores), some seventy times a suite, on a machine whose cores the suite keeps busy.
+IN_PROCESS_COMMANDS = frozenset({"plan", "query", "report", "aggregate", "presets"})
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float | None = None,
+            env: dict[str, str] | None = None, own_ray: bool = False) -> subprocess.CompletedProcess:
+    """Run the real ``sweeper`` command line (``env``: added to this process's environment).
+
+    ``plan`` (without ``--address``), ``query``, ``report``, ``aggregate`` and ``presets`` run
+    in this process through the same entry point (``sweeper.cli.main``), their output and exit
+    code captured as a fresh process's would be, an uncaught exception as its traceback on
+    stderr and exit code 1; a ``timeout`` asks for a fresh process, which can be stopped.
+
+    Every other command runs in a fresh process. A ``sweeper run`` joins the session's shared
+    Ray head (``--address``), which saves each run the ~6 s of starting a Ray of its own on 2
+    cores, unless the test asks for its own Ray (``own_ray``: what a run without ``--address``
+    does is under test) or its run needs another environment than the head's, whose workers
+    would not see it (``env``, or a variable the test has set since the session began).
     """
     argv, base = list(args), dict(os.environ)
+    if argv[:1] and argv[0] in IN_PROCESS_COMMANDS and "--address" not in argv and timeout is None:
+        return _run_in_process(argv, cwd=cwd, env=env)
     if argv[:1] == ["run"] and "--address" not in argv and not own_ray and env is None \
             and _SharedHead.environment_matches():
         argv += ["--address", _SharedHead.address()]
         base = _SharedHead.child_environment()
     return subprocess.run(
         [sys.executable, "-m", "sweeper", *argv], cwd=cwd or ROOT, capture_output=True,
-        text=True, timeout=timeout, env={**base, "COLUMNS": "200", **(env or {})},
+        text=True, timeout=timeout or 600, env={**base, "COLUMNS": "200", **(env or {})},
     )
+
+
+def _run_in_process(argv: list[str], cwd: Path | None, env: dict[str, str] | None) -> subprocess.CompletedProcess:
+    import io
+    import traceback
+
+    from sweeper.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved_environ, saved_argv = dict(os.environ), sys.argv
+    os.environ.update({"COLUMNS": "200", **(env or {})})
+    sys.argv = ["sweeper", *argv]
+    code = 0
+    try:
+        with contextlib.chdir(cwd or ROOT), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                main()
+            except SystemExit as exc:  # how click and typer end every command
+                if isinstance(exc.code, str):
+                    print(exc.code, file=sys.stderr)
+                code = 1 if isinstance(exc.code, str) else exc.code or 0
+            except Exception:  # what the interpreter would print and exit with
+                traceback.print_exc()
+                code = 1
+    finally:
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_environ)
+    return subprocess.CompletedProcess(["sweeper", *argv], code, stdout.getvalue(), stderr.getvalue())
 
 
 class _SharedHead:
@@ -49,24 +96,33 @@ class _SharedHead:
 
     _process: subprocess.Popen | None = None
     _address: str | None = None
-    _environment: dict[str, str] = {}
-    # Variables that differ from test to test and never matter to a run's workers.
-    _IGNORED = ("PYTEST_", "COLUMNS")
+    # Variables that differ from test to test and never matter to a run's workers, and those a
+    # library sets in this process to the default its run's processes would take anyway (torch
+    # names its compile cache so on first use): seen as a difference, every later run of the
+    # worker would start a Ray of its own.
+    _IGNORED = ("PYTEST_", "COLUMNS", "TORCHINDUCTOR_CACHE_DIR")
     # What a Ray driver in this process (the in-process tests' ``ray.init``) sets for itself;
     # a child driver joining the head must not inherit them (the head takes no token).
     DRIVER_KEYS = frozenset({"RAY_CLIENT_MODE", "RAY_AUTH_MODE", "PYTHONBREAKPOINT"})
 
     @classmethod
-    def child_environment(cls) -> dict[str, str]:
-        return {k: v for k, v in os.environ.items() if k not in cls.DRIVER_KEYS}
+    def child_environment(cls, environ: dict[str, str] | None = None) -> dict[str, str]:
+        return {k: v for k, v in (os.environ if environ is None else environ).items() if k not in cls.DRIVER_KEYS}
 
     @classmethod
-    def _relevant(cls) -> dict[str, str]:
-        return {k: v for k, v in cls.child_environment().items() if not k.startswith(cls._IGNORED)}
+    def _relevant(cls, environ: dict[str, str] | None = None) -> dict[str, str]:
+        return {k: v for k, v in cls.child_environment(environ).items() if not k.startswith(cls._IGNORED)}
+
+    @classmethod
+    def environment_differences(cls) -> list[str]:
+        """The variables (names only) by which this process's environment differs from the
+        session's: a run would not see them on the head's workers."""
+        now, then = cls._relevant(), cls._relevant(_SESSION_ENVIRONMENT)
+        return sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
 
     @classmethod
     def environment_matches(cls) -> bool:
-        return cls._address is None or cls._relevant() == cls._environment
+        return not cls.environment_differences()
 
     @classmethod
     def address(cls) -> str:
@@ -78,16 +134,18 @@ class _SharedHead:
                 sock.bind(("127.0.0.1", 0))
                 port = sock.getsockname()[1]
             log = Path(os.environ.get("TMPDIR", "/tmp")) / f"sweeper-tests-ray-head-{os.getpid()}.log"
-            cls._environment = cls._relevant()
             with log.open("w") as out:
                 cls._process = subprocess.Popen(
                     [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
-                     "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats", "--block"],
+                     "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats", "--block",
+                     # No log monitor: it ships workers' log lines to drivers, and sweeper's
+                     # drivers take none (log_to_driver=False); it cost about 1 CPU-s a minute.
+                     "--include-log-monitor=false"],
                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                     # Loopback only, and no token: `ray start` turns token authentication on by
                     # default, and a driver in this process, where Ray is already imported, could
                     # no longer turn it on for itself (tests/run/test_fleet.py tests tokens).
-                    env={**cls.child_environment(), "RAY_AUTH_MODE": "disabled"})
+                    env={**cls.child_environment(_SESSION_ENVIRONMENT), "RAY_AUTH_MODE": "disabled"})
             deadline = time.monotonic() + 120
             while "Ray runtime started" not in log.read_text():
                 if cls._process.poll() is not None or time.monotonic() > deadline:

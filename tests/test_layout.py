@@ -151,6 +151,18 @@ def test_the_command_line_starts_without_pandas():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
+def test_the_capability_probe_runs_on_the_standard_library():
+    """Each node's Ray worker runs the probe of every `sweeper run` and `plan --address`: the
+    function it unpickles is imported with its module, which must not bring the registries
+    (pydantic) with it."""
+    from sweeper.plan.capabilities import probe_cluster
+
+    assert "host_libraries" in probe_cluster.__code__.co_names
+    code = ("import sys, sweeper.plan.installed; "
+            "assert not {'pydantic', 'sweeper.core.backends', 'ray'} & set(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
 @pytest.mark.slow
 def test_the_control_plane_loads_without_torch():
     code = ("import sys, sweeper.cli, sweeper.plan.expand, sweeper.run.sweep_run, sweeper.run.storage, "

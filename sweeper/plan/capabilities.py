@@ -15,14 +15,13 @@ trial with ``BackendUnavailable``.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import socket
 from dataclasses import dataclass, field
 
 from sweeper.core.backends import BACKENDS
 from sweeper.core.precisions import PRECISIONS
 from sweeper.core.servers import ENGINES
+from sweeper.plan.installed import host_libraries, library_versions
 
 PROBE_TIMEOUT_S = 60.0
 
@@ -33,18 +32,6 @@ def probed_libraries() -> tuple[str, ...]:
     names |= {m for e in ENGINES.values() for m in e.modules}
     names |= {p.library for p in PRECISIONS.values() if p.library}
     return tuple(sorted(names))
-
-
-def library_versions(names: tuple[str, ...]) -> dict[str, str | None]:
-    """Installed version of each name in this interpreter ("unknown" if importable but
-    unversioned), None where it is missing. Nothing is imported."""
-    out: dict[str, str | None] = {}
-    for name in names:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "unknown" if importlib.util.find_spec(name) is not None else None
-    return out
 
 
 @dataclass(frozen=True)
@@ -130,10 +117,6 @@ def local_capabilities(gpus: int) -> Capabilities:
     return Capabilities((node,), LOCAL)
 
 
-def _probe(names: tuple[str, ...]) -> tuple[str, dict[str, str | None]]:
-    return socket.gethostname(), library_versions(names)
-
-
 def probe_cluster(timeout_s: float = PROBE_TIMEOUT_S) -> Capabilities:
     """Ask every alive node of the connected Ray cluster what it has installed.
 
@@ -144,7 +127,7 @@ def probe_cluster(timeout_s: float = PROBE_TIMEOUT_S) -> Capabilities:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     names = probed_libraries()
-    probe = ray.remote(num_cpus=0, max_retries=0)(_probe)
+    probe = ray.remote(num_cpus=0, max_retries=0)(host_libraries)
     alive = [n for n in ray.nodes() if n.get("Alive")]
     refs = {
         probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(names):

@@ -147,6 +147,9 @@ def test_the_tests_sweeper_runs_join_the_shared_ray_head_whatever_an_in_process_
     for key, value in {"RAY_AUTH_MODE": "token", "RAY_CLIENT_MODE": "0",
                        "PYTHONBREAKPOINT": "ray.util.rpdb._driver_set_trace"}.items():
         monkeypatch.setenv(key, value)  # what ray.init() sets in the process that calls it
+    # A variable that some earlier test or library left set would make every later run of this
+    # worker start a Ray of its own: name it.
+    assert _SharedHead.environment_differences() == []
     sweep = write_sweep("name: joined\nmodels: [tiny-llama]\nbackends: [noop]\nprecisions: [fp32]\n"
                         "batch_sizes: [1]\nworkload: {input_len: 4, output_len: 2}\n"
                         "measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 0.01, idle_s: 0}\n")
