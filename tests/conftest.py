@@ -89,6 +89,16 @@ def _run_in_process(argv: list[str], cwd: Path | None, env: dict[str, str] | Non
     return subprocess.CompletedProcess(["sweeper", *argv], code, stdout.getvalue(), stderr.getvalue())
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    """``preexec_fn`` for a child a test interrupts with SIGINT: Ctrl-C at its default, as a
+    command typed at a terminal has it. A process started in the background of a script (``cmd
+    &`` without job control) has SIGINT ignored, and its children inherit that: run so, the
+    suite's own Python would start every ``sweeper run`` deaf to the test's SIGINT."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class _SharedHead:
     """One ``ray start --head`` for the test session's ``sweeper run`` processes: started on
     first use, in a process group of its own, stopped with that group when the session ends.

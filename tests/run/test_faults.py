@@ -21,7 +21,7 @@ from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
 from sweeper.run.storage import ResultStore
 from sweeper.run.sweep_run import RunOptions, predicted_oom, run_plan
-from tests.conftest import ROOT
+from tests.conftest import ROOT, ctrl_c_as_in_a_terminal
 
 
 def _plan(write_sweep, text: str, device: str = "cpu"):
@@ -257,7 +257,8 @@ def test_ctrl_c_keeps_finished_shards_and_a_second_run_completes_exactly_the_res
     gate.touch()  # the first trial runs ...
     all_ids = {t.trial_id for t in make_plan(load_sweep(sweep_path), "cpu").runnable}
     cmd = [sys.executable, "-m", "sweeper", "run", str(sweep_path), "-o", str(out), "-q"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_as_in_a_terminal)
     deadline = time.monotonic() + 120
     while not _shards(out) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)

@@ -25,7 +25,7 @@ import duckdb
 import pytest
 
 from tests.actors.backends.test_server_backend import alive, read_pids, wait_gone
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, ctrl_c_as_in_a_terminal, run_cli
 from tests.fault_server import FAULT_SERVER
 from tests.run.test_serving_e2e import SERVING_COLUMNS
 
@@ -228,7 +228,7 @@ def test_interrupting_the_sweep_leaves_no_server_behind(tmp_path, write_sweep, s
     sweep = _fault_sweep(write_sweep, pid_file, "", token_s=0.3, prompts=40)
     driver = subprocess.Popen([sys.executable, "-m", "sweeper", "run", str(sweep), "-o", str(tmp_path / "out")],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "COLUMNS": "200"})
+                              env={**os.environ, "COLUMNS": "200"}, preexec_fn=ctrl_c_as_in_a_terminal)
     try:
         pids = read_pids(pid_file, 2, bound_s=120.0)
         assert all(alive(p) for p in pids)
