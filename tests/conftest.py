@@ -106,11 +106,11 @@ class _SharedHead:
 
     _process: subprocess.Popen | None = None
     _address: str | None = None
-    # Variables that differ from test to test and never matter to a run's workers, and those a
-    # library sets in this process to the default its run's processes would take anyway (torch
-    # names its compile cache so on first use): seen as a difference, every later run of the
+    # Variables (prefixes) that differ from test to test and never matter to a run's workers,
+    # and those torch's compiler sets in this process for itself on first use (its cache
+    # directory's default, a tensor pointer): seen as a difference, every later run of the
     # worker would start a Ray of its own.
-    _IGNORED = ("PYTEST_", "COLUMNS", "TORCHINDUCTOR_CACHE_DIR")
+    _IGNORED = ("PYTEST_", "COLUMNS", "TORCHINDUCTOR_", "_TORCHINDUCTOR_")
     # What a Ray driver in this process (the in-process tests' ``ray.init``) sets for itself;
     # a child driver joining the head must not inherit them (the head takes no token).
     DRIVER_KEYS = frozenset({"RAY_CLIENT_MODE", "RAY_AUTH_MODE", "PYTHONBREAKPOINT"})
