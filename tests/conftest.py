@@ -5,7 +5,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,14 +91,31 @@ def _run_in_process(argv: list[str], cwd: Path | None, env: dict[str, str] | Non
     return subprocess.CompletedProcess(["sweeper", *argv], code, stdout.getvalue(), stderr.getvalue())
 
 
-def ctrl_c_as_in_a_terminal() -> None:
-    """``preexec_fn`` for a child a test interrupts with SIGINT: Ctrl-C at its default, as a
-    command typed at a terminal has it. A process started in the background of a script (``cmd
-    &`` without job control) has SIGINT ignored, and its children inherit that: run so, the
-    suite's own Python would start every ``sweeper run`` deaf to the test's SIGINT."""
+def _ctrl_c_at_its_default() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def interruptible(cmd: list[str], **popen: Any) -> Iterator[subprocess.Popen]:
+    """A ``sweeper run`` a test interrupts or terminates, as a terminal would start it.
+
+    Ctrl-C is at its default: a process started in the background of a script (``cmd &``
+    without job control) has SIGINT ignored, and its children inherit that, so a suite
+    launched that way would start every run deaf to the test's SIGINT. The run leads a process
+    group of its own, killed when the test ends however it ends: a run that did not stop takes
+    the local Ray it started (in its group) with it, rather than leaving both for good.
+    """
+    import signal
+
+    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_ctrl_c_at_its_default, **popen)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
 
 
 class _SharedHead:

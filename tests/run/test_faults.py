@@ -21,7 +21,7 @@ from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
 from sweeper.run.storage import ResultStore
 from sweeper.run.sweep_run import RunOptions, predicted_oom, run_plan
-from tests.conftest import ROOT, ctrl_c_as_in_a_terminal
+from tests.conftest import ROOT, interruptible
 
 
 def _plan(write_sweep, text: str, device: str = "cpu"):
@@ -257,14 +257,13 @@ def test_ctrl_c_keeps_finished_shards_and_a_second_run_completes_exactly_the_res
     gate.touch()  # the first trial runs ...
     all_ids = {t.trial_id for t in make_plan(load_sweep(sweep_path), "cpu").runnable}
     cmd = [sys.executable, "-m", "sweeper", "run", str(sweep_path), "-o", str(out), "-q"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=ctrl_c_as_in_a_terminal)
-    deadline = time.monotonic() + 120
-    while not _shards(out) and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    gate.unlink()  # ... and every later generate call waits
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    with interruptible(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        deadline = time.monotonic() + 120
+        while not _shards(out) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        gate.unlink()  # ... and every later generate call waits
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr[-3000:]
     assert "interrupted" in stderr
     first = _shards(out)
@@ -301,13 +300,13 @@ def test_sigterm_is_handled_like_ctrl_c(write_sweep, tmp_path):
     sweep_path, out = write_sweep(SIGINT_SWEEP.format(gate=gate)), tmp_path / "out"
     gate.touch()
     cmd = [sys.executable, "-m", "sweeper", "run", str(sweep_path), "-o", str(out), "-q"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not _shards(out) and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    gate.unlink()
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
+    with interruptible(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        deadline = time.monotonic() + 120
+        while not _shards(out) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        gate.unlink()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143, stderr[-3000:]
     assert "terminated: every finished trial is saved" in stderr and "Traceback" not in stderr
     assert "Fatal Python error" not in stderr  # no C stack dump
