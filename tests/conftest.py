@@ -91,6 +91,17 @@ def _run_in_process(argv: list[str], cwd: Path | None, env: dict[str, str] | Non
     return subprocess.CompletedProcess(["sweeper", *argv], code, stdout.getvalue(), stderr.getvalue())
 
 
+def on_the_shared_head(cmd: list[str]) -> tuple[list[str], dict[str, str]]:
+    """``cmd``, a ``sweeper run`` a test starts itself (in a terminal, or to signal it), joined
+    to the session's shared Ray head, and the environment to start it with: the head's.
+
+    For the tests whose subject is not the embedded local Ray a run starts without
+    ``--address`` (what Ctrl-C does to that one is tested on its own). Like ``run_cli``, it
+    joins only while this process's environment is the head's, which its workers have."""
+    assert _SharedHead.environment_matches(), _SharedHead.environment_differences()
+    return [*cmd, "--address", _SharedHead.address()], _SharedHead.child_environment()
+
+
 def _ctrl_c_at_its_default() -> None:
     import signal
 

@@ -21,7 +21,7 @@ from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
 from sweeper.run.storage import ResultStore
 from sweeper.run.sweep_run import RunOptions, predicted_oom, run_plan
-from tests.conftest import ROOT, interruptible
+from tests.conftest import ROOT, interruptible, on_the_shared_head
 
 
 def _plan(write_sweep, text: str, device: str = "cpu"):
@@ -272,7 +272,9 @@ def test_ctrl_c_keeps_finished_shards_and_a_second_run_completes_exactly_the_res
     assert all(r["status"] == "ok" for r in ResultStore(str(out)).read_shards("trials").to_pylist())
 
     gate.touch()
-    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # The resume need not start a Ray of its own: it joins the tests' shared head.
+    joined, env = on_the_shared_head(cmd)
+    again = subprocess.run(joined, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"{len(first)} trial(s) already ok; {len(all_ids) - len(first)} to run" in again.stderr
     assert "busy fraction" in again.stderr and "1 model load(s)" in again.stderr
@@ -299,8 +301,9 @@ def test_sigterm_is_handled_like_ctrl_c(write_sweep, tmp_path):
     gate = tmp_path / "gate"
     sweep_path, out = write_sweep(SIGINT_SWEEP.format(gate=gate)), tmp_path / "out"
     gate.touch()
-    cmd = [sys.executable, "-m", "sweeper", "run", str(sweep_path), "-o", str(out), "-q"]
-    with interruptible(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+    # A driver joined to a cluster (Ctrl-C above has the embedded local Ray): SIGTERM there.
+    cmd, env = on_the_shared_head([sys.executable, "-m", "sweeper", "run", str(sweep_path), "-o", str(out), "-q"])
+    with interruptible(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
         deadline = time.monotonic() + 120
         while not _shards(out) and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)

@@ -17,7 +17,7 @@ import time
 import pytest
 from rich.console import Console
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, on_the_shared_head
 
 NOOP_SWEEP = """
 name: progress
@@ -132,10 +132,12 @@ def test_a_slot_per_group_spreads_the_remaining_work(write_sweep):
 
 
 def _run_in_pty(args: list[str], columns: int, timeout_s: float) -> tuple[int, str]:
-    """Run ``args`` with a pseudo-terminal of ``columns`` as its stdout and stderr; its output and status."""
+    """Run the ``sweeper run`` of ``args`` on the tests' shared Ray head, with a pseudo-terminal
+    of ``columns`` as its stdout and stderr; its output and status."""
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "CI", "TERM")}
+    args, head_env = on_the_shared_head(args)
+    env = {k: v for k, v in head_env.items() if k not in ("COLUMNS", "LINES", "CI", "TERM")}
     env["TERM"] = "xterm-256color"
     proc = subprocess.Popen(args, cwd=ROOT, stdin=terminal, stdout=terminal, stderr=terminal, env=env,
                             close_fds=True)

@@ -25,7 +25,7 @@ import duckdb
 import pytest
 
 from tests.actors.backends.test_server_backend import alive, read_pids, wait_gone
-from tests.conftest import ROOT, interruptible, run_cli
+from tests.conftest import ROOT, interruptible, on_the_shared_head, run_cli
 from tests.fault_server import FAULT_SERVER
 from tests.run.test_serving_e2e import SERVING_COLUMNS
 
@@ -226,9 +226,11 @@ def test_interrupting_the_sweep_leaves_no_server_behind(tmp_path, write_sweep, s
     pid_file = tmp_path / "pids"
     # 40 requests of 4 tokens, one every 0.25 s, each token 0.3 s: the run lasts long enough to be cut.
     sweep = _fault_sweep(write_sweep, pid_file, "", token_s=0.3, prompts=40)
-    with interruptible([sys.executable, "-m", "sweeper", "run", str(sweep), "-o", str(tmp_path / "out")],
-                       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       env={**os.environ, "COLUMNS": "200"}) as driver:
+    cmd, env = [sys.executable, "-m", "sweeper", "run", str(sweep), "-o", str(tmp_path / "out")], dict(os.environ)
+    if sig == signal.SIGTERM:  # Ctrl-C on the embedded local Ray, SIGTERM on a cluster's driver
+        cmd, env = on_the_shared_head(cmd)
+    with interruptible(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env={**env, "COLUMNS": "200"}) as driver:
         pids = read_pids(pid_file, 2, bound_s=120.0)
         assert all(alive(p) for p in pids)
         driver.send_signal(sig)

@@ -439,9 +439,15 @@ def test_an_energy_site_meters_the_named_gpus_and_lists_their_processes(tmp_path
     assert row["gpu_uuids"] == f"{site},{second}" and row["energy_unmetered_reason"] is None
     assert row["client_processes"] == 1  # auto: 20 requests/s of 8 tokens need one
     assert row["energy_j"] > 0 and row["run_energy_j"] > 0
-    assert row["avg_power_w"] == pytest.approx(500.0, rel=0.05)  # the site's two GPUs, not the other one
-    # Each of the site's GPUs on its own, summing to the row's.
-    assert row["gpu_avg_power_w"] == pytest.approx([300.0, 200.0], rel=0.05)
+    # The site's two GPUs (500 W), within what the row itself reports as its uncertainty. The
+    # steady window (about 1.4 s) has boundaries interpolated between counter reads made in
+    # real time, so a busy machine that delays the sampler's reads moves each by up to some
+    # 0.1 s x 500 W: a fixed 5 % would hold on an idle machine only.
+    assert abs(row["energy_j"] - 500.0 * row["duration_s"]) <= 3 * row["energy_uncertainty_j"]
+    # Each of the site's GPUs on its own (read back to back, so their boundary errors move
+    # together and their ratio stays 300:200), summing to the row's.
+    first, second_w = row["gpu_avg_power_w"]
+    assert first / second_w == pytest.approx(1.5, rel=0.1)
     assert sum(row["gpu_energy_j"]) == pytest.approx(row["energy_j"], rel=1e-12)
     assert not any("nvmlDeviceGetTotalEnergyConsumption" in fns for uuid, fns in fake.reads_by_uuid.items()
                    if uuid == other)
