@@ -29,9 +29,8 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 _SESSION_ENVIRONMENT = dict(os.environ)
 
 # Commands run in this process rather than a fresh one: those that start no Ray and take no
-# signals (and ``run`` on the shared head, below). Each would otherwise pay a Python start and
-# sweeper's imports (0.5-1.2 CPU-s on 2 cores), some 120 times a suite, on a machine whose
-# cores the suite keeps busy.
+# signals. Each would otherwise pay a Python start and sweeper's imports (0.5-0.9 CPU-s on 2
+# cores), some seventy times a suite, on a machine whose cores the suite keeps busy.
 IN_PROCESS_COMMANDS = frozenset({"plan", "query", "report", "aggregate", "presets"})
 
 
@@ -44,13 +43,11 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float | None = None,
     code captured as a fresh process's would be, an uncaught exception as its traceback on
     stderr and exit code 1; a ``timeout`` asks for a fresh process, which can be stopped.
 
-    A ``sweeper run`` joins the session's shared Ray head (``--address``), which saves each run
-    the ~6 s of starting a Ray of its own on 2 cores, and runs in this process too, as a Ray
-    driver of its own (a job, with the run's runtime environment, as from a fresh process);
-    unless the test asks for its own Ray (``own_ray``: what a run without ``--address`` does is
-    under test) or its run needs another environment than the head's, whose workers would not
-    see it (``env``, or a variable the test has set since the session began): those, and every
-    other command, run in a fresh process.
+    Every other command runs in a fresh process. A ``sweeper run`` joins the session's shared
+    Ray head (``--address``), which saves each run the ~6 s of starting a Ray of its own on 2
+    cores, unless the test asks for its own Ray (``own_ray``: what a run without ``--address``
+    does is under test) or its run needs another environment than the head's, whose workers
+    would not see it (``env``, or a variable the test has set since the session began).
     """
     argv, base = list(args), dict(os.environ)
     if argv[:1] and argv[0] in IN_PROCESS_COMMANDS and "--address" not in argv and timeout is None:
@@ -58,8 +55,6 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float | None = None,
     if argv[:1] == ["run"] and "--address" not in argv and not own_ray and env is None \
             and _SharedHead.environment_matches():
         argv += ["--address", _SharedHead.address()]
-        if timeout is None:
-            return _run_in_process(argv, cwd=cwd, env=None, ray_driver=True)
         base = _SharedHead.child_environment()
     return subprocess.run(
         [sys.executable, "-m", "sweeper", *argv], cwd=cwd or ROOT, capture_output=True,
@@ -67,11 +62,7 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float | None = None,
     )
 
 
-def _run_in_process(argv: list[str], cwd: Path | None, env: dict[str, str] | None,
-                    ray_driver: bool = False) -> subprocess.CompletedProcess:
-    """``ray_driver``: the command is a Ray driver (a ``sweeper run --address``), a job of its
-    own as in a fresh process: this process's own driver (``ray_local``'s, or an earlier run's)
-    is disconnected first, and the run's after it; ``ray_local`` joins again when next asked."""
+def _run_in_process(argv: list[str], cwd: Path | None, env: dict[str, str] | None) -> subprocess.CompletedProcess:
     import io
     import traceback
 
@@ -80,12 +71,6 @@ def _run_in_process(argv: list[str], cwd: Path | None, env: dict[str, str] | Non
     stdout, stderr = io.StringIO(), io.StringIO()
     saved_environ, saved_argv = dict(os.environ), sys.argv
     os.environ.update({"COLUMNS": "200", **(env or {})})
-    if ray_driver:
-        import ray
-
-        ray.shutdown()
-        for key in _SharedHead.DRIVER_KEYS:  # what this process's driver set for itself
-            os.environ.pop(key, None)
     sys.argv = ["sweeper", *argv]
     code = 0
     try:
@@ -100,10 +85,6 @@ def _run_in_process(argv: list[str], cwd: Path | None, env: dict[str, str] | Non
                 traceback.print_exc()
                 code = 1
     finally:
-        if ray_driver:
-            import ray
-
-            ray.shutdown()
         sys.argv = saved_argv
         os.environ.clear()
         os.environ.update(saved_environ)
@@ -234,26 +215,21 @@ class _SharedHead:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if "ray" in sys.modules:
-        sys.modules["ray"].shutdown()
     _SharedHead.stop()
 
 
-def join_shared_head():
-    """This process joined to the session's shared head as a Ray driver of its own (if it is not
-    already): a real Ray for the tests that drive the scheduler in-process. It stays joined
-    until a ``sweeper run`` in this process (``run_cli``) needs a driver of its own. One Ray per
-    test process, not two: an idle one holds some 650 MB, and the suite runs several processes
-    side by side."""
+@pytest.fixture(scope="session")
+def ray_local():
+    """A real Ray for the tests that drive the scheduler in-process: this process joins the
+    session's shared head as a driver of its own. One Ray per test process, not two: an idle
+    one holds some 650 MB, and the suite runs several processes side by side (pytest-xdist)."""
     from sweeper.run.cluster import connect
 
-    return connect(_SharedHead.address())
+    info = connect(_SharedHead.address())
+    yield info
+    import ray
 
-
-@pytest.fixture
-def ray_local():
-    """``join_shared_head()`` for one test; a module fixture calls that itself and is marked slow."""
-    return join_shared_head()
+    ray.shutdown()
 
 
 @pytest.fixture

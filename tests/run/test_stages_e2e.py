@@ -12,10 +12,9 @@ from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
 from sweeper.run.storage import ResultStore
 from sweeper.run.sweep_run import run_plan
-from tests.conftest import join_shared_head
 
 # One worker runs the module's sweep once (pytest-xdist).
-pytestmark = [pytest.mark.xdist_group("stages"), pytest.mark.slow]
+pytestmark = pytest.mark.xdist_group("stages")
 
 SWEEP = """
 name: stages
@@ -30,13 +29,13 @@ measure: {warmup_iters: 1, min_iters: 2, min_duration_s: 0.3, idle_s: 0, min_win
 
 
 @pytest.fixture(scope="module")
-def ran(tmp_path_factory):
+def ran(ray_local, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("stages")
     path = tmp_path / "sweep.yaml"
     path.write_text(SWEEP)
     plan = make_plan(load_sweep(path), "cpu", sweep_path=str(path))
     store = ResultStore(str(tmp_path / "out"))
-    summary = run_plan(plan, store, join_shared_head())
+    summary = run_plan(plan, store, ray_local)
     store.aggregate()
     trials = pd.read_parquet(tmp_path / "out" / "trials.parquet")
     stages = pd.read_parquet(tmp_path / "out" / "stages.parquet")
