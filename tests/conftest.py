@@ -54,8 +54,7 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float | None = None,
         return _run_in_process(argv, cwd=cwd, env=env)
     if argv[:1] == ["run"] and "--address" not in argv and not own_ray and env is None \
             and _SharedHead.environment_matches():
-        argv += ["--address", _SharedHead.address()]
-        base = _SharedHead.child_environment()
+        argv, base = on_the_shared_head(argv)
     return subprocess.run(
         [sys.executable, "-m", "sweeper", *argv], cwd=cwd or ROOT, capture_output=True,
         text=True, timeout=timeout or 600, env={**base, "COLUMNS": "200", **(env or {})},
