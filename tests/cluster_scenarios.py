@@ -5,7 +5,10 @@ line with the cluster's node ids and the run's summary. Nodes have logical GPUs
 (Ray resources, no devices), so the noop backend stands in for a model.
 
 - ``spread``: two 1-GPU workers behind a GPU-less head.
-- ``tp``: a 1-GPU and a 2-GPU worker behind a GPU-less head.
+- ``tp``: a 1-GPU and a 2-GPU worker behind a GPU-less head. Every trial waits at the sweep's
+  gate file (``backend_options.noop.gate_file``), opened once a one-GPU trial runs on the
+  one-GPU worker: no tensor-parallel trial can finish before that, so whether the waiting
+  tp=2 groups held the one-GPU groups back is shown by construction, not by timing.
 - ``remove``: three 1-GPU workers; the worker that wrote the first trial shard is
   removed (its processes killed, as a lost machine's would be) while its group
   still has trials to run.
@@ -31,6 +34,8 @@ from ray.cluster_utils import Cluster
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
 from sweeper.run.cluster import connect
+from sweeper.run.events import RunEvent, TrialStarted
+from sweeper.run.observer import Quiet
 from sweeper.run.storage import ResultStore
 from sweeper.run.sweep_run import RunOptions, run_plan
 
@@ -51,6 +56,38 @@ def _remove_first_writer(cluster: Cluster, workers: list, out: Path, removed: li
             removed.append(node_id)
             return
         time.sleep(0.02)
+
+
+# How long the ``tp`` scenario's gate waits for a one-GPU trial on the one-GPU node before it
+# opens anyway (the run then ends, and the test fails on the summary's ``gate``).
+GATE_WAIT_S = 120.0
+
+
+class OpenGateWhenOneGpuNodeRuns(Quiet):
+    """Opens ``gate`` when a trial of one GPU starts on ``node_id`` (every trial waits at the
+    gate until then), or after ``GATE_WAIT_S``; ``opened_by`` says which."""
+
+    def __init__(self, gate: Path, node_id: str) -> None:
+        super().__init__()
+        self.gate, self.node_id, self.opened_by = gate, node_id, ""
+        self._opened = threading.Event()
+        threading.Thread(target=self._open_late, daemon=True).start()
+
+    def on_event(self, event: RunEvent) -> None:
+        super().on_event(event)
+        placement = getattr(event.group, "placement", None) if isinstance(event, TrialStarted) else None
+        if placement is not None and placement.node_id == self.node_id and event.trial.tensor_parallel == 1:
+            self._open("a one-GPU trial on the one-GPU node")
+
+    def _open_late(self) -> None:
+        if not self._opened.wait(GATE_WAIT_S):
+            self._open(f"timed out after {GATE_WAIT_S:.0f} s")
+
+    def _open(self, why: str) -> None:
+        if not self._opened.is_set():
+            self.opened_by = why
+            self._opened.set()
+            self.gate.touch()
 
 
 WORKERS = {  # scenario -> (num_cpus, num_gpus) of each worker node
@@ -85,12 +122,15 @@ def main(scenario: str, sweep_path: str, out: str) -> None:
     removed: list[str] = []
     stop = threading.Event()
     watcher = None
+    gate = None
+    if scenario == "tp":
+        gate = OpenGateWhenOneGpuNodeRuns(Path(plan.trials[0].trial.backend_options.gate_file), worker_ids[0])
     if scenario == "remove":
         watcher = threading.Thread(target=_remove_first_writer,
                                    args=(cluster, workers, Path(out), removed, stop), daemon=True)
         watcher.start()
     try:
-        summary = run_plan(plan, ResultStore(out), info, RunOptions(max_retries=2))
+        summary = run_plan(plan, ResultStore(out), info, RunOptions(max_retries=2), observer=gate)
     finally:
         stop.set()
         if watcher is not None:
@@ -103,6 +143,7 @@ def main(scenario: str, sweep_path: str, out: str) -> None:
         "workers": worker_ids, "head": head_id, "removed": removed, "nodes": info.nodes,
         "runnable": len(plan.runnable), "gpus": info.gpus, "ok": summary.ok, "failed": summary.failed, "retries": summary.retries,
         "model_loads": summary.model_loads, "group_splits": summary.group_splits, "wall_s": summary.wall_s,
+        "gate": gate.opened_by if gate is not None else None,
     }))
 
 

@@ -179,19 +179,24 @@ TP_SWEEP = """
 name: tp
 models: [tiny-llama, tiny-qwen2]
 backends: noop
+backend_options: {{noop: {{gate_file: "{gate}"}}}}
 precisions: [fp32, bf16]
 tensor_parallel: [1, 2]
 batch_sizes: [1, 2]
-workload: {input_len: 8, output_len: 4}
-measure: {warmup_iters: 0, min_iters: 1, min_duration_s: 0.5, idle_s: 0}
+workload: {{input_len: 8, output_len: 4}}
+measure: {{warmup_iters: 0, min_iters: 1, min_duration_s: 0.5, idle_s: 0}}
 """
 
 
 @pytest.mark.slow
 def test_tp2_groups_wait_for_a_two_gpu_node_without_blocking_one_gpu_groups(tmp_path):
-    """A 1-GPU and a 2-GPU node: four tp=2 groups, four tp=1 groups, 16 trials."""
-    info, rows = _run_scenario(tmp_path, "tp", TP_SWEEP)
+    """A 1-GPU and a 2-GPU node: four tp=2 groups, four tp=1 groups, 16 trials. Every trial waits
+    at a gate that opens once a one-GPU trial runs on the one-GPU node (tests/cluster_scenarios.py),
+    so no tp=2 group can finish first: if the waiting tp=2 groups held the one-GPU groups back,
+    the gate would open only on its time limit."""
+    info, rows = _run_scenario(tmp_path, "tp", TP_SWEEP.format(gate=tmp_path / "gate"))
     one_gpu, two_gpu = info["workers"]
+    assert info["gate"] == "a one-GPU trial on the one-GPU node"
     assert (info["gpus"], info["ok"], info["failed"], info["model_loads"]) == (3, 16, 0, 8)
     assert len(rows) == len({r["trial_id"] for r in rows}) == 16
     tp2 = [r for r in rows if r["tensor_parallel"] == 2]
@@ -200,12 +205,7 @@ def test_tp2_groups_wait_for_a_two_gpu_node_without_blocking_one_gpu_groups(tmp_
     assert {r["ray_node_id"] for r in tp2} == {two_gpu}  # only the node with 2 GPUs
     assert all(len(r["ray_gpu_ids"].split(",")) == 2 for r in tp2)
     assert one_gpu in {r["ray_node_id"] for r in tp1}
-    # The tp=2 groups ran one at a time (one 2-GPU node) ...
-    tp2_starts = sorted({min(r["started_at"] for r in tp2 if (r["model"], r["precision"]) == key)
-                         for key in {(r["model"], r["precision"]) for r in tp2}})
-    assert len(tp2_starts) == 4
-    # ... while one-GPU groups went on: trials of tp=1 ran before the last tp=2 group could start.
-    assert sum(r["started_at"] < tp2_starts[-1] for r in tp1) >= 4
+    # The tp=2 groups ran one at a time, on the one 2-GPU node, and no GPU held two trials at once.
     _assert_no_gpu_shared(rows)
     # logical GPUs have no NVML: the actor measured anyway, with no energy (NullTelemetry)
     assert all(r["status"] == "ok" and r["device"] == "cuda" and r["energy_j"] is None for r in rows)
@@ -237,5 +237,7 @@ def test_a_lost_node_loses_no_finished_shard_and_its_group_finishes_elsewhere(tm
     rest = [r for r in rows if r["model"] in lost_group and r["ray_node_id"] != lost]
     assert rest and min(r["started_at"] for r in rest) > max(r["finished_at"] for r in on_lost)
     assert {r["ray_node_id"] for r in rest} <= set(info["workers"]) - {lost}
-    assert info["retries"] == 1 and info["model_loads"] == 4  # one fresh actor for the lost group
+    # One fresh actor for the lost group; a group split onto a slot that fell idle (whether one
+    # does depends on how far the groups got when it did) is one load more.
+    assert info["retries"] == 1 and info["model_loads"] == 4 + info["group_splits"]
     _assert_no_gpu_shared(rows)
