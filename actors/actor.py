@@ -134,7 +134,7 @@ class TrialRunner:
                     name=f"{_slug(trial.model)}-{trial.precision}-{trial.trial_id[:8]}",
                     load_timeout_s=trial.measure.load_timeout_s,
                     chat=bool(trial.prompts is not None and trial.prompts.chat),
-                    step_tokens=group.step_tokens,
+                    step_tokens=group.step_tokens, log_dir=group.server_log_dir,
                 ))
                 self.load_s = time.monotonic() - t0
                 self.telemetry = self._open_telemetry(trial)

@@ -35,7 +35,8 @@ IN_PROCESS_COMMANDS = frozenset({"plan", "query", "report", "aggregate", "preset
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float | None = None,
-            env: dict[str, str] | None = None, own_ray: bool = False) -> subprocess.CompletedProcess:
+            env: dict[str, str] | None = None, own_ray: bool = False,
+            driver_env: bool = False) -> subprocess.CompletedProcess:
     """Run the real ``sweeper`` command line (``env``: added to this process's environment).
 
     ``plan`` (without ``--address``), ``query``, ``report``, ``aggregate`` and ``presets`` run
@@ -43,17 +44,29 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float | None = None,
     code captured as a fresh process's would be, an uncaught exception as its traceback on
     stderr and exit code 1; a ``timeout`` asks for a fresh process, which can be stopped.
 
-    Every other command runs in a fresh process. A ``sweeper run`` joins the session's shared
-    Ray head (``--address``), which saves each run the ~6 s of starting a Ray of its own on 2
-    cores, unless the test asks for its own Ray (``own_ray``: what a run without ``--address``
-    does is under test) or its run needs another environment than the head's, whose workers
-    would not see it (``env``, or a variable the test has set since the session began).
+    A ``sweeper run`` joins the session's shared Ray head (``--address``), which saves each run
+    the ~6 s of starting a Ray of its own on 2 cores, unless the test asks for its own Ray
+    (``own_ray``: what a run without ``--address`` does is under test) or its run needs another
+    environment than the head's, whose workers would not see it (``env``, or a variable the
+    test has set since the session began). ``driver_env``: ``env`` is the driver's alone, and
+    what the actors need of it is sweeper's to send them (an external server's key, in the
+    actor's runtime environment), so the run joins the head all the same, which is then what
+    shows it arrives. Such a run, too, runs in this process, through this
+    process's Ray driver (one per test process, joined to the head once): a driver that is
+    already connected is how a notebook runs sweeps, and it spares each run a Python start,
+    sweeper's imports and a driver's. Every other command, and any given a ``timeout``, runs
+    in a fresh process.
     """
     argv, base = list(args), dict(os.environ)
     if argv[:1] and argv[0] in IN_PROCESS_COMMANDS and "--address" not in argv and timeout is None:
         return _run_in_process(argv, cwd=cwd, env=env)
-    if argv[:1] == ["run"] and "--address" not in argv and not own_ray and env is None \
+    if argv[:1] == ["run"] and "--address" not in argv and not own_ray and (env is None or driver_env) \
             and _SharedHead.environment_matches():
+        if timeout is None:
+            # This process's own Ray driver, joined to the head once: the run is one more caller
+            # of it, as a notebook's would be (sweeper.run.cluster.connect).
+            _SharedHead.driver()
+            return _run_in_process([*argv, "--address", _SharedHead.address()], cwd=cwd, env=env)
         argv, base = on_the_shared_head(argv)
     return subprocess.run(
         [sys.executable, "-m", "sweeper", *argv], cwd=cwd or ROOT, capture_output=True,
@@ -195,8 +208,31 @@ class _SharedHead:
         return cls._address
 
     @classmethod
+    def driver(cls) -> Any:
+        """This process's Ray driver, on the head (joined on first use): its ``ClusterInfo``.
+
+        Joined with the head's authentication mode (none), whatever a test has set: a driver
+        that starts in token mode answers no call from a head without tokens, and the head,
+        taking the driver for dead, destroys every actor it asks for at once."""
+        from sweeper.run.cluster import connect
+
+        address, saved = cls.address(), os.environ.get("RAY_AUTH_MODE")
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        try:
+            return connect(address)
+        finally:
+            if saved is None:
+                del os.environ["RAY_AUTH_MODE"]
+            else:
+                os.environ["RAY_AUTH_MODE"] = saved
+
+    @classmethod
     def stop(cls) -> None:
         import signal
+
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()  # this process's driver first: its head is about to go
 
         process, cls._process, cls._address = cls._process, None, None
         if process is None:
@@ -222,13 +258,7 @@ def ray_local():
     """A real Ray for the tests that drive the scheduler in-process: this process joins the
     session's shared head as a driver of its own. One Ray per test process, not two: an idle
     one holds some 650 MB, and the suite runs several processes side by side (pytest-xdist)."""
-    from sweeper.run.cluster import connect
-
-    info = connect(_SharedHead.address())
-    yield info
-    import ray
-
-    ray.shutdown()
+    return _SharedHead.driver()  # disconnected when the session ends (pytest_sessionfinish)
 
 
 @pytest.fixture

@@ -123,6 +123,8 @@ class ModelSpec:
     chat: bool = False
     # Tokens of each engine step the group runs (sweeper.core.trial.GroupLoad), or None.
     step_tokens: tuple[int, ...] | None = None
+    # Where a launched server writes its log (GroupLoad.server_log_dir); None: the node's cache.
+    log_dir: str | None = None
 
     def options_as(self, kind: type[Options]) -> Options:
         """The options as the backend's own options model (the registry pairs them)."""

@@ -322,6 +322,11 @@ class GroupLoad:
     # vLLM engine captures CUDA graphs for. None: not known in advance (serving arrivals,
     # dataset prompts, lengths that end at EOS).
     step_tokens: tuple[int, ...] | None = None
+    # Where a server the group's backend launches writes its log: the run's results directory's
+    # ``servers/`` (``ResultStore.server_log_dir``), a path on the node that launches it; None:
+    # that node's sweeper cache. Told with each load rather than through the job's environment,
+    # so it holds for a run in a process whose Ray driver was started by someone else.
+    server_log_dir: str | None = None
 
 
 def row_variant(backend: str, options_json: str | None, tensor_parallel: int | None = 1) -> str:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 from sweeper.core.errors import UserInputError
 from sweeper.core.settings import Device
@@ -19,6 +19,9 @@ class ClusterInfo:
     nodes: int
     min_node_cpus: int
     node_ips: frozenset[str] = frozenset()  # the live nodes' addresses (Ray's node:<ip> resources)
+    # This call started the embedded local Ray, whose workers run this interpreter: what is
+    # installed here is what they have. Otherwise the nodes are asked (a capability probe).
+    embedded: bool = False
 
     @property
     def device(self) -> Device:
@@ -190,41 +193,105 @@ def _check_versions(address: str, metadata: bytes) -> None:
             f"environment, or run the driver on the head") from None
 
 
-def connect(address: str | None, env_vars: dict[str, str] | None = None) -> ClusterInfo:
-    """Join ``address`` or start the embedded local Ray; describe what is there. ``env_vars``
-    reach every worker of the job (the job's runtime environment)."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    import logging
+def connected_gcs() -> str | None:
+    """HOST:PORT of the GCS of the cluster this process's Ray driver is connected to ("" where
+    the driver does not say: a Ray Client connection), or None (no driver; Ray not even imported)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    try:
+        return str(ray.get_runtime_context().gcs_address or "")
+    except Exception:  # noqa: BLE001 - a client's context has none to give
+        return ""
 
-    gcs = token = None
+
+def _own_addresses() -> set[str]:
+    """The addresses this machine is known by: its host name's, and the one Ray's nodes here
+    advertise (the address of its default route, which the host name need not resolve to)."""
+    own = {"127.0.0.1", "::1"}
+    with contextlib.suppress(OSError):
+        own |= set(socket.gethostbyname_ex(socket.gethostname())[2])
+    ray = sys.modules.get("ray")
+    if ray is not None:
+        with contextlib.suppress(Exception):
+            own.add(str(ray.util.get_node_ip_address()))
+    return own
+
+
+def _this_machine(host: str) -> set[str]:
+    """The addresses ``host`` resolves to; for a name of this machine (loopback, or one of its
+    own addresses), every address this machine is known by."""
+    try:
+        found = {str(info[4][0]) for info in socket.getaddrinfo(host.strip("[]"), None)}
+    except OSError:
+        return {host}
+    own = _own_addresses()
+    if any(ip.startswith("127.") or ip in own for ip in found):
+        return found | own
+    return found
+
+
+def same_gcs(a: str, b: str) -> bool:
+    """Whether two HOST:PORT addresses name one GCS: one port, and hosts that resolve alike
+    (loopback and this machine's own addresses count as one host)."""
+    (host_a, _, port_a), (host_b, _, port_b) = a.rpartition(":"), b.rpartition(":")
+    return port_a == port_b and bool(_this_machine(host_a) & _this_machine(host_b))
+
+
+def connect(address: str | None) -> ClusterInfo:
+    """Join ``address`` or start the embedded local Ray; describe what is there.
+
+    A process whose Ray driver is already connected (a notebook's ``ray.init``, a caller that
+    runs several sweeps) runs on that cluster, as one job; an ``address`` that names another
+    cluster is refused. Nothing a run needs is set for the whole job: what an actor needs
+    travels with its load, or in the actor's own runtime environment.
+    """
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    connected = connected_gcs()
+    if connected is not None:
+        gcs = _gcs_address(address) if address and address != "auto" else None
+        if gcs is not None and connected and not same_gcs(gcs, connected):
+            raise ClusterUnreachable(f"--address {address}: this process's Ray driver is connected to another "
+                                     f"cluster (GCS {connected}); leave --address out to run there, or "
+                                     f"ray.shutdown() first")
+        return describe(embedded=False)
     if address:
-        check_address(address)
-        gcs = _gcs_address(address)
-        if gcs is not None:
-            token = probe_head(gcs)  # before Ray is imported: it may switch token mode on
+        _join(address)
+        return describe(embedded=False)
+    import logging
 
     import ray
 
-    if not ray.is_initialized():
-        common: dict[str, Any] = dict(logging_level=logging.ERROR, log_to_driver=False)
-        if env_vars:
-            common["runtime_env"] = {"env_vars": dict(env_vars)}
-        if address:
-            if gcs is not None:
-                _check_versions(address, cluster_versions(gcs, token))
-            try:
-                ray.init(address=address, **common)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                lines = str(exc).strip().splitlines()
-                raise ClusterUnreachable(f"--address {address}: {lines[0] if lines else type(exc).__name__}") \
-                    from None
-        else:
-            # "local": always a fresh in-process Ray. Without it, ray.init() joins
-            # whatever cluster /tmp/ray/ray_current_cluster names, even a dead one.
-            ray.init(address="local", include_dashboard=False, **common)
+    # "local": always a fresh in-process Ray. Without it, ray.init() joins
+    # whatever cluster /tmp/ray/ray_current_cluster names, even a dead one.
+    ray.init(address="local", include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    return describe(embedded=True)
+
+
+def _join(address: str) -> None:
+    import logging
+
+    check_address(address)
+    gcs = _gcs_address(address)
+    token = probe_head(gcs) if gcs is not None else None  # before Ray is imported: it may switch token mode on
+    import ray
+
+    if gcs is not None:
+        _check_versions(address, cluster_versions(gcs, token))
+    try:
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        lines = str(exc).strip().splitlines()
+        raise ClusterUnreachable(f"--address {address}: {lines[0] if lines else type(exc).__name__}") from None
+
+
+def describe(*, embedded: bool) -> ClusterInfo:
+    """The connected cluster's nodes and resources."""
+    import ray
+
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     resources = ray.cluster_resources()
     node_cpus = [int(n["Resources"].get("CPU", 0)) for n in nodes] or [1]
     return ClusterInfo(gpus=int(resources.get("GPU", 0)), cpus=int(resources.get("CPU", 0)),
                        nodes=len(nodes), min_node_cpus=max(min(node_cpus), 1),
-                       node_ips=frozenset(str(n.get("NodeManagerAddress")) for n in nodes))
+                       node_ips=frozenset(str(n.get("NodeManagerAddress")) for n in nodes), embedded=embedded)

@@ -16,7 +16,6 @@ The sweep is expanded once per step that needs it: ``open_run`` resolves every m
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -172,12 +171,12 @@ def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: st
         done = _nothing_to_run(setup, options.retry_failed, observer)
         if done is not None:
             return done
-    cluster = _join(setup, address, observer)
+    cluster = _join(address, observer)
     check_energy_sites(sweep, cluster.node_ips, setup.sweep_path)
     from sweeper.plan.capabilities import local_capabilities, probe_cluster
 
     # The embedded local Ray's workers share this interpreter: no probe needed there.
-    capabilities = probe_cluster() if address else local_capabilities(cluster.gpus)
+    capabilities = local_capabilities(cluster.gpus) if cluster.embedded else probe_cluster()
     plan = make_plan(sweep, cluster.device, sweep_path=setup.sweep_path, capabilities=capabilities,
                      expanded=setup.expanded)
     store.write_plan(sweep.name, [pt.trial.trial_id for pt in plan.trials], sweep.report)
@@ -190,16 +189,17 @@ def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: st
     return RunResult(summary, store.aggregate(), store)
 
 
-def _join(setup: RunSetup, address: str | None, observer: Observer) -> ClusterInfo:
-    from sweeper.run.cluster import connect
+def _join(address: str | None, observer: Observer) -> ClusterInfo:
+    from sweeper.run.cluster import connect, connected_gcs
 
-    observer.say(f"sweeper: {'connecting to ' + address if address else 'starting Ray (local)'} ...")
-    store = setup.store
-    # Launched servers log into the results directory (where it is a local path).
-    env = {"SWEEPER_SERVER_LOGS": os.path.join(store.root, "servers")} if store.local else {}
+    gcs = connected_gcs()
+    if gcs is not None:
+        observer.say(f"sweeper: on the Ray cluster this process is connected to{' (GCS ' + gcs + ')' if gcs else ''}")
+    else:
+        observer.say(f"sweeper: {'connecting to ' + address if address else 'starting Ray (local)'} ...")
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main else None
-    cluster = connect(address, env_vars=env)
+    cluster = connect(address)
     if main:
         # Ray's driver installs a SIGTERM handler of its own (a C stack dump, exit 1): the caller's again.
         signal.signal(signal.SIGTERM, previous)

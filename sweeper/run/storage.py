@@ -50,6 +50,13 @@ class ResultStore:
         self._plan: PlanRecord | None = None
         self._plan_read = False
 
+    @property
+    def server_log_dir(self) -> str | None:
+        """Where the servers a run launches write their logs: ``DIR/servers`` of a results
+        directory on a filesystem (on the node that launched each; ``server_log`` names it),
+        None for an object store (each node's sweeper cache then)."""
+        return os.path.join(self.root, "servers") if self.local else None
+
     # -- the per-trial write path, and reading it back ------------------------------------
     def write_shard(self, kind: str, trial_id: str, table: pa.Table | list[dict]) -> None:
         written = self.files.write_shard(kind, trial_id, table)

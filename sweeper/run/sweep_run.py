@@ -19,6 +19,7 @@ it counts nothing and draws nothing itself.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -140,6 +141,11 @@ class SweepRun:
                 f"writing results to {self.store.uri} failed ({exc.strerror or first_line(exc)}); the sweep "
                 f"stopped; the trial(s) it finished and wrote are kept: free space (or fix the "
                 f"destination) and run the same command again to resume") from None
+        except BaseException:
+            # A caller whose process lives on (a notebook, a test) keeps its Ray driver, and with
+            # it the job's actors: none may outlive the run still holding its GPU.
+            self._kill_all()
+            raise
         finally:
             self.recorder.shutdown()
             self.emit(RunEnded(self.clock() - t_begin, self.recorder.write_s))
@@ -222,7 +228,8 @@ class SweepRun:
         self.calls[self.runner.call(g.actor, kind, trial)] = Call(g, kind, g.attempt)
 
     def _submit_load(self, g: GroupRun) -> None:
-        future = self.runner.call(g.actor, CallKind.LOAD, g.group.trials[0], g.group.load_request)
+        request = dataclasses.replace(g.group.load_request, server_log_dir=self.store.server_log_dir)
+        future = self.runner.call(g.actor, CallKind.LOAD, g.group.trials[0], request)
         self.calls[future] = Call(g, CallKind.LOAD, g.attempt)
 
     def _start_groups(self, groups: list[TrialGroup]) -> None:

@@ -106,6 +106,35 @@ def test_a_cluster_of_another_ray_or_python_is_one_line_with_the_fix():
         assert f'pip install "ray[default]=={other["ray_version"]}"' in text
 
 
+def test_one_gcs_is_named_alike_by_loopback_and_this_machines_own_addresses():
+    import socket
+
+    from sweeper.run.cluster import same_gcs
+
+    assert same_gcs("127.0.0.1:6379", "localhost:6379")
+    assert same_gcs("127.0.0.1:6379", f"{socket.gethostname()}:6379")
+    assert not same_gcs("127.0.0.1:6379", "127.0.0.1:6380")  # another port, another cluster
+    assert not same_gcs("198.51.100.7:6379", "127.0.0.1:6379")  # another host (TEST-NET-2)
+
+
+@pytest.mark.slow
+def test_a_connected_driver_runs_there_and_refuses_an_address_of_another_cluster(ray_local):
+    from sweeper.run.cluster import ClusterUnreachable, connect, connected_gcs
+
+    gcs = connected_gcs()
+    assert gcs and ray_local.nodes == 1
+    joined = connect(None)  # a notebook's `ray.init()` done, no address: its cluster, not a new local one
+    assert not joined.embedded and joined.nodes == ray_local.nodes and connected_gcs() == gcs
+    assert not connect(gcs).embedded
+    host, _, port = gcs.rpartition(":")
+    other = f"{host}:{int(port) + 1}"
+    with pytest.raises(ClusterUnreachable) as exc:
+        connect(other)
+    assert str(exc.value) == (f"--address {other}: this process's Ray driver is connected to another cluster "
+                              f"(GCS {gcs}); leave --address out to run there, or ray.shutdown() first")
+    assert connected_gcs() == gcs  # still connected where it was
+
+
 @pytest.mark.slow
 def test_a_long_group_splits_onto_the_idle_node_and_runs_every_trial_once(tmp_path):
     """One group of 16 two-second trials on two 1-GPU nodes: after its first trial the driver

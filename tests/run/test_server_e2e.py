@@ -91,7 +91,7 @@ def test_launched_transformers_servers_end_to_end(tmp_path, write_sweep, smollm2
     pids = _server_pids(out)
     assert len(pids) == 2
     assert wait_gone(pids, bound_s=5.0) == []  # stopped with their groups, before the sweep ended
-    assert all(Path(p).is_file() and "servers" in p for p in launched["server_log"])
+    assert all(Path(p).is_file() and Path(p).parent == out / "servers" for p in launched["server_log"])
 
 
 @pytest.mark.slow
@@ -199,7 +199,9 @@ def test_a_server_that_cannot_start_fails_its_group_in_one_line(tmp_path, write_
     error = failed["error"].iloc[0]
     assert failed["reason"].iloc[0] == "load_failed"
     assert "exited with code 3 before it was ready" in error and "transformers[serving]" in error
-    assert "\n" not in error and "/servers/" in error
+    # The log named is the results directory's: the driver said where with the load (a run in a
+    # process whose Ray driver was already connected, as this one is, sets no job environment).
+    assert "\n" not in error and f"{out / 'servers'}/" in error
     # The progress line says it with the log's last line (the summary repeats it, wrapped to the terminal).
     assert any("exited with code 3" in ln and "transformers[serving]" in ln for ln in proc.stderr.splitlines())
     summary = proc.stderr[proc.stderr.index("done in"):]

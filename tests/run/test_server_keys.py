@@ -61,7 +61,9 @@ def test_a_keyed_external_server_is_measured_and_no_secret_is_left_anywhere(tmp_
         sweep = write_sweep(_sweep(external.base_url))
         _wait_answering(external.base_url, EXTERNAL_KEY)
         out = tmp_path / "out"
-        proc = run_cli("run", str(sweep), "-o", str(out), "-q", env={KEY_VARIABLE: EXTERNAL_KEY}, timeout=300)
+        # On the shared Ray head, whose workers never had the key in their environment: it reaches
+        # the actor in the actor's own runtime environment, or not at all.
+        proc = run_cli("run", str(sweep), "-o", str(out), "-q", env={KEY_VARIABLE: EXTERNAL_KEY}, driver_env=True)
     finally:
         external.stop(2.0)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -104,14 +106,14 @@ def _get(url: str, key: str | None) -> int:
 
 
 @pytest.mark.slow
-def test_a_launched_server_answers_only_its_actor(tmp_path, monkeypatch):
+def test_a_launched_server_answers_only_its_actor(tmp_path):
     """Started with a fresh key that only its actor holds, on loopback: a request without the
     key (another process of the node) is refused, the actor's own go through."""
     from actors.actor import TrialRunner
+    from sweeper.core.trial import GroupLoad
     from sweeper.plan.expand import make_plan
     from sweeper.plan.spec import parse_sweep
 
-    monkeypatch.setenv("SWEEPER_SERVER_LOGS", str(tmp_path / "servers"))
     options = {"launch": {"command": ["python", str(FAULT_SERVER), "--port", "{port}", "--host", "{host}",
                                       "--api-key-env", "FAULT_SERVER_KEY"],
                           "dialect": "vllm", "api_key": {"env": "FAULT_SERVER_KEY"}}}
@@ -122,10 +124,11 @@ def test_a_launched_server_answers_only_its_actor(tmp_path, monkeypatch):
     }), "cpu").runnable[0]
     runner = TrialRunner()
     try:
-        assert runner.load(trial).ok
+        assert runner.load(trial, GroupLoad(server_log_dir=str(tmp_path / "servers"))).ok
         backend = runner.backend
         process = backend.process  # type: ignore[union-attr]
         assert process.base_url.startswith("http://127.0.0.1:")  # loopback only
+        assert process.log_path.parent == tmp_path / "servers"  # where the load said
         assert _get(process.base_url + "/models", None) == 401
         assert _get(process.base_url + "/models", "a-guess") == 401
         key = backend.headers["Authorization"].removeprefix("Bearer ")  # type: ignore[union-attr]
@@ -150,13 +153,13 @@ def test_an_external_servers_key_is_checked_before_any_trial_starts(tmp_path, wr
             (unkeyed, {}, "backend_options.server.base_url: GET "),
         ]
         for sweep, extra, message in cases:  # `sweeper run` checks its servers before Ray starts
-            proc = run_cli("run", str(sweep), "-o", str(tmp_path / "out"), env=extra)
+            proc = run_cli("run", str(sweep), "-o", str(tmp_path / "out"), env=extra, driver_env=True)
             assert proc.returncode == 2, proc.stderr
             assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
             assert "Traceback" not in proc.stderr and "sk-wrong" not in proc.stderr
             assert not (tmp_path / "out" / "shards").exists()  # nothing ran
         assert "refused the key" in run_cli("run", str(keyed), "-o", str(tmp_path / "out"),
-                                            env={KEY_VARIABLE: "sk-wrong"}).stderr
+                                            env={KEY_VARIABLE: "sk-wrong"}, driver_env=True).stderr
         assert "demands a key" in run_cli("run", str(unkeyed), "-o", str(tmp_path / "out")).stderr
     finally:
         server.stop(2.0)

@@ -451,3 +451,40 @@ def test_a_finished_groups_close_does_not_hold_up_the_sweep_and_a_hung_one_is_ki
     assert runner.killed == [1]  # never returned: killed at its bound, not waited on for ever
     # The hung close kept the run going until its bound, and no longer.
     assert CLOSE_TIMEOUT_S <= summary.wall_s < CLOSE_TIMEOUT_S + 200
+
+
+def test_a_run_that_raises_kills_its_actors_before_the_error_reaches_the_caller(tmp_path):
+    """A caller whose process lives on (a notebook, a test) keeps its Ray driver: an actor left
+    alive by a run that raised would hold its GPU for as long as that process lives."""
+
+    class Broken(ScriptedRunner):
+        def wait(self, futures: Sequence[_Future], timeout_s: float) -> list[_Future]:
+            if self.runs:  # both groups' actors started, a trial submitted
+                raise RuntimeError("the driver lost its cluster")
+            return super().wait(futures, timeout_s)
+
+    runner = Broken()
+    plan = make_plan(_sweep(), "cpu")
+    sweep_run = SweepRun(plan, ResultStore(str(tmp_path / "out")), CPU, runner, options=RunOptions(poll_s=0.01))
+    try:
+        sweep_run.run()
+    except RuntimeError as exc:
+        assert str(exc) == "the driver lost its cluster"
+    else:
+        raise AssertionError("the run's error did not reach its caller")
+    assert len(runner.started) == 2 and sorted(runner.killed) == [1, 2]
+
+
+def test_each_load_says_where_a_launched_server_logs(tmp_path):
+    """The results directory's servers/, told with the load: not the job's environment, which a
+    run in a process whose Ray driver someone else started cannot set."""
+    loads: list[Any] = []
+
+    class Recording(ScriptedRunner):
+        def call(self, actor: Any, kind: CallKind, trial: Trial | None = None, group: Any = None) -> _Future:
+            if kind is CallKind.LOAD:
+                loads.append(group)
+            return super().call(actor, kind, trial, group)
+
+    _run(tmp_path, Recording())
+    assert len(loads) == 2 and {g.server_log_dir for g in loads} == {str(tmp_path / "out" / "servers")}

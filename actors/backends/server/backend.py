@@ -44,15 +44,15 @@ READY_SHARE_OF_LOAD_TIMEOUT = 0.95
 METRICS_TIMEOUT_S = 5.0
 
 
-def server_log_dir() -> Path:
-    """Where launched servers' logs go: the results directory's ``servers/`` (the driver says
-    where, through ``SWEEPER_SERVER_LOGS``), else the node's sweeper cache."""
+def server_log_dir(spec: ModelSpec) -> Path:
+    """Where the load's server writes its log: the results directory's ``servers/`` (the driver
+    says where, with the load), else the node's sweeper cache."""
     from actors.models import cache_root
 
-    return Path(os.environ.get("SWEEPER_SERVER_LOGS") or cache_root() / "servers")
+    return Path(spec.log_dir) if spec.log_dir else cache_root() / "servers"
 
 
-def _prepare_engine(engine: ServerEngine, name: str, env: dict[str, str]) -> Path | None:
+def _prepare_engine(engine: ServerEngine, spec: ModelSpec, env: dict[str, str]) -> Path | None:
     """What a registered engine needs before its launch (its registry entry says which): its
     caches under sweeper's node cache, the Hub cache directory it lists, the logging
     configuration its start's phases are read through. Returns that timing file, if any."""
@@ -64,7 +64,7 @@ def _prepare_engine(engine: ServerEngine, name: str, env: dict[str, str]) -> Pat
         from huggingface_hub.constants import HF_HUB_CACHE
 
         Path(HF_HUB_CACHE).mkdir(parents=True, exist_ok=True)
-    return vllm_start.install(server_log_dir(), name, env) if engine.logs_start_phases else None
+    return vllm_start.install(server_log_dir(spec), spec.name, env) if engine.logs_start_phases else None
 
 
 def _visible_gpus() -> list[Any]:
@@ -187,7 +187,7 @@ class ServerBackend(Backend):
         fields = {"model": model_path, "served_model": served, "dtype": dtype_of(spec.precision),
                   "tensor_parallel": str(spec.tensor_parallel), "seed": str(spec.seed), "device": device}
         env = dict(os.environ)
-        timing = _prepare_engine(engine, spec.name, env) if engine is not None else None
+        timing = _prepare_engine(engine, spec, env) if engine is not None else None
         # A fresh key that only this actor knows: no other process of the node can send the
         # server requests while its energy is measured (it listens on loopback only, too).
         passing = options.api_key_passing
@@ -200,7 +200,7 @@ class ServerBackend(Backend):
                 argv += [str(passing.flag), key]
             self.headers = {"Authorization": f"Bearer {key}"}
         started_s = time.time()
-        self.process = ServerProcess.launch(argv, log_path=server_log_dir() / f"{spec.name}.log",
+        self.process = ServerProcess.launch(argv, log_path=server_log_dir(spec) / f"{spec.name}.log",
                                             stop_timeout_s=options.stop_timeout_s, fields=fields, env=env,
                                             secrets=secret_values, headers=self.headers)
         limit_s = (READY_SHARE_OF_LOAD_TIMEOUT * spec.load_timeout_s if spec.load_timeout_s is not None
