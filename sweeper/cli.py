@@ -264,14 +264,17 @@ def report(
     slo_ttft_ms: Annotated[float | None, typer.Option(min=0.0, help="SLO bound of the best-configuration table: TTFT at --slo-percentile, ms (serving sweeps)")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(min=0.0, help="SLO bound of the best-configuration table: TPOT at --slo-percentile, ms (serving sweeps)")] = None,
     slo_percentile: Annotated[int, typer.Option(help="percentile the --slo-* bounds apply to: 50, 90 or 99")] = 99,
+    plot_names: Annotated[str | None, typer.Option("--plots", help="draw only these plots, comma-separated, each named as its PNG is (pareto,energy_per_token) [default: every plot whose data is there]")] = None,
 ) -> None:
     """Write OUTPUT/report/: plots, the best configuration per model, unstable, failed and skipped trials."""
     from sweeper.analysis.report import build_report
 
+    wanted = None if plot_names is None else [n.strip() for n in plot_names.split(",") if n.strip()]
     try:
         rep = build_report(output, fmt.value, max_tpot_ms=max_tpot_ms, max_ttft_ms=max_ttft_ms, trial_id=trial,
                            grid_intensity_g_per_kwh=grid_intensity_g_per_kwh, price_per_kwh=price_per_kwh,
-                           slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_percentile=slo_percentile)
+                           slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_percentile=slo_percentile,
+                           plots_wanted=wanted)
     except UserInputError as exc:
         raise _fail(exc) from None
     out.print(f"report: {rep.path} ({len(rep.plots)} plots, PNGs in {rep.directory})", highlight=False,

@@ -76,3 +76,11 @@ def test_the_readme_is_a_landing_page():
     sections = [line[3:] for line in readme.splitlines() if line.startswith("## ")]
     assert sections == ["How a trial is measured", "Sweep files", "Commands", "Results", "Guide"]
     assert "docs/GUIDE.md" in readme and (ROOT / "docs" / "GUIDE.md").is_file()
+
+
+def test_the_guide_names_every_plot_that_report_plots_takes():
+    from sweeper.analysis.report import PLOT_NAMES
+
+    guide = " ".join((ROOT / "docs" / "GUIDE.md").read_text().split())
+    listed = guide.split("draws only the plots named (each as its PNG is named: ", 1)[1].split(")", 1)[0]
+    assert listed.split(", ") == list(PLOT_NAMES)

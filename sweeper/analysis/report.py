@@ -60,6 +60,8 @@ FORMATS = ("html", "md")
 PLOT_FILES = ("throughput.png", "latency.png", "energy_per_token.png", "pareto.png", "serving_latency.png",
               "serving_energy.png", "goodput.png", "energy_per_turn.png", "prefix_caching.png", "weight_memory.png",
               "fidelity.png", "quality.png", "power_timeline.png", "layer_shares.png", "stages.png")
+# What ``--plots`` names a plot by: its file's name without the extension.
+PLOT_NAMES = tuple(name.removesuffix(".png") for name in PLOT_FILES)
 
 
 def figure_png(fig: Any, dpi: int = 110) -> bytes:
@@ -246,11 +248,13 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
                  max_ttft_ms: float | None = None, trial_id: str | None = None,
                  grid_intensity_g_per_kwh: float | None = None, price_per_kwh: float | None = None, *,
                  slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
-                 slo_percentile: int = 99) -> Report:
+                 slo_percentile: int = 99, plots_wanted: Sequence[str] | None = None) -> Report:
     """Write ``root/report/`` and return what went into it (pricing: the sweep's ``report``
-    block as recorded, the given values in its place)."""
+    block as recorded, the given values in its place). ``plots_wanted``: the plots to draw, by
+    name (``PLOT_NAMES``); None: every plot whose data is there. The tables are always there."""
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r} (choose from {', '.join(FORMATS)})")
+    wanted = _plot_files(plots_wanted)
     bounds = latency_bounds(max_tpot_ms, max_ttft_ms, slo_ttft_ms, slo_tpot_ms, slo_percentile)
     results = load_results(root, _pricing(root, grid_intensity_g_per_kwh, price_per_kwh))
     if trial_id is not None and trial_id not in set(results.trials["trial_id"]):
@@ -260,6 +264,8 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
     report = Report(path=directory / ("index.html" if fmt == "html" else "report.md"), directory=directory,
                     tables=tables, header=_header(results))
     for title, filename, caption, make in _wanted_plots(results, _Shown.pick(results, trial_id), slo_percentile):
+        if filename not in wanted:
+            continue
         try:
             fig = make()
         except plots.PlotNotApplicable:
@@ -275,6 +281,18 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(report.path)
     return report
+
+
+def _plot_files(names: Sequence[str] | None) -> frozenset[str]:
+    """The files of the plots named (every plot for None); an unknown name is a ``ReportError``."""
+    if names is None:
+        return frozenset(PLOT_FILES)
+    unknown = [n for n in names if n not in PLOT_NAMES]
+    if unknown:
+        raise ReportError(f"--plots: unknown plot {unknown[0]!r} (choose from {', '.join(PLOT_NAMES)})")
+    if not names:
+        raise ReportError(f"--plots: name at least one plot (choose from {', '.join(PLOT_NAMES)})")
+    return frozenset(f"{n}.png" for n in names)
 
 
 def _pricing(root: str | os.PathLike, grid_intensity_g_per_kwh: float | None,

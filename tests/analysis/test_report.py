@@ -184,8 +184,21 @@ def test_markdown_report_keeps_images_beside_it(quickstart_copy):
     assert "| model | backend | precision |" in md
 
 
+def test_plots_draws_only_the_plots_named_and_leaves_no_other_beside_the_page(quickstart_copy):
+    assert run_cli("report", str(quickstart_copy), "--format", "md").returncode == 0  # every plot, first
+    r = run_cli("report", str(quickstart_copy), "--format", "md", "--plots", "latency, energy_per_token")
+    assert r.returncode == 0, r.stderr
+    assert "(1 plots" in r.stdout
+    # The one named that applies is drawn; the one whose data is missing says so, as always.
+    assert "Energy per token vs batch size left out" in r.stdout and "Power timeline left out" not in r.stdout
+    md = (quickstart_copy / "report" / "report.md").read_text()
+    assert re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md) == ["latency.png"]
+    assert sorted(p.name for p in (quickstart_copy / "report").glob("*.png")) == ["latency.png"]
+    assert "| model | backend | precision |" in md  # the tables are always there
+
+
 def test_latency_bound_that_nothing_meets(quickstart_copy):
-    r = run_cli("report", str(quickstart_copy), "--max-tpot-ms", "0.000001")
+    r = run_cli("report", str(quickstart_copy), "--max-tpot-ms", "0.000001", "--plots", "throughput")
     assert r.returncode == 0, r.stderr
     page = (quickstart_copy / "report" / "index.html").read_text()
     assert "no ok trial within the bounds" in page
@@ -194,6 +207,8 @@ def test_latency_bound_that_nothing_meets(quickstart_copy):
 
 @pytest.mark.parametrize("args, expected", [
     (["--trial", "nosuchtrial"], "no trial 'nosuchtrial'"),
+    (["--plots", "pareto,piechart"], "--plots: unknown plot 'piechart' (choose from throughput, latency,"),
+    (["--plots", ","], "--plots: name at least one plot"),
     (["--max-tpot-ms", "-1"], "Invalid value"),
     (["--format", "pdf"], "Invalid value"),
 ])
@@ -232,7 +247,7 @@ def test_layer_profile_of_a_real_cpu_run_is_shown_as_time_shares(tmp_path):
     layers = pd.read_parquet(root / "layers.parquet")
     assert len(layers) > 0 and layers["energy_j"].isna().all()
 
-    report = build_report(root, "md")
+    report = build_report(root, "md", plots_wanted=["layer_shares"])
     (trial_id,) = layers["trial_id"].unique()
     assert "layer_shares.png" in [p.filename for p in report.plots]
     md = report.path.read_text()
@@ -335,7 +350,7 @@ def test_fidelity_plot_when_the_column_exists(gpu_results, tmp_path):
     root = tmp_path / "fidelity"
     root.mkdir()
     trials.to_parquet(root / "trials.parquet")
-    report = build_report(root)
+    report = build_report(root, plots_wanted=["fidelity"])
     assert "fidelity.png" in [p.filename for p in report.plots]
     assert not any(n.startswith("Fidelity") for n in report.notes)
 
@@ -364,7 +379,7 @@ def test_quality_plot_draws_each_measure_against_each_energy(gpu_results, tmp_pa
     root = tmp_path / "quality"
     root.mkdir()
     trials.to_parquet(root / "trials.parquet")
-    assert "quality.png" in [p.filename for p in build_report(root).plots]
+    assert "quality.png" in [p.filename for p in build_report(root, plots_wanted=["quality"]).plots]
 
 
 def test_quality_without_energy_is_said_and_without_quality_is_silent(quickstart_copy):
@@ -399,7 +414,8 @@ def test_timeline_phases_are_shaded_from_the_phase_column(gpu_results):
 
 @pytest.mark.slow
 def test_chosen_trial_and_layers(gpu_results):
-    r = run_cli("report", str(gpu_results), "--trial", "e76f4689a845c045", "--format", "md")
+    r = run_cli("report", str(gpu_results), "--trial", "e76f4689a845c045", "--format", "md",
+                "--plots", "power_timeline,layer_shares")
     assert r.returncode == 0, r.stderr
     md = (gpu_results / "report" / "report.md").read_text()
     assert "![Power timeline](power_timeline.png)" in md
@@ -619,7 +635,7 @@ def test_a_weightless_backend_leaves_weight_memory_out_with_a_note(quickstart_co
     trials = pd.read_parquet(quickstart_copy / "trials.parquet")
     trials["backend"], trials["weight_memory_bytes"] = "noop", 0  # what noop rows hold
     trials.to_parquet(quickstart_copy / "trials.parquet")
-    report = build_report(quickstart_copy)
+    report = build_report(quickstart_copy, plots_wanted=["weight_memory"])
     assert "weight_memory.png" not in [p.filename for p in report.plots]
     assert any(n.startswith("Weight memory per precision left out: every weight_memory_bytes is 0")
                for n in report.notes)
@@ -763,7 +779,8 @@ def test_pareto_labels_serving_trials_by_rate_at_the_slo_percentile(tmp_path):
     assert any(t.endswith(" rate=96/s conc=64") for t in texts), texts
     assert not any("conc=" in t and "rate=96/s" not in t for t in texts), texts
 
-    report = build_report(_results_dir(SERVING_TRIALS, tmp_path / "serving"), "md", slo_percentile=90)
+    report = build_report(_results_dir(SERVING_TRIALS, tmp_path / "serving"), "md", slo_percentile=90,
+                          plots_wanted=["pareto"])
     (pareto,) = [p for p in report.plots if p.filename == "pareto.png"]
     assert "latency at p90" in pareto.caption
 

@@ -130,7 +130,7 @@ def test_report_draws_energy_per_turn_with_the_requests_behind_each_point(conver
     from sweeper.analysis.report import PLOT_FILES, build_report
 
     root, rows = conversations
-    report = build_report(root, "html")
+    report = build_report(root, "html", plots_wanted=["energy_per_turn"])
     plot = _plot(report, "energy_per_turn.png")
     assert plot is not None and "energy_per_turn.png" in PLOT_FILES
     assert (root / "report" / "energy_per_turn.png").read_bytes() == plot.png
@@ -163,7 +163,7 @@ def test_energy_per_turn_is_left_out_without_conversations(tmp_path):
     from sweeper.analysis.serving_plots import PlotNotApplicable, plot_energy_per_turn
 
     bare = _results_dir(SERVING_TRIALS, tmp_path / "bare")
-    report = build_report(bare, "md")
+    report = build_report(bare, "md", plots_wanted=["energy_per_turn"])
     assert _plot(report, "energy_per_turn.png") is None and not (bare / "report" / "energy_per_turn.png").exists()
     assert not any("turn" in note for note in report.notes)
 
@@ -181,7 +181,7 @@ def test_energy_per_turn_is_left_out_without_conversations(tmp_path):
         results = load_results(root)
         with pytest.raises(PlotNotApplicable):
             plot_energy_per_turn(results.trials, results.turn_energy())
-        assert _plot(build_report(root, "md"), "energy_per_turn.png") is None
+        assert _plot(build_report(root, "md", plots_wanted=["energy_per_turn"]), "energy_per_turn.png") is None
 
 
 def test_energy_per_turn_without_energy_says_so(tmp_path):
@@ -191,7 +191,7 @@ def test_energy_per_turn_without_energy_says_so(tmp_path):
     root = _trials_with_repeat(tmp_path / "cpu")
     rows = [{**r, "energy_j": None} for r in _conversation_rows()]
     pq.write_table(_requests_table(rows), root / "requests.parquet")
-    report = build_report(root, "md")
+    report = build_report(root, "md", plots_wanted=["energy_per_turn"])
     assert _plot(report, "energy_per_turn.png") is None
     assert any(n.startswith("Energy per conversation turn (serving) left out: ") and "CPU-only" in n
                for n in report.notes), report.notes
@@ -210,7 +210,7 @@ def test_requests_are_read_only_when_a_plot_needs_them(tmp_path):
         (root / "requests.parquet").write_bytes(b"not parquet")
         assert load_results(root).requests_path == root / "requests.parquet"
     assert not any("requests.parquet" in n or "turn" in n for n in build_report(offline, "md").notes)
-    notes = build_report(serving, "md").notes
+    notes = build_report(serving, "md", plots_wanted=["energy_per_turn"]).notes
     assert any(n.startswith("Energy per conversation turn (serving) left out: ") and "not a readable" in n
                for n in notes), notes
 
@@ -256,7 +256,7 @@ def test_report_draws_the_caching_comparison(tmp_path):
     from sweeper.analysis.results import load_results
 
     root = _caching_trials(tmp_path / "caching")
-    report = build_report(root, "html")
+    report = build_report(root, "html", plots_wanted=["prefix_caching"])
     plot = _plot(report, "prefix_caching.png")
     assert plot is not None and "prefix_caching.png" in PLOT_FILES
     assert (root / "report" / "prefix_caching.png").read_bytes() == plot.png
@@ -298,7 +298,7 @@ def test_the_caching_comparison_needs_two_configurations_and_a_hit(tmp_path, hit
     root = _caching_trials(tmp_path / "caching", hit_rate_off, with_on)
     with pytest.raises(PlotNotApplicable):
         plot_prefix_caching(load_results(root).trials)
-    report = build_report(root, "md")
+    report = build_report(root, "md", plots_wanted=["prefix_caching"])
     assert _plot(report, "prefix_caching.png") is None and not (root / "report" / "prefix_caching.png").exists()
     assert not any("caching" in note for note in report.notes)
 
