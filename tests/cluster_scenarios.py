@@ -4,7 +4,9 @@ Run as ``python -m tests.cluster_scenarios SCENARIO SWEEP OUT``; prints one JSON
 line with the cluster's node ids and the run's summary. Nodes have logical GPUs
 (Ray resources, no devices), so the noop backend stands in for a model.
 
-- ``spread``: two 1-GPU workers behind a GPU-less head.
+- ``spread``: two 1-GPU workers behind a GPU-less head. The summary says which node each
+  split's copy ran on and which trials it was given; where the sweep names a gate file, the
+  group waits at it from each split until the copy runs (``RecordSplits``).
 - ``tp``: a 1-GPU and a 2-GPU worker behind a GPU-less head. Every trial waits at the sweep's
   gate file (``backend_options.noop.gate_file``), opened once a one-GPU trial runs on the
   one-GPU worker: no tensor-parallel trial can finish before that, so whether the waiting
@@ -34,7 +36,7 @@ from ray.cluster_utils import Cluster
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
 from sweeper.run.cluster import connect
-from sweeper.run.events import RunEvent, TrialStarted
+from sweeper.run.events import GroupPlaced, GroupSplit, RunEvent, TrialStarted
 from sweeper.run.observer import Quiet
 from sweeper.run.storage import ResultStore
 from sweeper.run.sweep_run import RunOptions, run_plan
@@ -90,6 +92,73 @@ class OpenGateWhenOneGpuNodeRuns(Quiet):
             self.gate.touch()
 
 
+class RecordSplits(Quiet):
+    """Where each group split's trials were sent: ``moved_to`` maps a moved trial to the node
+    of the copy that took it last (a copy's trials may move again, to a later copy).
+
+    With a ``gate`` (the sweep's ``backend_options.noop.gate_file``, at which every noop trial
+    waits while it is missing), the gate is closed from each split until the copy's first trial
+    starts: the group cannot run out before the copy holds a slot and take the copy's trials
+    back (what it does on a cluster too busy to place the copy in time), so each copy runs
+    trials on its node by construction. A watchdog opens it after ``GATE_WAIT_S``;
+    ``opened_by`` says why it opened each time."""
+
+    def __init__(self, gate: Path | None) -> None:
+        super().__init__()
+        self.gate, self.opened_by = gate, list[str]()
+        self.moved: list[int] = []
+        self._copies: list[object] = []
+        self._copy_of: dict[str, object] = {}
+        self._node_of: dict[int, str] = {}
+        self._waiting_for: object | None = None
+        self._closed_s: float | None = None
+        self._lock = threading.Lock()
+        if gate is not None:
+            gate.touch()
+            threading.Thread(target=self._watch, daemon=True).start()
+
+    def on_event(self, event: RunEvent) -> None:
+        super().on_event(event)
+        if isinstance(event, GroupSplit):
+            self.moved.append(event.moved)
+            self._copies.append(event.copy)
+            self._copy_of.update({t.trial_id: event.copy for t in event.copy.pending})
+            self._close(event.copy)
+        elif isinstance(event, GroupPlaced) and event.placement is not None:
+            self._node_of[id(event.group)] = event.placement.node_id
+        elif isinstance(event, TrialStarted) and event.group is self._waiting_for:
+            self._open("a copy's first trial")
+
+    def _close(self, copy: object) -> None:
+        if self.gate is not None:
+            with self._lock:
+                self.gate.unlink(missing_ok=True)
+                self._waiting_for, self._closed_s = copy, time.monotonic()
+
+    def _open(self, why: str) -> None:
+        with self._lock:
+            if self.gate is not None and self._closed_s is not None:
+                self.gate.touch()
+                self._waiting_for, self._closed_s = None, None
+                self.opened_by.append(why)
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(1.0)
+            closed_s = self._closed_s
+            if closed_s is not None and time.monotonic() - closed_s > GATE_WAIT_S:
+                self._open(f"timed out after {GATE_WAIT_S:.0f} s")
+
+    @property
+    def copy_nodes(self) -> list[str | None]:
+        """The node of each split's copy, in the order of the splits."""
+        return [self._node_of.get(id(copy)) for copy in self._copies]
+
+    @property
+    def moved_to(self) -> dict[str, str | None]:
+        return {trial_id: self._node_of.get(id(copy)) for trial_id, copy in self._copy_of.items()}
+
+
 WORKERS = {  # scenario -> (num_cpus, num_gpus) of each worker node
     "spread": [(2, 1), (2, 1)],
     "tp": [(2, 1), (3, 2)],
@@ -123,6 +192,8 @@ def main(scenario: str, sweep_path: str, out: str) -> None:
     stop = threading.Event()
     watcher = None
     gate = None
+    gate_file = getattr(plan.trials[0].trial.backend_options, "gate_file", None)
+    splits = RecordSplits(Path(gate_file) if gate_file else None) if scenario == "spread" else None
     if scenario == "tp":
         gate = OpenGateWhenOneGpuNodeRuns(Path(plan.trials[0].trial.backend_options.gate_file), worker_ids[0])
     if scenario == "remove":
@@ -130,7 +201,7 @@ def main(scenario: str, sweep_path: str, out: str) -> None:
                                    args=(cluster, workers, Path(out), removed, stop), daemon=True)
         watcher.start()
     try:
-        summary = run_plan(plan, ResultStore(out), info, RunOptions(max_retries=2), observer=gate)
+        summary = run_plan(plan, ResultStore(out), info, RunOptions(max_retries=2), observer=gate or splits)
     finally:
         stop.set()
         if watcher is not None:
@@ -143,7 +214,9 @@ def main(scenario: str, sweep_path: str, out: str) -> None:
         "workers": worker_ids, "head": head_id, "removed": removed, "nodes": info.nodes,
         "runnable": len(plan.runnable), "gpus": info.gpus, "ok": summary.ok, "failed": summary.failed, "retries": summary.retries,
         "model_loads": summary.model_loads, "group_splits": summary.group_splits, "wall_s": summary.wall_s,
-        "gate": gate.opened_by if gate is not None else None,
+        "gate": gate.opened_by if gate is not None else splits.opened_by if splits else None,
+        "moved": splits.moved if splits else None, "moved_to": splits.moved_to if splits else None,
+        "copy_nodes": splits.copy_nodes if splits else None,
     }))
 
 

@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--error-after-chunks", type=int, default=None, help="send an error event after N chunks")
     p.add_argument("--first-token-s", type=float, default=0.0)
     p.add_argument("--token-s", type=float, default=0.0)
+    p.add_argument("--hold-after-tokens", type=int, default=None,
+                   help="after this many tokens send nothing more, until the client hangs up")
     p.add_argument("--tokens-per-chunk", type=int, default=1)
     p.add_argument("--no-done", action="store_true", help="end streams without data: [DONE]")
     p.add_argument("--continuous-usage", action="store_true", help="honour continuous_usage_stats")
@@ -146,6 +148,12 @@ async def completions(request: Any) -> Any:
         await asyncio.sleep(a.first_token_s)
         sent, chunks = 0, 0
         while sent < tokens:
+            if a.hold_after_tokens is not None and sent >= a.hold_after_tokens:
+                # What a stalled engine does: the stream stays open and silent. Polled, so the
+                # handler ends when the client goes (aiohttp no longer cancels it then).
+                while request.transport is not None and not request.transport.is_closing():
+                    await asyncio.sleep(0.05)
+                return response
             if a.error_after_chunks is not None and chunks >= a.error_after_chunks:
                 await response.write(b'data: {"error": {"message": "engine failed on purpose"}}\n\n')
                 return response

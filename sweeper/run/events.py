@@ -154,7 +154,23 @@ class TrialTimed(RunEvent):
 
 @dataclass(frozen=True)
 class GroupSplit(RunEvent):
-    """A long group gave its last trials to a second copy of its model on an idle slot."""
+    """A long group gave its last ``moved`` trials to ``copy``, a second copy of its model on an
+    idle slot."""
+
+    group: object
+    copy: object
+    moved: int
+
+
+@dataclass(frozen=True)
+class SplitWithdrawn(RunEvent):
+    """``group`` ran out of trials while ``copy``, split off it earlier, still waited for a slot:
+    ``group`` takes back the copy's ``trials`` and runs them on the model it holds, and the
+    copy's actor request is withdrawn (its load never happened)."""
+
+    group: object
+    copy: object
+    trials: int
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,9 @@ class GroupRun:
     # What a split weighs: the driver's seconds per finished trial.
     trials_timed: int = 0
     trial_s_total: float = 0.0
+    # A copy split off it was never placed before it ran out and took the copy's trials back:
+    # the cluster is busier than its free slots say, so it is not split again.
+    splits_withdrawn: int = 0
     # The groups whose actors are requested once this one is placed (or closed): those that
     # read the fidelity reference this group computes.
     readers: list[GroupRun] = field(default_factory=list)

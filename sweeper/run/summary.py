@@ -20,6 +20,7 @@ from sweeper.run.events import (
     Retrying,
     RunEnded,
     RunEvent,
+    SplitWithdrawn,
     TrialRecorded,
     TrialTimed,
 )
@@ -86,6 +87,10 @@ class RunSummary:
                 self.actor_handovers += 1
             case GroupSplit():
                 self.group_splits += 1
+            case SplitWithdrawn():
+                # Its copy was never placed: neither the split nor the copy's load happened.
+                self.group_splits -= 1
+                self.model_loads -= 1
             case PlanSkipped(count=count):
                 self.skipped += count
             case Resumed(already_ok=ok, kept_failed=kept):

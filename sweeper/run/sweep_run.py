@@ -58,6 +58,7 @@ from sweeper.run.events import (
     RunEnded,
     RunEvent,
     RunStarted,
+    SplitWithdrawn,
     TrialRecorded,
     TrialStarted,
     TrialTimed,
@@ -277,7 +278,7 @@ class SweepRun:
     def submit_next(self, g: GroupRun) -> None:
         """Run the group's current trial (a retry) or its next one; end the group when none is left."""
         if g.current is None:
-            if not g.pending:
+            if not g.pending and not self._take_back_from_waiting_copy(g):
                 self._done(g, close=True)
                 return
             g.current, g.deaths = g.pending.pop(0), 0
@@ -320,7 +321,8 @@ class SweepRun:
         best: tuple[float, GroupRun, int] | None = None
         for g in self.open:
             # Tensor-parallel groups stay whole: the free GPUs may sit on different nodes.
-            if g.state is not GroupState.RUNNING or g.mean_trial_s is None or g.resources["num_gpus"] > 1:
+            if (g.state is not GroupState.RUNNING or g.mean_trial_s is None or g.resources["num_gpus"] > 1
+                    or g.splits_withdrawn):
                 continue
             # What another load costs: the longest placement-to-loaded of the backend this run
             # (a fresh process's imports included), so a cheap hand-over does not make splits look free.
@@ -333,9 +335,36 @@ class SweepRun:
         _, g, moved = best
         h = GroupRun(g.group, g.resources, g.pending[-moved:])
         del g.pending[-moved:]
-        self.emit(GroupSplit())
+        self.emit(GroupSplit(g, h, moved))
         self._add(h)
         return True
+
+    def _take_back_from_waiting_copy(self, g: GroupRun) -> bool:
+        """``g`` has run its trials while a copy split off it still waits for a slot (a busy
+        cluster placed it late): ``g`` runs the copy's trials on the model it has loaded and the
+        copy's actor request is withdrawn. Handing ``g``'s actor to the copy instead would load
+        the same model again on it. True if there was such a copy."""
+        # Its first actor still queued: a copy whose actor died and is being replaced may hold a
+        # trial to retry, and its retries are its own.
+        copy = next((h for h in self.open if h is not g and h.group is g.group
+                     and h.state is GroupState.WAITING and h.attempt == 1), None)
+        if copy is None:
+            return False
+        g.pending, copy.pending = copy.pending, []
+        g.splits_withdrawn += 1
+        self._withdraw_actor(copy)
+        self._close(copy)
+        self.emit(SplitWithdrawn(g, copy, len(g.pending)))
+        self.emit(GroupEnded(copy))
+        return True
+
+    def _withdraw_actor(self, g: GroupRun) -> None:
+        """Forget ``g``'s calls and end its actor, placed or still queued for resources."""
+        for future, call in list(self.calls.items()):
+            if call.group is g:
+                del self.calls[future]
+        self.runner.kill(g.actor)
+        g.actor = None
 
     def _idle_slot(self) -> bool:
         """A slot holds no actor and no group waits for one (a waiting group gets it first)."""
@@ -356,10 +385,7 @@ class SweepRun:
         next, and ``h``'s own actor (still queued for resources) is cancelled. A new
         process per group would start, import its backend and queue for the GPU again:
         seconds of an idle GPU per group."""
-        for future, call in list(self.calls.items()):
-            if call.group is h:
-                del self.calls[future]
-        self.runner.kill(h.actor)
+        self._withdraw_actor(h)
         h.actor, g.actor = g.actor, None
         h.attempt += 1
         h.load = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import yaml
@@ -138,20 +139,31 @@ def test_a_connected_driver_runs_there_and_refuses_an_address_of_another_cluster
 @pytest.mark.slow
 def test_a_long_group_splits_onto_the_idle_node_and_runs_every_trial_once(tmp_path):
     """One group of 16 two-second trials on two 1-GPU nodes: after its first trial the driver
-    moves about half of the rest to a second copy of the model on the idle node (an actor's
-    start and a noop load take a few seconds on a 2-core machine: the split must still save
-    more than that)."""
+    moves about half of the rest to a second copy of the model on the idle node, and each moved
+    trial runs there. The group's trials wait at a gate from the split until the copy's first
+    trial starts (tests/cluster_scenarios.py), so the copy is placed before the group can run
+    out, however long its actor takes to start on a loaded machine. How many trials move, and
+    whether a second split moves some on once one copy is done, rests on the machine's timing
+    (the policy weighs the remaining trials against a load's measured cost); that every trial
+    ran once, on the node its last split sent it to, does not."""
     info, rows, by_node = _spread(tmp_path, "name: long\nmodels: tiny-llama\nprecisions: fp32\n"
-                                            "batch_sizes: [1, 2, 3, 4, 5, 6, 7, 8]\nrepeats: 2\n", min_duration_s=2.0)
-    # At least the one split; another, once the first copy ends, where the machine's timing left
-    # enough behind (the policy weighs the remaining trials against a load's measured cost).
-    assert (info["ok"], info["failed"]) == (16, 0) and info["group_splits"] >= 1
+                                            "batch_sizes: [1, 2, 3, 4, 5, 6, 7, 8]\nrepeats: 2\n", min_duration_s=2.0,
+                                  gate=tmp_path / "gate")
+    assert (info["ok"], info["failed"]) == (16, 0) and info["group_splits"] == len(info["moved"]) >= 1
+    assert info["gate"] == ["a copy's first trial"] * info["group_splits"]
     assert info["model_loads"] == 1 + info["group_splits"]
     assert len(rows) == len({r["trial_id"] for r in rows}) == 16
-    assert set(by_node) == set(info["workers"]) and min(len(v) for v in by_node.values()) >= 4
+    assert set(by_node) == set(info["workers"])
+    first = min(rows, key=lambda r: r["started_at"])
+    assert first["trial_id"] not in info["moved_to"]  # the group kept the trial it was running
+    # The first split's copy took the idle slot, the other node; each moved trial ran where sent.
+    assert info["copy_nodes"][0] in info["workers"] and info["copy_nodes"][0] != first["ray_node_id"]
+    moved = {r["trial_id"]: r["ray_node_id"] for r in rows if r["trial_id"] in info["moved_to"]}
+    assert moved == info["moved_to"] and len(moved) >= info["moved"][0] >= 1
 
 
-def _spread(tmp_path, sweep_head: str, min_duration_s: float) -> tuple[dict, list[dict], dict[str, list[dict]]]:
+def _spread(tmp_path, sweep_head: str, min_duration_s: float,
+            gate: Path | None = None) -> tuple[dict, list[dict], dict[str, list[dict]]]:
     """Run a noop sweep on two 1-GPU nodes behind a GPU-less head (its own process); its
     summary, rows and rows per node, having checked that no node's GPU ran two trials at once.
 
@@ -162,7 +174,8 @@ def _spread(tmp_path, sweep_head: str, min_duration_s: float) -> tuple[dict, lis
 
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(sweep_head + "backends: noop\nworkload: {input_len: 8, output_len: 4}\n"
-                     f"measure: {{warmup_iters: 0, min_iters: 1, min_duration_s: {min_duration_s}, idle_s: 0}}\n")
+                     f"measure: {{warmup_iters: 0, min_iters: 1, min_duration_s: {min_duration_s}, idle_s: 0}}\n"
+                     + (f'backend_options: {{noop: {{gate_file: "{gate}"}}}}\n' if gate is not None else ""))
     info = run_scenario("spread", sweep, tmp_path / "out", ROOT)
     rows = ResultStore(str(tmp_path / "out")).read_shards("trials").to_pylist()
     by_node: dict[str, list[dict]] = {}

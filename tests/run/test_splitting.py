@@ -20,7 +20,7 @@ from sweeper.run.splitting import MIN_SAVING_S, Split, best_split
 from sweeper.run.storage import ResultStore
 from sweeper.run.sweep_run import CallKind, GroupState, RunOptions, SweepRun
 from tests.fake_nvml import FakeClock
-from tests.run.test_sweep_run import ScriptedRunner, _Future
+from tests.run.test_sweep_run import HANG, ScriptedRunner, _Future
 
 FOUR_GPUS = ClusterInfo(gpus=4, cpus=16, nodes=1, min_node_cpus=16)
 
@@ -149,3 +149,34 @@ def test_an_out_of_memory_trial_prunes_the_larger_batches_held_by_every_copy(tmp
     # queue of larger batches was pruned too, all but the one trial it had already begun.
     assert sweep_run.summary.group_splits == 1
     assert min(skipped) > 2 and len(skipped) >= 37 and set(skipped) | ran == set(range(1, 41))
+
+
+@dataclass
+class PlacesOneActor(TimedRunner):
+    """A busy cluster: the first actor is placed, every later one stays queued for its resources
+    (its ping and load never answer)."""
+
+    def call(self, actor: Any, kind: CallKind, trial: Trial | None = None, group: Any = None) -> _Future:
+        future = super().call(actor, kind, trial)
+        if actor > 1 and kind in (CallKind.PING, CallKind.LOAD):
+            future.value = HANG
+        return future
+
+
+def test_a_copy_still_queued_when_its_group_runs_out_gives_its_trials_back(tmp_path):
+    # The group splits after its first trial (a GPU is free), but the copy's actor is never
+    # placed: once the group has run its own share it runs the copy's too, on the model it has
+    # loaded, and the copy's request is withdrawn. Handing the group's actor to its own copy
+    # would load the same model on it again. The group is not split again: the cluster is
+    # busier than its free slots say.
+    runner = PlacesOneActor()
+    sweep_run, rows = run(tmp_path, runner, sweep_of(list(range(1, 21))))
+    assert len(rows) == 20 and {r["status"] for r in rows} == {"ok"}
+    assert len(runner.runs) == len(set(runner.runs)) == 20
+    assert list(runner.by_actor) == [1] and runner.loads.count(1) == 1  # one actor, one load
+    assert runner.killed == [2] and len(runner.started) == 2
+    # Neither the split nor the copy's load happened, as the summary counts them.
+    assert (sweep_run.summary.group_splits, sweep_run.summary.model_loads, sweep_run.summary.actor_handovers) == (0, 1, 0)
+    assert all(g.state is GroupState.DONE for g in sweep_run.groups)
+    batches = [next(r["batch_size"] for r in rows if r["trial_id"] == i) for i in runner.by_actor[1]]
+    assert batches == sorted(batches)  # the group's order kept: small batches first
