@@ -100,9 +100,12 @@ class CompiledDecode:
         self._step: Callable[..., Any] | None = None
         self._bias: Any = None
         self._bias_key: tuple | None = None
+        parameters = inspect.signature(model.forward).parameters
         # Prefill needs only the last position's logits (generate asks the same).
-        self._keep_last = ({"logits_to_keep": 1}
-                           if "logits_to_keep" in inspect.signature(model.forward).parameters else {})
+        self._keep_last = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
+        # The cache's argument: ``cache`` from transformers 5.24 on, where ``past_key_values``
+        # is deprecated (to go in 5.40); before, only ``past_key_values``.
+        self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
         self._prepared: dict[tuple[int, int], Compile] = {}
         # Hooked modules (the layer-profiling pass) must run eager: a hook inside a
         # CUDA graph fires once at capture, never at replay.
@@ -139,7 +142,7 @@ class CompiledDecode:
 
     def _decode_step(self, token: Any, position: Any, cache: Any, eos_bias: Any) -> Any:
         """One greedy decode step on the static cache: the next token of every sequence."""
-        logits = self.model(input_ids=token, cache_position=position, past_key_values=cache, use_cache=True).logits
+        logits = self.model(input_ids=token, cache_position=position, use_cache=True, **{self._cache_arg: cache}).logits
         return self._greedy(logits, eos_bias)
 
     def _compiled_step(self) -> Callable[..., Any]:
@@ -179,8 +182,8 @@ class CompiledDecode:
         out = torch.empty((batch_size, total), dtype=ids.dtype, device=ids.device)
         out[:, :input_len] = ids
         positions = torch.arange(total, device=ids.device)
-        logits = self.model(input_ids=ids, cache_position=positions[:input_len], past_key_values=cache,
-                            use_cache=True, **self._keep_last).logits
+        logits = self.model(input_ids=ids, cache_position=positions[:input_len], use_cache=True,
+                            **{self._cache_arg: cache}, **self._keep_last).logits
         token = self._greedy(logits, eos_bias)
         out[:, input_len:input_len + 1] = token
         sync()
