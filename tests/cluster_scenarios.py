@@ -60,62 +60,85 @@ def _remove_first_writer(cluster: Cluster, workers: list, out: Path, removed: li
         time.sleep(0.02)
 
 
-# How long the ``tp`` scenario's gate waits for a one-GPU trial on the one-GPU node before it
-# opens anyway (the run then ends, and the test fails on the summary's ``gate``).
+# How long a scenario's gate stays closed before its watchdog opens it (the run then goes on,
+# and the test fails on the summary's ``gate``, which says why the gate opened).
 GATE_WAIT_S = 120.0
 
 
-class OpenGateWhenOneGpuNodeRuns(Quiet):
-    """Opens ``gate`` when a trial of one GPU starts on ``node_id`` (every trial waits at the
-    gate until then), or after ``GATE_WAIT_S``; ``opened_by`` says which."""
+class Gate(Quiet):
+    """The sweep's gate file (``backend_options.noop.gate_file``), at which every noop trial
+    waits while it is missing, opened and closed on run events by a scenario's observer. A
+    watchdog opens it once it has been closed ``GATE_WAIT_S``; ``openings`` says why it opened,
+    each time. ``path`` None: no gate, the observer only records."""
+
+    def __init__(self, path: Path | None, *, closed: bool) -> None:
+        super().__init__()
+        self.path, self.openings = path, list[str]()
+        self._lock = threading.Lock()
+        self._closed_s: float | None = None
+        if path is None:
+            return
+        if closed:
+            self.close()
+        else:
+            path.touch()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def close(self) -> None:
+        if self.path is not None:
+            with self._lock:
+                self.path.unlink(missing_ok=True)
+                self._closed_s = time.monotonic()
+
+    def open(self, why: str) -> None:
+        with self._lock:
+            if self.path is not None and self._closed_s is not None:
+                self.path.touch()
+                self._closed_s = None
+                self.openings.append(why)
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(1.0)
+            closed_s = self._closed_s
+            if closed_s is not None and time.monotonic() - closed_s > GATE_WAIT_S:
+                self.open(f"timed out after {GATE_WAIT_S:.0f} s")
+
+
+class OpenGateWhenOneGpuNodeRuns(Gate):
+    """Closed until a trial of one GPU starts on ``node_id``; ``opened_by`` says what opened it."""
 
     def __init__(self, gate: Path, node_id: str) -> None:
-        super().__init__()
-        self.gate, self.node_id, self.opened_by = gate, node_id, ""
-        self._opened = threading.Event()
-        threading.Thread(target=self._open_late, daemon=True).start()
+        super().__init__(gate, closed=True)
+        self.node_id = node_id
+
+    @property
+    def opened_by(self) -> str:
+        return self.openings[0] if self.openings else ""
 
     def on_event(self, event: RunEvent) -> None:
         super().on_event(event)
         placement = getattr(event.group, "placement", None) if isinstance(event, TrialStarted) else None
         if placement is not None and placement.node_id == self.node_id and event.trial.tensor_parallel == 1:
-            self._open("a one-GPU trial on the one-GPU node")
-
-    def _open_late(self) -> None:
-        if not self._opened.wait(GATE_WAIT_S):
-            self._open(f"timed out after {GATE_WAIT_S:.0f} s")
-
-    def _open(self, why: str) -> None:
-        if not self._opened.is_set():
-            self.opened_by = why
-            self._opened.set()
-            self.gate.touch()
+            self.open("a one-GPU trial on the one-GPU node")
 
 
-class RecordSplits(Quiet):
+class RecordSplits(Gate):
     """Where each group split's trials were sent: ``moved_to`` maps a moved trial to the node
     of the copy that took it last (a copy's trials may move again, to a later copy).
 
-    With a ``gate`` (the sweep's ``backend_options.noop.gate_file``, at which every noop trial
-    waits while it is missing), the gate is closed from each split until the copy's first trial
-    starts: the group cannot run out before the copy holds a slot and take the copy's trials
-    back (what it does on a cluster too busy to place the copy in time), so each copy runs
-    trials on its node by construction. A watchdog opens it after ``GATE_WAIT_S``;
-    ``opened_by`` says why it opened each time."""
+    With a gate, it is closed from each split until the copy's first trial starts: the group
+    cannot run out before the copy holds a slot and take the copy's trials back (what it does
+    on a cluster too busy to place the copy in time), so each copy runs trials on its node by
+    construction."""
 
     def __init__(self, gate: Path | None) -> None:
-        super().__init__()
-        self.gate, self.opened_by = gate, list[str]()
+        super().__init__(gate, closed=False)
         self.moved: list[int] = []
         self._copies: list[object] = []
         self._copy_of: dict[str, object] = {}
         self._node_of: dict[int, str] = {}
         self._waiting_for: object | None = None
-        self._closed_s: float | None = None
-        self._lock = threading.Lock()
-        if gate is not None:
-            gate.touch()
-            threading.Thread(target=self._watch, daemon=True).start()
 
     def on_event(self, event: RunEvent) -> None:
         super().on_event(event)
@@ -123,31 +146,13 @@ class RecordSplits(Quiet):
             self.moved.append(event.moved)
             self._copies.append(event.copy)
             self._copy_of.update({t.trial_id: event.copy for t in event.copy.pending})
-            self._close(event.copy)
+            self._waiting_for = event.copy
+            self.close()
         elif isinstance(event, GroupPlaced) and event.placement is not None:
             self._node_of[id(event.group)] = event.placement.node_id
         elif isinstance(event, TrialStarted) and event.group is self._waiting_for:
-            self._open("a copy's first trial")
-
-    def _close(self, copy: object) -> None:
-        if self.gate is not None:
-            with self._lock:
-                self.gate.unlink(missing_ok=True)
-                self._waiting_for, self._closed_s = copy, time.monotonic()
-
-    def _open(self, why: str) -> None:
-        with self._lock:
-            if self.gate is not None and self._closed_s is not None:
-                self.gate.touch()
-                self._waiting_for, self._closed_s = None, None
-                self.opened_by.append(why)
-
-    def _watch(self) -> None:
-        while True:
-            time.sleep(1.0)
-            closed_s = self._closed_s
-            if closed_s is not None and time.monotonic() - closed_s > GATE_WAIT_S:
-                self._open(f"timed out after {GATE_WAIT_S:.0f} s")
+            self._waiting_for = None
+            self.open("a copy's first trial")
 
     @property
     def copy_nodes(self) -> list[str | None]:
@@ -195,7 +200,7 @@ def main(scenario: str, sweep_path: str, out: str) -> None:
     gate_file = getattr(plan.trials[0].trial.backend_options, "gate_file", None)
     splits = RecordSplits(Path(gate_file) if gate_file else None) if scenario == "spread" else None
     if scenario == "tp":
-        gate = OpenGateWhenOneGpuNodeRuns(Path(plan.trials[0].trial.backend_options.gate_file), worker_ids[0])
+        gate = OpenGateWhenOneGpuNodeRuns(Path(gate_file), worker_ids[0])
     if scenario == "remove":
         watcher = threading.Thread(target=_remove_first_writer,
                                    args=(cluster, workers, Path(out), removed, stop), daemon=True)
@@ -214,7 +219,7 @@ def main(scenario: str, sweep_path: str, out: str) -> None:
         "workers": worker_ids, "head": head_id, "removed": removed, "nodes": info.nodes,
         "runnable": len(plan.runnable), "gpus": info.gpus, "ok": summary.ok, "failed": summary.failed, "retries": summary.retries,
         "model_loads": summary.model_loads, "group_splits": summary.group_splits, "wall_s": summary.wall_s,
-        "gate": gate.opened_by if gate is not None else splits.opened_by if splits else None,
+        "gate": gate.opened_by if gate is not None else splits.openings if splits else None,
         "moved": splits.moved if splits else None, "moved_to": splits.moved_to if splits else None,
         "copy_nodes": splits.copy_nodes if splits else None,
     }))

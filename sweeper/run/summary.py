@@ -45,7 +45,9 @@ class RunSummary:
     model_loads: int = 0
     retries: int = 0  # trial attempts re-run after their actor died
     actor_handovers: int = 0  # groups loaded by a finished group's actor instead of a new one
-    group_splits: int = 0  # long groups that gave trials to a second copy of their model on an idle slot
+    # Long groups that gave trials to a second copy of their model on an idle slot (a split
+    # withdrawn before its copy was placed is not one).
+    group_splits: int = 0
     busy_s: float = 0.0  # slot-seconds of trials: each trial's time x the GPUs its actor held
     write_s: float = 0.0  # the driver's time writing shards
     # Seconds per stage summed over every slot (sweeper.core.stages), as the actors timed them.
