@@ -1,8 +1,9 @@
 """Multi-node sweeps on a real local Ray cluster (``ray.cluster_utils.Cluster``), one per process.
 
-Run as ``python -m tests.cluster_scenarios SCENARIO SWEEP OUT``; prints one JSON
-line with the cluster's node ids and the run's summary. Nodes have logical GPUs
-(Ray resources, no devices), so the noop backend stands in for a model.
+Run as ``python -m tests.cluster_scenarios SCENARIO SWEEP OUT [SWEEP OUT ...]``: the sweeps
+run one after another on one cluster (each starts once the one before has given back every
+GPU), and each prints one JSON line with the cluster's node ids and its run's summary. Nodes
+have logical GPUs (Ray resources, no devices), so the noop backend stands in for a model.
 
 - ``spread``: two 1-GPU workers behind a GPU-less head. The summary says which node each
   split's copy ran on and which trials it was given; where the sweep names a gate file, the
@@ -174,14 +175,23 @@ WORKERS = {  # scenario -> (num_cpus, num_gpus) of each worker node
 
 def run_scenario(scenario: str, sweep_path: Path, out: Path, root: Path) -> dict:
     """Run ``scenario`` in its own process; its JSON summary line."""
+    (summary,) = run_scenarios(scenario, [(sweep_path, out)], root)
+    return summary
+
+
+def run_scenarios(scenario: str, runs: list[tuple[Path, Path]], root: Path) -> list[dict]:
+    """Run each (sweep, results directory) of ``runs`` in turn on one cluster of ``scenario``,
+    in a process of its own (a cluster's nodes cost seconds of CPU to start); their summaries."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    r = subprocess.run([sys.executable, "-m", "tests.cluster_scenarios", scenario, str(sweep_path), str(out)],
-                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    argv = [str(p) for run in runs for p in run]
+    r = subprocess.run([sys.executable, "-m", "tests.cluster_scenarios", scenario, *argv],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300 * len(runs))
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    lines = r.stdout.strip().splitlines()[-len(runs):]
+    return [json.loads(line) for line in lines]
 
 
-def main(scenario: str, sweep_path: str, out: str) -> None:
+def main(scenario: str, runs: list[tuple[str, str]]) -> None:
     head_gpus = 1 if scenario == "single" else 0
     # No dashboard and no log monitors: nothing here reads them (sweeper's driver takes no
     # worker logs), and their processes cost each scenario seconds of CPU.
@@ -190,8 +200,32 @@ def main(scenario: str, sweep_path: str, out: str) -> None:
         "include_log_monitor": False, "_system_config": FAST_HEALTH_CHECK})
     workers = [cluster.add_node(num_cpus=c, num_gpus=g, include_log_monitor=False) for c, g in WORKERS[scenario]]
     cluster.wait_for_nodes()
+    try:
+        info = connect(cluster.address)
+        for sweep_path, out in runs:
+            _wait_for_every_gpu(info.gpus)
+            print(json.dumps(_run(scenario, cluster, workers, info, Path(sweep_path), Path(out))), flush=True)
+    finally:
+        import ray
+
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _wait_for_every_gpu(gpus: int, timeout_s: float = 60.0) -> None:
+    """Until the run before has given back every GPU: its actors are killed as it ends, and a
+    GPU comes back once its actor's process has exited."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("GPU", 0) < gpus:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the cluster's {gpus} GPUs were not all free {timeout_s:.0f} s after a run")
+        time.sleep(0.2)
+
+
+def _run(scenario: str, cluster: Cluster, workers: list, info, sweep_path: Path, out: Path) -> dict:
     head_id, worker_ids = cluster.head_node.node_id, [w.node_id for w in workers]
-    info = connect(cluster.address)
     plan = make_plan(load_sweep(sweep_path), info.device, sweep_path=sweep_path)
     removed: list[str] = []
     stop = threading.Event()
@@ -203,27 +237,24 @@ def main(scenario: str, sweep_path: str, out: str) -> None:
         gate = OpenGateWhenOneGpuNodeRuns(Path(gate_file), worker_ids[0])
     if scenario == "remove":
         watcher = threading.Thread(target=_remove_first_writer,
-                                   args=(cluster, workers, Path(out), removed, stop), daemon=True)
+                                   args=(cluster, workers, out, removed, stop), daemon=True)
         watcher.start()
     try:
-        summary = run_plan(plan, ResultStore(out), info, RunOptions(max_retries=2), observer=gate or splits)
+        summary = run_plan(plan, ResultStore(str(out)), info, RunOptions(max_retries=2), observer=gate or splits)
     finally:
         stop.set()
         if watcher is not None:
             watcher.join()
-        import ray
-
-        ray.shutdown()
-        cluster.shutdown()
-    print(json.dumps({
+    return {
         "workers": worker_ids, "head": head_id, "removed": removed, "nodes": info.nodes,
         "runnable": len(plan.runnable), "gpus": info.gpus, "ok": summary.ok, "failed": summary.failed, "retries": summary.retries,
         "model_loads": summary.model_loads, "group_splits": summary.group_splits, "wall_s": summary.wall_s,
         "gate": gate.opened_by if gate is not None else splits.openings if splits else None,
         "moved": splits.moved if splits else None, "moved_to": splits.moved_to if splits else None,
         "copy_nodes": splits.copy_nodes if splits else None,
-    }))
+    }
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    args = sys.argv[2:]
+    main(sys.argv[1], list(zip(args[::2], args[1::2], strict=True)))

@@ -11,12 +11,20 @@ A library present nowhere that a trial could be placed makes the trial
 ``skipped`` at plan time; a node that does not answer the probe is left out,
 never a reason to skip. A worker that lacks a library all the same fails the
 trial with ``BackendUnavailable``.
+
+A process that runs several sweeps through one Ray driver (a notebook, the session API) may
+reuse its last answer for the same alive nodes (``probe_cluster(reuse=True)``): each probe
+starts a fresh worker on every node, about a second and a half on a busy machine. What was
+found present is trusted (a library removed since fails its trials on the worker, as above);
+a reused answer that would skip a trial is not (one installed since would go unseen), and the
+caller asks the nodes again (``sweeper.run.session``).
 """
 
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
 from sweeper.core.backends import BACKENDS
 from sweeper.core.precisions import PRECISIONS
@@ -52,6 +60,7 @@ class Capabilities:
     nodes: tuple[NodeCapabilities, ...]
     source: str  # "cluster (N nodes probed)" | "local environment"
     unanswered: tuple[str, ...] = ()  # node ids that did not answer the probe
+    reused: bool = False  # this process's earlier answer for the same alive nodes (probe_cluster)
 
     def candidates(self, device: str, num_gpus: int) -> tuple[tuple[NodeCapabilities, ...], str]:
         """Nodes a trial could be placed on, and how to name them in a reason."""
@@ -117,18 +126,31 @@ def local_capabilities(gpus: int) -> Capabilities:
     return Capabilities((node,), LOCAL)
 
 
-def probe_cluster(timeout_s: float = PROBE_TIMEOUT_S) -> Capabilities:
+# This process's last complete answer per cluster (its GCS address): the alive nodes it came
+# from, the answer, and when it was had (time.monotonic()).
+_ANSWERS: dict[str, tuple[frozenset[str], Capabilities, float]] = {}
+
+
+def probe_cluster(timeout_s: float = PROBE_TIMEOUT_S, *, reuse: bool = False) -> Capabilities:
     """Ask every alive node of the connected Ray cluster what it has installed.
 
     One task per node, pinned there (hard node affinity) and asking for no
     CPU, so a node busy with trials still answers. GPU counts are Ray's.
+    ``reuse``: this process's last answer where the cluster's alive nodes are still the ones
+    it came from and every one of them answered (``reused``, and its ``source`` says when).
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    gcs, node_ids = ray.get_runtime_context().gcs_address, frozenset(n["NodeID"] for n in alive)
+    last = _ANSWERS.get(gcs)
+    if reuse and last is not None and last[0] == node_ids:
+        _, answer, at = last
+        return replace(answer, reused=True, source=f"{answer.source} {time.monotonic() - at:.0f} s before, "
+                                                    "by this process")
     names = probed_libraries()
     probe = ray.remote(num_cpus=0, max_retries=0)(host_libraries)
-    alive = [n for n in ray.nodes() if n.get("Alive")]
     refs = {
         probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(names):
         n for n in alive
@@ -151,4 +173,8 @@ def probe_cluster(timeout_s: float = PROBE_TIMEOUT_S) -> Capabilities:
     source = f"cluster, {len(nodes)} node{'s' if len(nodes) != 1 else ''} probed"
     if unanswered:
         source += f", {len(unanswered)} did not answer"
-    return Capabilities(tuple(nodes), source, tuple(unanswered))
+        _ANSWERS.pop(gcs, None)
+        return Capabilities(tuple(nodes), source, tuple(unanswered))
+    answer = Capabilities(tuple(nodes), source)
+    _ANSWERS[gcs] = (node_ids, answer, time.monotonic())
+    return answer

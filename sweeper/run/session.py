@@ -82,7 +82,7 @@ def plan_sweep(sweep_file: str | Path, device: Device | None = None, *, address:
     With ``address`` the cluster's nodes say what is installed; without, this machine stands
     in for the cluster. With ``output``, the view knows the trials already done there.
     """
-    from sweeper.plan.capabilities import local_capabilities, local_gpus, probe_cluster
+    from sweeper.plan.capabilities import local_capabilities, local_gpus
 
     observer = observer or Quiet()
     sweep = load_sweep(sweep_file)
@@ -90,15 +90,28 @@ def plan_sweep(sweep_file: str | Path, device: Device | None = None, *, address:
         from sweeper.run.cluster import connect
 
         found: Device = connect(address).device
-        capabilities = probe_cluster()
+        plan = cluster_plan(sweep, device or found, str(sweep_file), expand(sweep, sweep_path=str(sweep_file)))
     else:
         gpus = local_gpus()
         found = "cuda" if gpus else "cpu"
-        capabilities = local_capabilities(gpus)
-    plan = make_plan(sweep, device or found, sweep_path=str(sweep_file), capabilities=capabilities)
-    if not address:
+        plan = make_plan(sweep, device or found, sweep_path=str(sweep_file), capabilities=local_capabilities(gpus))
         plan.notes[-1] += " (no --address: this machine stands in for the cluster)"
     return PlanView(sweep, plan, stored_trials(output, observer), retry_failed)
+
+
+def cluster_plan(sweep: Sweep, device: Device, sweep_path: str, expanded: tuple[list[Trial], int]) -> Plan:
+    """The sweep's plan on the connected cluster, judged by what its nodes have installed.
+
+    This process's last answer for the same nodes is reused when the plan it gives skips no
+    trial (a sweep run again, another sweep through the same driver); a plan that would skip
+    one is made again from the nodes' answer now, since what was missing may be installed."""
+    from sweeper.plan.capabilities import probe_cluster
+
+    capabilities = probe_cluster(reuse=True)
+    plan = make_plan(sweep, device, sweep_path=sweep_path, capabilities=capabilities, expanded=expanded)
+    if capabilities.reused and plan.skipped:
+        plan = make_plan(sweep, device, sweep_path=sweep_path, capabilities=probe_cluster(), expanded=expanded)
+    return plan
 
 
 # -- running -------------------------------------------------------------------------------
@@ -173,12 +186,14 @@ def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: st
             return done
     cluster = _join(address, observer)
     check_energy_sites(sweep, cluster.node_ips, setup.sweep_path)
-    from sweeper.plan.capabilities import local_capabilities, probe_cluster
+    from sweeper.plan.capabilities import local_capabilities
 
     # The embedded local Ray's workers share this interpreter: no probe needed there.
-    capabilities = local_capabilities(cluster.gpus) if cluster.embedded else probe_cluster()
-    plan = make_plan(sweep, cluster.device, sweep_path=setup.sweep_path, capabilities=capabilities,
-                     expanded=setup.expanded)
+    if cluster.embedded:
+        plan = make_plan(sweep, cluster.device, sweep_path=setup.sweep_path,
+                         capabilities=local_capabilities(cluster.gpus), expanded=setup.expanded)
+    else:
+        plan = cluster_plan(sweep, cluster.device, setup.sweep_path, setup.expanded)
     store.write_plan(sweep.name, [pt.trial.trial_id for pt in plan.trials], sweep.report)
     for warning in plan.warnings:
         observer.warn(warning)

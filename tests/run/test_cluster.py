@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
@@ -71,11 +70,52 @@ def test_ray_validation_rejects_a_broken_cluster_yaml(cluster_config):
 
 # -- placement on a multi-node cluster ----------------------------------------------------
 
+# The two sweeps on two 1-GPU nodes behind a GPU-less head: (sweep's head, min_duration_s, gated).
+SPREAD_SWEEPS = {
+    "spread": ("name: spread\nmodels: [tiny-llama, tiny-qwen2]\nprecisions: [fp32, bf16]\nbatch_sizes: [1, 2]\n",
+               0.5, False),
+    "long": ("name: long\nmodels: tiny-llama\nprecisions: fp32\nbatch_sizes: [1, 2, 3, 4, 5, 6, 7, 8]\nrepeats: 2\n",
+             2.0, True),
+}
+
+
+@pytest.fixture(scope="module")
+def spread_runs(tmp_path_factory) -> dict[str, tuple[dict, list[dict], dict[str, list[dict]]]]:
+    """Both sweeps of SPREAD_SWEEPS, one after the other on one such cluster (its own process):
+    per sweep, its summary, rows and rows per node, having checked that no node's GPU ran two
+    trials at once. One cluster for both: its three nodes cost seconds of CPU to start.
+
+    The noop backend sleeps its step times: what is under test is placement, and a real model
+    here would only add its imports and its CPU-bound windows to the suite's time."""
+    from sweeper.run.storage import ResultStore
+    from tests.cluster_scenarios import run_scenarios
+
+    runs = []
+    for name, (sweep_head, min_duration_s, gated) in SPREAD_SWEEPS.items():
+        d = tmp_path_factory.mktemp(name)
+        sweep, gate = d / "sweep.yaml", d / "gate"
+        sweep.write_text(sweep_head + "backends: noop\nworkload: {input_len: 8, output_len: 4}\n"
+                         f"measure: {{warmup_iters: 0, min_iters: 1, min_duration_s: {min_duration_s}, idle_s: 0}}\n"
+                         + (f'backend_options: {{noop: {{gate_file: "{gate}"}}}}\n' if gated else ""))
+        runs.append((sweep, d / "out"))
+    results = {}
+    for name, (_, out), info in zip(SPREAD_SWEEPS, runs, run_scenarios("spread", runs, ROOT), strict=True):
+        rows = ResultStore(str(out)).read_shards("trials").to_pylist()
+        by_node: dict[str, list[dict]] = {}
+        for row in rows:
+            by_node.setdefault(row["ray_node_id"], []).append(row)
+        for node_rows in by_node.values():  # one GPU per node: its trials never overlap in time
+            spans = sorted((r["started_at"], r["finished_at"]) for r in node_rows)
+            assert all(prev_end <= start for (_, prev_end), (start, _) in zip(spans, spans[1:], strict=False))
+        results[name] = (info, rows, by_node)
+    return results
+
+
 @pytest.mark.slow
-def test_groups_spread_over_nodes_and_never_share_a_gpu(tmp_path):
-    """Four groups on two 1-GPU nodes (logical GPUs) behind a GPU-less head, in its own process."""
-    info, rows, by_node = _spread(tmp_path, "name: spread\nmodels: [tiny-llama, tiny-qwen2]\nprecisions: [fp32, bf16]\n"
-                                            "batch_sizes: [1, 2]\n", min_duration_s=0.5)
+@pytest.mark.xdist_group("spread")  # one worker runs the module's cluster once for both tests
+def test_groups_spread_over_nodes_and_never_share_a_gpu(spread_runs):
+    """Four groups on two 1-GPU nodes (logical GPUs) behind a GPU-less head."""
+    info, rows, by_node = spread_runs["spread"]
     assert (info["gpus"], info["nodes"], info["ok"], info["model_loads"]) == (2, 3, 8, 4)
     assert set(by_node) == set(info["workers"])  # both GPU nodes used, the head never
     # a group's trials stay on one actor, hence one node
@@ -137,7 +177,8 @@ def test_a_connected_driver_runs_there_and_refuses_an_address_of_another_cluster
 
 
 @pytest.mark.slow
-def test_a_long_group_splits_onto_the_idle_node_and_runs_every_trial_once(tmp_path):
+@pytest.mark.xdist_group("spread")
+def test_a_long_group_splits_onto_the_idle_node_and_runs_every_trial_once(spread_runs):
     """One group of 16 two-second trials on two 1-GPU nodes: after its first trial the driver
     moves about half of the rest to a second copy of the model on the idle node, and each moved
     trial runs there. The group's trials wait at a gate from the split until the copy's first
@@ -146,9 +187,7 @@ def test_a_long_group_splits_onto_the_idle_node_and_runs_every_trial_once(tmp_pa
     whether a second split moves some on once one copy is done, rests on the machine's timing
     (the policy weighs the remaining trials against a load's measured cost); that every trial
     ran once, on the node its last split sent it to, does not."""
-    info, rows, by_node = _spread(tmp_path, "name: long\nmodels: tiny-llama\nprecisions: fp32\n"
-                                            "batch_sizes: [1, 2, 3, 4, 5, 6, 7, 8]\nrepeats: 2\n", min_duration_s=2.0,
-                                  gate=tmp_path / "gate")
+    info, rows, by_node = spread_runs["long"]
     assert (info["ok"], info["failed"]) == (16, 0) and info["group_splits"] == len(info["moved"]) >= 1
     assert info["gate"] == ["a copy's first trial"] * info["group_splits"]
     assert info["model_loads"] == 1 + info["group_splits"]
@@ -160,28 +199,3 @@ def test_a_long_group_splits_onto_the_idle_node_and_runs_every_trial_once(tmp_pa
     assert info["copy_nodes"][0] in info["workers"] and info["copy_nodes"][0] != first["ray_node_id"]
     moved = {r["trial_id"]: r["ray_node_id"] for r in rows if r["trial_id"] in info["moved_to"]}
     assert moved == info["moved_to"] and len(moved) >= info["moved"][0] >= 1
-
-
-def _spread(tmp_path, sweep_head: str, min_duration_s: float,
-            gate: Path | None = None) -> tuple[dict, list[dict], dict[str, list[dict]]]:
-    """Run a noop sweep on two 1-GPU nodes behind a GPU-less head (its own process); its
-    summary, rows and rows per node, having checked that no node's GPU ran two trials at once.
-
-    The noop backend sleeps its step times: what is under test is placement, and a real model
-    here would only add its imports and its CPU-bound windows to the suite's time."""
-    from sweeper.run.storage import ResultStore
-    from tests.cluster_scenarios import run_scenario
-
-    sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(sweep_head + "backends: noop\nworkload: {input_len: 8, output_len: 4}\n"
-                     f"measure: {{warmup_iters: 0, min_iters: 1, min_duration_s: {min_duration_s}, idle_s: 0}}\n"
-                     + (f'backend_options: {{noop: {{gate_file: "{gate}"}}}}\n' if gate is not None else ""))
-    info = run_scenario("spread", sweep, tmp_path / "out", ROOT)
-    rows = ResultStore(str(tmp_path / "out")).read_shards("trials").to_pylist()
-    by_node: dict[str, list[dict]] = {}
-    for row in rows:
-        by_node.setdefault(row["ray_node_id"], []).append(row)
-    for node_rows in by_node.values():  # one GPU per node: its trials never overlap in time
-        spans = sorted((r["started_at"], r["finished_at"]) for r in node_rows)
-        assert all(prev_end <= start for (_, prev_end), (start, _) in zip(spans, spans[1:], strict=False))
-    return info, rows, by_node

@@ -87,16 +87,24 @@ class Fleet:
     def add_worker(self) -> subprocess.Popen:
         return self._start([f"--address={self.address}"])
 
+    # One driver watches the node count until it is the one waited for (or its time is up) and
+    # prints it: a driver started per look cost about a CPU-second each.
+    _WAIT = ("import ray, sys, time\n"
+             "ray.init(address=sys.argv[1], logging_level=40)\n"
+             "n, deadline = int(sys.argv[2]), time.monotonic() + float(sys.argv[3])\n"
+             "def alive(): return sum(1 for x in ray.nodes() if x['Alive'])\n"
+             "while alive() != n and time.monotonic() < deadline: time.sleep(0.5)\n"
+             "print(alive())")
+
     def wait_for_nodes(self, n: int, timeout_s: float = 90.0) -> None:
-        code = ("import ray, sys; ray.init(address=sys.argv[1], logging_level=40); "
-                "print(sum(1 for x in ray.nodes() if x['Alive']))")
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            r = subprocess.run([sys.executable, "-c", code, self.address], capture_output=True, text=True,
-                               env=self.env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token), timeout=60)
+        while (left_s := deadline - time.monotonic()) > 0:
+            r = subprocess.run([sys.executable, "-c", self._WAIT, self.address, str(n), f"{left_s:.1f}"],
+                               capture_output=True, text=True, timeout=left_s + 60,
+                               env=self.env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token))
             if r.returncode == 0 and r.stdout.strip().splitlines()[-1:] == [str(n)]:
                 return
-            time.sleep(1.0)
+            time.sleep(1.0)  # the head not up yet: its driver could not join
         pytest.fail(f"{n} nodes did not join within {timeout_s} s")
 
     @staticmethod

@@ -51,6 +51,30 @@ def test_a_sweep_runs_through_the_session_api_without_the_cli(write_sweep, tmp_p
     assert "session" not in printed.out and "resuming" not in printed.err  # the session printed nothing
 
 
+@pytest.mark.slow
+def test_a_probe_answer_is_reused_only_for_a_plan_that_skips_nothing(write_sweep, ray_local):
+    """Sweeps run one after another through one driver ask the nodes once: a plan the last
+    answer skips nothing of keeps it, and one it would skip a trial of is made from a new probe
+    (what was missing may have been installed since)."""
+    from sweeper.plan.capabilities import probe_cluster
+    from sweeper.plan.expand import expand
+    from sweeper.plan.spec import load_sweep
+    from sweeper.run.session import cluster_plan
+
+    fresh = probe_cluster()
+    again = probe_cluster(reuse=True)
+    assert not fresh.reused and again.reused and again.nodes == fresh.nodes
+    assert again.source.startswith(fresh.source + " ") and again.source.endswith(" s before, by this process")
+
+    runnable = load_sweep(write_sweep(SWEEP.replace("[fp32, fp8]", "fp32"), "runnable.yaml"))
+    plan = cluster_plan(runnable, ray_local.device, "runnable.yaml", expand(runnable))
+    assert plan.skipped == [] and plan.notes[-1].endswith(" s before, by this process"), plan.notes
+
+    skipping = load_sweep(write_sweep(SWEEP, "skipping.yaml"))  # the noop backend runs no fp8
+    plan = cluster_plan(skipping, ray_local.device, "skipping.yaml", expand(skipping))
+    assert len(plan.skipped) == 2 and plan.notes[-1] == f"installed libraries checked in: {fresh.source}", plan.notes
+
+
 def test_open_run_checks_the_sweep_and_holds_its_directory(write_sweep, tmp_path):
     bad = write_sweep(SWEEP.replace("batch_sizes: [1, 2]", "batch_sizes: [0]"), name="bad.yaml")
     with pytest.raises(SweepFileError, match=r"batch_sizes\[0\]"), open_run(bad, str(tmp_path / "bad")):
