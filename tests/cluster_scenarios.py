@@ -187,7 +187,10 @@ def run_scenarios(scenario: str, runs: list[tuple[Path, Path]], root: Path) -> l
     r = subprocess.run([sys.executable, "-m", "tests.cluster_scenarios", scenario, *argv],
                        cwd=root, env=env, capture_output=True, text=True, timeout=300 * len(runs))
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = r.stdout.strip().splitlines()[-len(runs):]
+    # A summary is a line of its own; the nodes' daemons share the process's stdout and may
+    # print between and after them (a removed node's raylet, say).
+    lines = [line for line in r.stdout.splitlines() if line.startswith('{"workers": ')]
+    assert len(lines) == len(runs), r.stdout[-3000:]
     return [json.loads(line) for line in lines]
 
 

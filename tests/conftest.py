@@ -143,8 +143,7 @@ def interruptible(cmd: list[str], **popen: Any) -> Iterator[subprocess.Popen]:
 
 class _SharedHead:
     """One ``ray start --head`` for the test session's ``sweeper run`` processes: started on
-    first use, its daemons in a process group of their own (the group of the ``ray start``
-    that launched them, which has exited), stopped with that group when the session ends.
+    first use, in a process group of its own, stopped with that group when the session ends.
     Each run is a Ray job of its own there, and its actors end with its driver."""
 
     _process: subprocess.Popen | None = None
@@ -181,6 +180,7 @@ class _SharedHead:
     def address(cls) -> str:
         if cls._address is None:
             import socket
+            import time
 
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))
@@ -189,25 +189,21 @@ class _SharedHead:
             with log.open("w") as out:
                 cls._process = subprocess.Popen(
                     [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
-                     "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats",
+                     "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats", "--block",
                      # No log monitor: it ships workers' log lines to drivers, and sweeper's
                      # drivers take none (log_to_driver=False); it cost about 1 CPU-s a minute.
-                     # Nor --block: `ray start` then returns once the head is up, instead of
-                     # polling its daemons each second for the whole session (~3 CPU-s); they
-                     # stay in its process group, which stop() kills.
                      "--include-log-monitor=false"],
                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                     # Loopback only, and no token: `ray start` turns token authentication on by
                     # default, and a driver in this process, where Ray is already imported, could
                     # no longer turn it on for itself (tests/run/test_fleet.py tests tokens).
                     env={**cls.child_environment(_SESSION_ENVIRONMENT), "RAY_AUTH_MODE": "disabled"})
-            try:
-                code = cls._process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                code = None
-            if code != 0 or "Ray runtime started" not in log.read_text():
-                cls.stop()
-                raise RuntimeError(f"the tests' Ray head did not start: {log.read_text()[-2000:]}")
+            deadline = time.monotonic() + 120
+            while "Ray runtime started" not in log.read_text():
+                if cls._process.poll() is not None or time.monotonic() > deadline:
+                    cls.stop()
+                    raise RuntimeError(f"the tests' Ray head did not start: {log.read_text()[-2000:]}")
+                time.sleep(0.2)
             cls._address = f"127.0.0.1:{port}"
         return cls._address
 
@@ -241,13 +237,16 @@ class _SharedHead:
         process, cls._process, cls._address = cls._process, None, None
         if process is None:
             return
-        # The head's daemons and their workers are in the group of the `ray start` that started
-        # them (its pid, the group's id, outlives it while they live). Nothing of the session's
-        # is kept: SIGKILL, as a lost machine's would be.
+        for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(process.pid, sig)
+                process.wait(timeout=wait_s)
+                break
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
+        # What the head started that outlived it (raylet, GCS, workers) is in its group.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=10)
 
 
 def pytest_sessionfinish(session, exitstatus):
