@@ -36,7 +36,7 @@ from ray.cluster_utils import Cluster
 
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
-from sweeper.run.cluster import connect
+from sweeper.run.cluster import ClusterInfo, connect
 from sweeper.run.events import GroupPlaced, GroupSplit, RunEvent, TrialStarted
 from sweeper.run.observer import Quiet
 from sweeper.run.storage import ResultStore
@@ -206,7 +206,7 @@ def main(scenario: str, runs: list[tuple[str, str]]) -> None:
     try:
         info = connect(cluster.address)
         for sweep_path, out in runs:
-            _wait_for_every_gpu(info.gpus)
+            _wait_for_every_gpu()
             print(json.dumps(_run(scenario, cluster, workers, info, Path(sweep_path), Path(out))), flush=True)
     finally:
         import ray
@@ -215,19 +215,19 @@ def main(scenario: str, runs: list[tuple[str, str]]) -> None:
         cluster.shutdown()
 
 
-def _wait_for_every_gpu(gpus: int, timeout_s: float = 60.0) -> None:
-    """Until the run before has given back every GPU: its actors are killed as it ends, and a
-    GPU comes back once its actor's process has exited."""
+def _wait_for_every_gpu(timeout_s: float = 60.0) -> None:
+    """Until the run before has given back every GPU of the nodes alive now: its actors are
+    killed as it ends, and a GPU comes back once its actor's process has exited."""
     import ray
 
     deadline = time.monotonic() + timeout_s
-    while ray.available_resources().get("GPU", 0) < gpus:
+    while (free := ray.available_resources().get("GPU", 0)) < (gpus := ray.cluster_resources().get("GPU", 0)):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the cluster's {gpus} GPUs were not all free {timeout_s:.0f} s after a run")
+            raise TimeoutError(f"{free:g} of the cluster's {gpus:g} GPUs free {timeout_s:.0f} s after a run")
         time.sleep(0.2)
 
 
-def _run(scenario: str, cluster: Cluster, workers: list, info, sweep_path: Path, out: Path) -> dict:
+def _run(scenario: str, cluster: Cluster, workers: list, info: ClusterInfo, sweep_path: Path, out: Path) -> dict:
     head_id, worker_ids = cluster.head_node.node_id, [w.node_id for w in workers]
     plan = make_plan(load_sweep(sweep_path), info.device, sweep_path=sweep_path)
     removed: list[str] = []
