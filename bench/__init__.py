@@ -42,6 +42,7 @@ SUBCOMMANDS = (
     "conversations",
     "typed-rows",
     "kv-cache",
+    "report-render",
 )
 
 

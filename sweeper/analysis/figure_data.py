@@ -11,7 +11,8 @@ if TYPE_CHECKING:
 def figure_data(fig: Figure) -> dict[str, Any]:
     """What a drawn figure shows, read back from its artists after layout: per visible
     panel its title, axis labels and scales, the tick labels inside the view, every
-    labelled line's and marker set's points, and the pixel boxes of its text labels.
+    labelled line's and marker set's points, and the pixel boxes of its text labels (in the
+    pixels of its last drawing: the report's image, where ``figure_png`` drew it).
 
     The HTML report embeds this beside each image, so a test (or a reader's script)
     can check units, scales, point counts and overlapping labels without reading pixels.
@@ -21,7 +22,8 @@ def figure_data(fig: Figure) -> dict[str, Any]:
     from matplotlib.container import BarContainer
     from matplotlib.text import Annotation
 
-    fig.canvas.draw()
+    if fig.stale:  # changed since its last drawing, or never drawn: lay it out now
+        fig.canvas.draw()
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
 
     def ticks(axis: Any, lo: float, hi: float) -> list[str]:
