@@ -174,7 +174,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMIT_ENV = "SWEEPER_COMMIT"
 # Distributions whose versions a record carries (absent ones are null).
 VERSIONED = ("torch", "transformers", "accelerate", "bitsandbytes", "vllm", "ray",
-             "nvidia-ml-py", "zeus", "numpy")
+             "nvidia-ml-py", "zeus", "numpy", "matplotlib")
 
 _command: list[str] | None = None
 _started: str | None = None
