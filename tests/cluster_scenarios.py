@@ -182,7 +182,10 @@ def run_scenario(scenario: str, sweep_path: Path, out: Path, root: Path) -> dict
 def run_scenarios(scenario: str, runs: list[tuple[Path, Path]], root: Path) -> list[dict]:
     """Run each (sweep, results directory) of ``runs`` in turn on one cluster of ``scenario``,
     in a process of its own (a cluster's nodes cost seconds of CPU to start); their summaries."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    from tests.conftest import QUIET_NODE_ENV
+
+    env = {**os.environ, **QUIET_NODE_ENV,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     argv = [str(p) for run in runs for p in run]
     r = subprocess.run([sys.executable, "-m", "tests.cluster_scenarios", scenario, *argv],
                        cwd=root, env=env, capture_output=True, text=True, timeout=300 * len(runs))
@@ -196,11 +199,12 @@ def run_scenarios(scenario: str, runs: list[tuple[Path, Path]], root: Path) -> l
 
 def main(scenario: str, runs: list[tuple[str, str]]) -> None:
     head_gpus = 1 if scenario == "single" else 0
-    # No dashboard and no log monitors: nothing here reads them (sweeper's driver takes no
-    # worker logs), and their processes cost each scenario seconds of CPU.
+    # No dashboard, no log monitors and no autoscaler monitor: nothing here reads them (sweeper's
+    # driver takes no worker logs; the cluster's nodes are the scenario's), and their processes
+    # cost each scenario seconds of CPU (tests.conftest.QUIET_NODE_ENV: what else is left undone).
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2 if head_gpus else 1, "num_gpus": head_gpus, "include_dashboard": False,
-        "include_log_monitor": False, "_system_config": FAST_HEALTH_CHECK})
+        "include_log_monitor": False, "no_monitor": True, "_system_config": FAST_HEALTH_CHECK})
     workers = [cluster.add_node(num_cpus=c, num_gpus=g, include_log_monitor=False) for c, g in WORKERS[scenario]]
     cluster.wait_for_nodes()
     try:
