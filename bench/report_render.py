@@ -53,7 +53,7 @@ def _before() -> Iterator[None]:
     try:
         yield
     finally:
-        report.figure_png, report.figure_data = saved  # type: ignore[assignment]
+        report.figure_png, report.figure_data = saved
 
 
 @contextmanager
@@ -93,8 +93,8 @@ def run(args: argparse.Namespace) -> None:
                 (_pixels(pngs_before[f]) == _pixels(pngs_now[f])).all() for f in pngs_before)
             if not same:
                 raise SystemExit(f"round {i}: the plots' pixels differ between the two ways")
-            rounds.append({"plots": len(pngs_now), **{f"{name}_{kind}": round(m[j], 3) for name, m in measured.items()
-                                                       for j, kind in ((0, "cpu_s"), (1, "wall_s"))}})
+            rounds.append({"plots": len(pngs_now), **{f"{name}_{kind}": round(seconds, 3) for name, m in measured.items()
+                                                       for kind, seconds in (("cpu_s", m[0]), ("wall_s", m[1]))}})
             print(rounds[-1], flush=True)
     results = {"results": str(args.results), "rounds": rounds, "pixels_identical": True,
                "cpu_ratio_now_over_before": benchkit.paired_ratio([r["now_cpu_s"] for r in rounds],
