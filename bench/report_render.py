@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +56,6 @@ def _before() -> Iterator[None]:
         report.figure_png, report.figure_data = saved
 
 
-@contextmanager
-def _now() -> Iterator[None]:
-    yield
-
-
 def _timed(root: Path, way: Callable[[], Any]) -> tuple[float, float, dict[str, bytes]]:
     from sweeper.analysis.report import build_report
 
@@ -81,10 +76,10 @@ def _pixels(png: bytes) -> Any:
 def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(shutil.copytree(args.results, Path(tmp) / args.results.name))
-        _timed(root, _now)  # imports and first-use costs, in neither column
+        _timed(root, nullcontext)  # imports and first-use costs, in neither column
         rounds: list[dict[str, Any]] = []
         for i in range(args.rounds):
-            ways = [("before", _before), ("now", _now)]
+            ways: list[tuple[str, Callable[[], Any]]] = [("before", _before), ("now", nullcontext)]
             if i % 2:
                 ways.reverse()
             measured = {name: _timed(root, way) for name, way in ways}
@@ -93,8 +88,10 @@ def run(args: argparse.Namespace) -> None:
                 (_pixels(pngs_before[f]) == _pixels(pngs_now[f])).all() for f in pngs_before)
             if not same:
                 raise SystemExit(f"round {i}: the plots' pixels differ between the two ways")
-            rounds.append({"plots": len(pngs_now), **{f"{name}_{kind}": round(seconds, 3) for name, m in measured.items()
-                                                       for kind, seconds in (("cpu_s", m[0]), ("wall_s", m[1]))}})
+            row: dict[str, Any] = {"plots": len(pngs_now)}
+            for name, (cpu_s, wall_s, _) in measured.items():
+                row[f"{name}_cpu_s"], row[f"{name}_wall_s"] = round(cpu_s, 3), round(wall_s, 3)
+            rounds.append(row)
             print(rounds[-1], flush=True)
     results = {"results": str(args.results), "rounds": rounds, "pixels_identical": True,
                "cpu_ratio_now_over_before": benchkit.paired_ratio([r["now_cpu_s"] for r in rounds],
