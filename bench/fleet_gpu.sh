@@ -81,7 +81,8 @@ sweep() {  # step name, sweep file, results directory, extra sweeper arguments..
 }
 
 ray_cli() { python3 -c 'import sys; from ray.scripts.scripts import main; sys.argv[0] = "ray"; sys.exit(main())' "$@"; }
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# A port kept from other binds for a minute, until its node binds it (free_port says why).
+free_port() { python3 -c 'from actors.backends.server.process import free_port; print(free_port())'; }
 node_ports() {
     for flag in --node-manager-port --object-manager-port --dashboard-agent-listen-port \
                 --dashboard-agent-grpc-port --metrics-export-port --runtime-env-agent-port; do

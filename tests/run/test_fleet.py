@@ -14,7 +14,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from actors.backends.server.process import free_port
 from tests.conftest import ROOT
 
 # One worker holds the module's fleets (pytest-xdist): each is several `ray start` nodes.
@@ -35,17 +35,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fleet"),
 FAST_HEALTH_CHECK = '{"health_check_initial_delay_ms": 0, "health_check_period_ms": 200, "health_check_failure_threshold": 5}'
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _node_ports() -> list[str]:
-    """Every port a node listens on, chosen by the OS now (Ray's defaults are fixed numbers)."""
+    """Every port a node listens on, chosen by the OS now and kept from other binds until the
+    node binds it (Ray's defaults are fixed numbers)."""
     names = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
              "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port")
-    return [f"{name}={_free_port()}" for name in names]
+    return [f"{name}={free_port()}" for name in names]
 
 
 class Fleet:
@@ -60,11 +55,11 @@ class Fleet:
         self.temp_dir = tempfile.mkdtemp(prefix="swr", dir="/tmp")
         self.home = Path(self.temp_dir) / "home"  # no ~/.ray/auth_token of the machine's user
         self.home.mkdir()
-        self.port = _free_port()
+        self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.nodes: list[subprocess.Popen] = []
         self.head = self._start(["--head", f"--port={self.port}", "--include-dashboard=false",
-                                 f"--ray-client-server-port={_free_port()}", f"--temp-dir={self.temp_dir}",
+                                 f"--ray-client-server-port={free_port()}", f"--temp-dir={self.temp_dir}",
                                  f"--system-config={FAST_HEALTH_CHECK}"])
         self.wait_for_nodes(1)
 

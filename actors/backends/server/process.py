@@ -49,10 +49,57 @@ class ServerError(RuntimeError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port no one listens on now (the server binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port no one listens on, kept from anyone who asks the kernel for a port for a minute.
+
+    A port only found free goes back to the kernel's pool when it is closed, and the next
+    process to bind port 0 (another launch, a Ray worker) may be handed it before the server,
+    a second or more later, binds it by number. Two servers then race for one port: the
+    loser exits, and its launcher takes the winner's answers for its own server's (a CI run
+    measured 12 refused requests against a port whose server had gone). So the port is
+    connected to once and the accepted end closed first: that end stays in TIME_WAIT (60 s
+    on Linux), and the kernel hands the port to no bind of port 0 meanwhile, while a server
+    that binds it by number with SO_REUSEADDR (asyncio's and uvicorn's servers, aiohttp,
+    gRPC, tokio: each sets it) gets it at once.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, 0))
+        listener.listen(1)
+        port = int(listener.getsockname()[1])
+        with socket.create_connection((host, port), timeout=5.0):
+            accepted, _ = listener.accept()
+            accepted.close()  # before the client's end: this is the one left in TIME_WAIT
+    return port
+
+
+def listening_pids(port: int) -> set[int] | None:
+    """The processes listening on TCP ``port``, or None where the system does not say whose
+    sockets are whose (psutil needs more rights there: macOS without root)."""
+    import psutil  # only once a server answers; not needed to import this module
+
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return None
+    pids = {c.pid for c in connections
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid is not None}
+    return pids or None
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:  # gone meanwhile
+        return None
+
+
+def _command_of(pid: int) -> str:
+    import psutil
+
+    try:
+        return " ".join(psutil.Process(pid).cmdline())[:200] or "?"
+    except psutil.Error:
+        return "?"
 
 
 def resolve_program(argv: Sequence[str]) -> list[str]:
@@ -112,6 +159,7 @@ class ServerProcess:
 
     argv: list[str]  # as started, every secret redacted (what is recorded and printed)
     base_url: str  # http://host:port/v1
+    port: int
     log_path: Path
     popen: subprocess.Popen
     started_s: float  # monotonic time of the launch
@@ -155,7 +203,7 @@ class ServerProcess:
                 popen.wait()
                 raise ServerError("the server's watchdog exited before the server started") from None
         log.info("server pid %d on %s:%d, log %s", popen.pid, host, port, log_path)
-        return cls(argv=shown, base_url=f"http://{host}:{port}/v1", log_path=log_path, popen=popen,
+        return cls(argv=shown, base_url=f"http://{host}:{port}/v1", port=port, log_path=log_path, popen=popen,
                    started_s=time.monotonic(), headers=dict(headers or {}))
 
     @staticmethod
@@ -209,6 +257,7 @@ class ServerProcess:
             except (OSError, ValueError):
                 erring_since = None
             else:
+                self._check_answered_by_itself()
                 self.ready_s = clock() - self.started_s
                 return self.ready_s
             if clock() >= deadline:
@@ -216,6 +265,24 @@ class ServerProcess:
                 raise ServerError(f"the server did not answer {self.base_url}/models within {timeout_s:g} s "
                                   f"(measure.load_timeout_s; log {self.log_path}): {log_tail(self.log_path)}")
             time.sleep(READY_POLL_S)
+
+    def _check_answered_by_itself(self) -> None:
+        """Raise ``ServerError`` if what answered on the server's port is another process.
+
+        A process outside the server's group that holds its port (one that bound it by number
+        before the server did) would otherwise be measured in the server's name. The server's
+        own processes are its group's (it leads one, ``_start``), wherever they were forked."""
+        pids = listening_pids(self.port)
+        if pids is None:
+            return  # the system does not say whose socket it is: the answer is taken as the server's
+        ours = {pid for pid in pids if _group_of(pid) == self.popen.pid}
+        if ours:
+            return
+        other = min(pids)
+        self.stop(timeout_s=5.0)
+        raise ServerError(f"port {self.port} is held by another process (pid {other}: {_command_of(other)}), "
+                          f"not by the server launched (pid {self.popen.pid}), so its answers are not the "
+                          f"server's (log {self.log_path}): {log_tail(self.log_path)}")
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM to the server's whole group, SIGKILL after ``timeout_s``; returns its exit code."""

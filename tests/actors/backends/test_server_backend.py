@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from actors.backends.server.client import Endpoint, run_http
-from actors.backends.server.process import ServerError, ServerProcess
+from actors.backends.server.process import ServerError, ServerProcess, free_port
 from actors.backends.server.reaper import alive, group_running
 from actors.serving.records import NOT_SENT, UNFINISHED, ServingRequest
 from sweeper.core.servers import DIALECTS
@@ -230,6 +230,40 @@ def test_a_server_that_exits_before_ready_says_why_in_one_line(tmp_path):
     assert "\n" not in text and str(proc.log_path) in text
     proc.stop(2.0)
     assert wait_gone(read_pids(pid_file, 2)) == []  # its child went with it
+
+
+def test_a_launch_port_is_kept_from_other_binds_but_open_to_its_server():
+    """The port stays out of the kernel's pool (a plain bind of it is refused, so no bind of
+    port 0 is handed it either) while a server binding it with SO_REUSEADDR gets it."""
+    import errno
+    import socket
+
+    port = free_port()
+    with socket.socket() as plain, pytest.raises(OSError) as err:
+        plain.bind(("127.0.0.1", port))
+    assert err.value.errno == errno.EADDRINUSE
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", port))
+        server.listen(1)
+
+
+def test_an_answer_from_another_process_on_the_port_is_not_the_server_s(tmp_path):
+    """Another process holding the port (it bound it by number first) answers the model list;
+    that answer is refused in one line naming it, and the launched server is stopped."""
+    proc = ServerProcess.launch(["python", "-c", "import time; time.sleep(120)"],
+                                log_path=tmp_path / "servers" / "quiet.log", stop_timeout_s=2.0)
+    other = subprocess.Popen([sys.executable, str(FAULT_SERVER), "--port", str(proc.port), "--model", "other"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        with pytest.raises(ServerError, match=rf"port {proc.port} is held by another process \(pid {other.pid}: ") as err:
+            proc.wait_ready(READY_S)
+        assert "\n" not in str(err.value)
+        assert proc.popen.poll() is not None  # stopped
+    finally:
+        other.kill()
+        other.wait()
+        proc.stop(2.0)
 
 
 def test_a_server_never_ready_is_stopped_at_the_bound(tmp_path):
