@@ -186,12 +186,11 @@ class _SharedHead:
     @classmethod
     def address(cls) -> str:
         if cls._address is None:
-            import socket
             import time
 
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
+            from actors.backends.server.process import free_port
+
+            port = free_port()  # kept from other binds (a launched server's, a node's) until the head binds it
             log = Path(os.environ.get("TMPDIR", "/tmp")) / f"sweeper-tests-ray-head-{os.getpid()}.log"
             with log.open("w") as out:
                 cls._process = subprocess.Popen(

@@ -32,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--reuse-port", action="store_true", help="bind with SO_REUSEPORT, as vLLM does")
     p.add_argument("--model", default="fault")
     p.add_argument("--ready-after-s", type=float, default=0.0, help="/v1/models answers 503 until then")
     p.add_argument("--never-ready", action="store_true")
@@ -222,7 +223,8 @@ def main() -> None:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", completions)
     print(f"fault server on {args.host}:{args.port}", flush=True)
-    web.run_app(app, host=args.host, port=args.port, print=None, handle_signals=not args.ignore_term)
+    web.run_app(app, host=args.host, port=args.port, print=None, handle_signals=not args.ignore_term,
+                reuse_port=args.reuse_port or None)
 
 
 if __name__ == "__main__":

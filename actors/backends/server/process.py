@@ -267,18 +267,19 @@ class ServerProcess:
             time.sleep(READY_POLL_S)
 
     def _check_answered_by_itself(self) -> None:
-        """Raise ``ServerError`` if what answered on the server's port is another process.
+        """Raise ``ServerError`` if a process outside the server's group listens on its port.
 
-        A process outside the server's group that holds its port (one that bound it by number
-        before the server did) would otherwise be measured in the server's name. The server's
-        own processes are its group's (it leads one, ``_start``), wherever they were forked."""
+        One that bound it by number before the server did would otherwise be measured in the
+        server's name; one that shares it (vLLM binds with SO_REUSEPORT, and so may another
+        vLLM) would take some of the requests. The server's own processes are its group's (it
+        leads one, ``_start``), wherever they were forked."""
         pids = listening_pids(self.port)
         if pids is None:
             return  # the system does not say whose socket it is: the answer is taken as the server's
-        ours = {pid for pid in pids if _group_of(pid) == self.popen.pid}
-        if ours:
+        others = {pid for pid in pids if _group_of(pid) not in (self.popen.pid, None)}  # None: gone since
+        if not others:
             return
-        other = min(pids)
+        other = min(others)
         self.stop(timeout_s=5.0)
         raise ServerError(f"port {self.port} is held by another process (pid {other}: {_command_of(other)}), "
                           f"not by the server launched (pid {self.popen.pid}), so its answers are not the "

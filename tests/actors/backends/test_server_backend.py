@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from actors.backends.server.client import Endpoint, run_http
-from actors.backends.server.process import ServerError, ServerProcess, free_port
+from actors.backends.server.process import ServerError, ServerProcess, free_port, listening_pids
 from actors.backends.server.reaper import alive, group_running
 from actors.serving.records import NOT_SENT, UNFINISHED, ServingRequest
 from sweeper.core.servers import DIALECTS
@@ -248,14 +248,23 @@ def test_a_launch_port_is_kept_from_other_binds_but_open_to_its_server():
         server.listen(1)
 
 
-def test_an_answer_from_another_process_on_the_port_is_not_the_server_s(tmp_path):
-    """Another process holding the port (it bound it by number first) answers the model list;
-    that answer is refused in one line naming it, and the launched server is stopped."""
-    proc = ServerProcess.launch(["python", "-c", "import time; time.sleep(120)"],
-                                log_path=tmp_path / "servers" / "quiet.log", stop_timeout_s=2.0)
-    other = subprocess.Popen([sys.executable, str(FAULT_SERVER), "--port", str(proc.port), "--model", "other"],
+@pytest.mark.parametrize("ours", [
+    ["python", "-c", "import time; time.sleep(120)"],  # it never binds: the other answers alone
+    ["python", str(FAULT_SERVER), "--port", "{port}", "--model", "fault", "--reuse-port"],  # they share it
+], ids=["held", "shared"])
+def test_an_answer_from_another_process_on_the_port_is_not_the_server_s(tmp_path, ours):
+    """Another process listening on the server's port (it bound it by number first, or shares
+    it with SO_REUSEPORT as vLLM binds) would be measured in the server's name: its answer is
+    refused in one line naming it, and the launched server is stopped."""
+    proc = ServerProcess.launch(ours, log_path=tmp_path / "servers" / "ours.log", stop_timeout_s=2.0)
+    other = subprocess.Popen([sys.executable, str(FAULT_SERVER), "--port", str(proc.port), "--model", "other",
+                              "--reuse-port"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
+        deadline = time.monotonic() + READY_S
+        while other.pid not in (listening_pids(proc.port) or ()):  # the other is there first
+            assert other.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
         with pytest.raises(ServerError, match=rf"port {proc.port} is held by another process \(pid {other.pid}: ") as err:
             proc.wait_ready(READY_S)
         assert "\n" not in str(err.value)
