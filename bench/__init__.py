@@ -43,6 +43,7 @@ SUBCOMMANDS = (
     "typed-rows",
     "kv-cache",
     "report-render",
+    "launch-race",
 )
 
 

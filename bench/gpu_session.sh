@@ -64,6 +64,8 @@
 #               a call cut at its limit is resumed by the same step on the warm machine
 #   quickstart  sweeps/quickstart.yaml on the GPU: its flag count
 #   server_inproc  bench/server_gpu.yaml's in-process vLLM rows (AsyncLLM), 6 rates (§16)
+#   launch_race four `vllm serve` launched at once (bench launch-race): each on a port of its own,
+#               answered by itself, nothing left after the stop (SERVERS=N for another count)
 #   server_launch  its `launch: vllm` rows (vllm serve started by sweeper), same arrivals, into the
 #               same results directory; then checks that no vLLM process outlived the sweep (§16)
 #   server_peer bench server-peer: vllm bench serve and sweeper's base_url client on one server (§16)
@@ -230,6 +232,10 @@ for kind in ('trials', 'requests', 'timeline'):
                  fi
                  /usr/bin/time -v python3 -m sweeper run "$f" -o "$RESULTS/$1" -q 2>&1 | tee "$OUT/${1}_run.log" | tail -40
                  for t in trials stages timeline requests; do cp "$RESULTS/$1/$t.parquet" "$OUT/${1}_$t.parquet"; done ;;
+        launch_race) # Several `vllm serve` started at once on the GPU: each on its own port, answered by itself.
+                 python3 -m bench launch-race --engine vllm --servers "${SERVERS:-4}" --out "$OUT/launch_race_vllm.json" \
+                     2>&1 | tee "$OUT/launch_race_run.log"
+                 cp /tmp/launch-race-*/*.log "$OUT/" 2>/dev/null ;;
         server_inproc|server_launch)
                  b=vllm; [ "$1" = server_launch ] && b=server
                  one_backend_sweep bench/server_gpu.yaml "$b" "/tmp/$1.yaml"

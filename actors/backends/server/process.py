@@ -86,7 +86,8 @@ def listening_pids(port: int) -> set[int] | None:
     return pids or None
 
 
-def _group_of(pid: int) -> int | None:
+def process_group(pid: int) -> int | None:
+    """The process group of ``pid``; None once it is gone."""
     try:
         return os.getpgid(pid)
     except OSError:  # gone meanwhile
@@ -276,7 +277,7 @@ class ServerProcess:
         pids = listening_pids(self.port)
         if pids is None:
             return  # the system does not say whose socket it is: the answer is taken as the server's
-        others = {pid for pid in pids if _group_of(pid) not in (self.popen.pid, None)}  # None: gone since
+        others = {pid for pid in pids if process_group(pid) not in (self.popen.pid, None)}  # None: gone since
         if not others:
             return
         other = min(others)
