@@ -11,7 +11,7 @@ group listen on its port, and that after ``stop`` nothing of its group runs. A p
 to two launches shows as a server that never gets ready or a model list with the other's
 name. ``--engine fault`` runs the tests' fault server (no GPU, seconds); ``--engine vllm``
 runs ``vllm serve`` on a synthetic model (``--model``, random weights) with the GPU's
-memory split between the servers.
+memory split between the servers and a 4 GiB KV cache each.
 """
 
 from __future__ import annotations
@@ -43,7 +43,10 @@ def _argv(engine: str, name: str, model_dir: str | None, servers: int) -> list[s
         return ["python", str(FAULT_SERVER), "--port", "{port}", "--model", name]
     return ["python", "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir), "--host", "{host}", "--port", "{port}",
             "--served-model-name", name, "--load-format", "dummy", "--dtype", "bfloat16", "--enforce-eager",
-            "--max-model-len", "2048", "--gpu-memory-utilization", f"{0.8 / servers:.3f}"]
+            "--max-model-len", "2048", "--gpu-memory-utilization", f"{0.8 / servers:.3f}",
+            # A KV cache of a set size: sized from a memory profile instead, an engine counts what
+            # the others allocate meanwhile as its own (one of four came out at -4.3 GiB on an H200).
+            "--kv-cache-memory-bytes", str(4 << 30)]
 
 
 def _check(proc: Any, name: str) -> dict[str, Any]:
