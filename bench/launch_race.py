@@ -51,7 +51,7 @@ def _argv(engine: str, name: str, model_dir: str | None, servers: int) -> list[s
 
 def _check(proc: Any, name: str) -> dict[str, Any]:
     """One server, once ready: what answered, who listens; then stopped and its group gone."""
-    from actors.backends.server.process import get_json, listening_pids, process_group
+    from actors.backends.server.process import get_json, port_listeners
     from actors.backends.server.reaper import group_running
 
     row: dict[str, Any] = {"name": name, "port": proc.port, "pid": proc.pid}
@@ -59,9 +59,8 @@ def _check(proc: Any, name: str) -> dict[str, Any]:
         row["ready_s"] = round(proc.wait_ready(READY_S), 3)
         models = get_json(proc.base_url + "/models")
         row["served"] = [m["id"] for m in models["data"]] if isinstance(models, dict) else None
-        listeners = listening_pids(proc.port) or set()
-        row["listeners_in_own_group"] = sorted(p for p in listeners if process_group(p) == proc.pid)
-        row["listeners_elsewhere"] = sorted(p for p in listeners if process_group(p) not in (proc.pid, None))
+        ours, others = port_listeners(proc.port, proc.pid) or (set(), set())
+        row["listeners_in_own_group"], row["listeners_elsewhere"] = sorted(ours), sorted(others)
     except Exception as exc:  # noqa: BLE001 - a failed server is this bench's finding, recorded
         row["error"] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -93,9 +92,10 @@ def run(args: argparse.Namespace) -> int:
     with ThreadPoolExecutor(max_workers=args.servers) as pool:
         procs = list(pool.map(launch, names))  # every port chosen within the same instant
         rows = list(pool.map(_check, procs, names))
+    distinct = len({r["port"] for r in rows}) == len(rows)
     results = {"engine": args.engine, "servers": args.servers, "model": args.model if model_dir else None,
-               "distinct_ports": len({r["port"] for r in rows}) == len(rows), "rows": rows,
-               "ok": all(r["ok"] for r in rows) and len({r["port"] for r in rows}) == len(rows), "logs": str(logs)}
+               "distinct_ports": distinct, "rows": rows, "ok": distinct and all(r["ok"] for r in rows),
+               "logs": str(logs)}
     for r in rows:
         print(f"{r['name']}: port {r['port']} ready {r.get('ready_s')} s, serves {r.get('served')}, "
               f"listeners {r.get('listeners_in_own_group')} (elsewhere {r.get('listeners_elsewhere')})"

@@ -94,6 +94,17 @@ def process_group(pid: int) -> int | None:
         return None
 
 
+def port_listeners(port: int, group: int) -> tuple[set[int], set[int]] | None:
+    """The processes listening on ``port``: those of process group ``group`` and those of any
+    other (a process gone since is in neither); None where the system does not say."""
+    pids = listening_pids(port)
+    if pids is None:
+        return None
+    groups = {pid: process_group(pid) for pid in pids}
+    return ({pid for pid, g in groups.items() if g == group},
+            {pid for pid, g in groups.items() if g not in (group, None)})
+
+
 def _command_of(pid: int) -> str:
     import psutil
 
@@ -274,12 +285,10 @@ class ServerProcess:
         server's name; one that shares it (vLLM binds with SO_REUSEPORT, and so may another
         vLLM) would take some of the requests. The server's own processes are its group's (it
         leads one, ``_start``), wherever they were forked."""
-        pids = listening_pids(self.port)
-        if pids is None:
-            return  # the system does not say whose socket it is: the answer is taken as the server's
-        others = {pid for pid in pids if process_group(pid) not in (self.popen.pid, None)}  # None: gone since
-        if not others:
-            return
+        listeners = port_listeners(self.port, self.popen.pid)
+        if listeners is None or not listeners[1]:
+            return  # only its own, or the system does not say whose socket it is: taken as the server's
+        others = listeners[1]
         other = min(others)
         self.stop(timeout_s=5.0)
         raise ServerError(f"port {self.port} is held by another process (pid {other}: {_command_of(other)}), "
