@@ -73,14 +73,14 @@ def _build_dir(target: Path) -> Iterator[Path | None]:
 
 def materialize_synthetic(preset_name: str, root: Path | None = None) -> Path:
     """Directory of a config-only checkpoint for ``preset_name`` (created once, atomically)."""
-    from transformers import AutoConfig
-
     cfg = PRESETS[preset_name].config_dict()
     target = (root or cache_root()) / "synthetic" / f"{preset_name}-{_config_digest(cfg)}"
     if (target / "config.json").is_file():
         return target
     with _build_dir(target) as tmp:
         if tmp is not None:
+            from transformers import AutoConfig
+
             _write_config_only(AutoConfig.for_model(**cfg), tmp)
     return target
 
@@ -101,9 +101,10 @@ def materialize_servable(preset_name: str, root: Path | None = None) -> Path:
     and words are split at spaces, so any sequence of ids decodes to a text that encodes
     back to exactly those ids. A server that takes only text prompts is then sent prompts of
     exactly the trial's length, and its streamed words are its tokens.
-    """
-    from transformers import AutoConfig, PreTrainedTokenizerFast
 
+    A directory already built is returned without importing transformers: the actor of a
+    launched server needs nothing else of it, and the import costs seconds of CPU.
+    """
     cfg = PRESETS[preset_name].config_dict()
     target = (root or cache_root()) / "synthetic" / f"{preset_name}-{_config_digest(cfg)}-served"
     if (target / "tokenizer.json").is_file():
@@ -111,6 +112,7 @@ def materialize_servable(preset_name: str, root: Path | None = None) -> Path:
     with _build_dir(target) as tmp:
         if tmp is not None:
             from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+            from transformers import AutoConfig, PreTrainedTokenizerFast
 
             config = AutoConfig.for_model(**cfg)
             config.architectures = [_causal_lm_class(config)]
