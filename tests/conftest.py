@@ -33,7 +33,11 @@ _SESSION_ENVIRONMENT = dict(os.environ)
 # export of metrics. With the autoscaler's monitor left out as well (a fixed local head has
 # nothing to scale: ``--no-monitor``, ``no_monitor``), an idle head took 1.5 CPU-seconds a
 # minute on 2 cores, against 2.3 (the session's three heads live for the whole suite).
-QUIET_NODE_ENV = {"REPORTER_UPDATE_INTERVAL_MS": "60000", "RAY_enable_metrics_collection": "0"}
+# Nor do they start idle workers ahead of demand: a raylet starts two or three as a driver
+# joins (2 CPUs), each paying Python's start and Ray's import (1.3 CPU-s), and a suite on 2
+# cores left 28 of them unused at its end; an actor waits about 0.5 s longer for its process.
+QUIET_NODE_ENV = {"REPORTER_UPDATE_INTERVAL_MS": "60000", "RAY_enable_metrics_collection": "0",
+                  "RAY_prestart_worker_first_driver": "0", "RAY_enable_worker_prestart": "0"}
 
 # Commands run in this process rather than a fresh one: those that start no Ray and take no
 # signals. Each would otherwise pay a Python start and sweeper's imports (0.5-0.9 CPU-s on 2

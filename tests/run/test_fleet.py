@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors.backends.server.process import free_port
-from tests.conftest import ROOT
+from tests.conftest import QUIET_NODE_ENV, ROOT
 
 # One worker holds the module's fleets (pytest-xdist): each is several `ray start` nodes.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fleet"),
@@ -71,10 +71,16 @@ class Fleet:
         """A node as a `ray start --block` in its own process session: stopping it stops its
         processes alone (never `ray stop`, which stops every Ray on the machine)."""
         gpus = self.gpus[len(self.nodes)] if len(self.nodes) < len(self.gpus) else 0
+        # No log monitor (sweeper's drivers take no worker logs), no autoscaler monitor on the
+        # head (a fixed fleet has nothing to scale; the flag is hidden in `ray start --help`)
+        # and the quiet agents of tests.conftest.QUIET_NODE_ENV: nothing here reads them, and
+        # each node's cost seconds of CPU over the module's life.
+        quiet = ["--include-log-monitor=false", *(["--no-monitor"] if "--head" in args else [])]
         # A CPU slot per GPU: every group's actor asks for one CPU beside its GPUs.
         proc = subprocess.Popen(
-            ["ray", "start", "--block", f"--num-cpus={max(gpus, 1)}", f"--num-gpus={gpus}", *_node_ports(), *args],
-            env=self.env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token), start_new_session=True,
+            ["ray", "start", "--block", f"--num-cpus={max(gpus, 1)}", f"--num-gpus={gpus}", *_node_ports(), *quiet,
+             *args],
+            env=self.env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token, **QUIET_NODE_ENV), start_new_session=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.nodes.append(proc)
         return proc

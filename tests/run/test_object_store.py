@@ -7,16 +7,13 @@ test server needs no sweeper flag.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_cli
 
 BUCKET = "sweeps"
 
@@ -71,15 +68,17 @@ def test_a_sweep_writes_to_s3_and_aggregate_reads_it_back(s3_env, tmp_path):
     sweep = tmp_path / "s3.yaml"
     sweep.write_text(SWEEP)
     uri = f"s3://{BUCKET}/results/s3"
-    cmd = [sys.executable, "-m", "sweeper", "run", str(sweep), "-o", uri, "-q"]
-    full_env = {**os.environ, **env, "COLUMNS": "200"}
+    # The store's endpoint and credentials are the driver's alone: the driver writes every
+    # shard and aggregate, the actors only return their results. So the runs join the session's
+    # Ray head with them in the driver's environment only (tests.conftest.run_cli).
+    cli = {"env": env, "driver_env": True}
 
     stop, seen, broken = threading.Event(), set(), []
     watcher = threading.Thread(target=_watch, args=(fs, f"{BUCKET}/results/s3/shards", stop, seen, broken),
                                daemon=True)
     watcher.start()
     try:
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=full_env)
+        r = run_cli("run", str(sweep), "-o", uri, "-q", **cli)
     finally:
         stop.set()
         watcher.join()
@@ -92,16 +91,15 @@ def test_a_sweep_writes_to_s3_and_aggregate_reads_it_back(s3_env, tmp_path):
     assert all((k.endswith(".parquet") or k.endswith("/plan.json")) and not k.rsplit("/", 1)[-1].startswith(".")
                for k in keys), keys
     assert f"{BUCKET}/results/s3/trials.parquet" in keys
-    assert not any(os.path.exists(p) for p in ("s3:", f"s3:/{BUCKET}"))  # nothing went to a local dir
+    assert not any((ROOT / p).exists() for p in ("s3:", f"s3:/{BUCKET}"))  # nothing went to a local dir
 
-    agg = subprocess.run([sys.executable, "-m", "sweeper", "aggregate", uri], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, env=full_env)
+    agg = run_cli("aggregate", uri, env=env)
     assert agg.returncode == 0, agg.stderr[-3000:]
     assert "trials.parquet: 6 rows" in agg.stdout and "requests.parquet: 0 rows" not in agg.stdout
     rows = pq.read_table(f"{BUCKET}/results/s3/trials.parquet", filesystem=fs).to_pylist()
     assert sorted((r["model"], r["batch_size"], r["status"]) for r in rows) == sorted(
         (m, b, "ok") for m in ("tiny-llama", "tiny-qwen2") for b in (1, 2, 3))
 
-    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=full_env)
+    again = run_cli("run", str(sweep), "-o", uri, "-q", **cli)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "6 trial(s) already ok; 0 to run" in again.stderr  # resume reads the shards from S3
