@@ -41,12 +41,16 @@ def _argv(engine: str, name: str, model_dir: str | None, servers: int) -> list[s
         from tests.fault_server import FAULT_SERVER
 
         return ["python", str(FAULT_SERVER), "--port", "{port}", "--model", name]
-    return ["python", "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir), "--host", "{host}", "--port", "{port}",
-            "--served-model-name", name, "--load-format", "dummy", "--dtype", "bfloat16", "--enforce-eager",
-            "--max-model-len", "2048", "--gpu-memory-utilization", f"{0.8 / servers:.3f}",
+    from sweeper.core.servers import ENGINES
+
+    # The command a sweep's launched vLLM server gets (the engine registry's), with the GPU's
+    # memory split between the servers.
+    args = {"enforce-eager": True, "max-model-len": 2048, "gpu-memory-utilization": f"{0.8 / servers:.3f}",
             # A KV cache of a set size: sized from a memory profile instead, an engine counts what
             # the others allocate meanwhile as its own (one of four came out at -4.3 GiB on an H200).
-            "--kv-cache-memory-bytes", str(4 << 30)]
+            "kv-cache-memory-bytes": 4 << 30}
+    return ENGINES["vllm"].command(model=str(model_dir), served_model=name, precision="bf16", tensor_parallel=1,
+                                   seed=0, synthetic=True, args=args, device="cuda")
 
 
 def _check(proc: Any, name: str) -> dict[str, Any]:
