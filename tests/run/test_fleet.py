@@ -58,7 +58,9 @@ class Fleet:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.nodes: list[subprocess.Popen] = []
-        self.head = self._start(["--head", f"--port={self.port}", "--include-dashboard=false",
+        # No autoscaler monitor: a fixed fleet has nothing to scale (the flag is hidden in
+        # `ray start --help`, there all the same).
+        self.head = self._start(["--head", f"--port={self.port}", "--include-dashboard=false", "--no-monitor",
                                  f"--ray-client-server-port={free_port()}", f"--temp-dir={self.temp_dir}",
                                  f"--system-config={FAST_HEALTH_CHECK}"])
         self.wait_for_nodes(1)
@@ -71,15 +73,13 @@ class Fleet:
         """A node as a `ray start --block` in its own process session: stopping it stops its
         processes alone (never `ray stop`, which stops every Ray on the machine)."""
         gpus = self.gpus[len(self.nodes)] if len(self.nodes) < len(self.gpus) else 0
-        # No log monitor (sweeper's drivers take no worker logs), no autoscaler monitor on the
-        # head (a fixed fleet has nothing to scale; the flag is hidden in `ray start --help`)
-        # and the quiet agents of tests.conftest.QUIET_NODE_ENV: nothing here reads them, and
-        # each node's cost seconds of CPU over the module's life.
-        quiet = ["--include-log-monitor=false", *(["--no-monitor"] if "--head" in args else [])]
+        # No log monitor (sweeper's drivers take no worker logs) and the quiet agents of
+        # tests.conftest.QUIET_NODE_ENV: nothing here reads them, and each costs every node
+        # seconds of CPU over the module's life.
         # A CPU slot per GPU: every group's actor asks for one CPU beside its GPUs.
         proc = subprocess.Popen(
-            ["ray", "start", "--block", f"--num-cpus={max(gpus, 1)}", f"--num-gpus={gpus}", *_node_ports(), *quiet,
-             *args],
+            ["ray", "start", "--block", f"--num-cpus={max(gpus, 1)}", f"--num-gpus={gpus}", *_node_ports(),
+             "--include-log-monitor=false", *args],
             env=self.env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.token, **QUIET_NODE_ENV), start_new_session=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.nodes.append(proc)
