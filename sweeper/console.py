@@ -19,6 +19,8 @@ from sweeper.core.axes import AXES, BACKEND
 
 if TYPE_CHECKING:
     from sweeper.analysis.query import QueryResult
+    from sweeper.core.capacity import Capacity
+    from sweeper.run.search import Point, SearchOutcome
     from sweeper.run.session import PlanView, RunResult
     from sweeper.run.storage import ResultStore
 
@@ -162,6 +164,11 @@ def print_summary(err: Console, name: str, result: RunResult) -> None:
     if store.superseded:
         err.print(f"{store.superseded} stored result(s) of trials this sweep no longer has are kept in "
                   f"{store.uri}/superseded/", highlight=False, markup=False, soft_wrap=True)
+    if summary.capacities:
+        err.print(capacity_table(summary.capacities))
+    if summary.search is not None:
+        for line in search_lines(summary.search):
+            err.print(line, highlight=False, markup=False, soft_wrap=True)
     print_best(err, store)
     err.print(f"results: {store.uri}/trials.parquet (query with DuckDB, e.g. "
               f"SELECT * FROM '{store.uri}/trials.parquet')", highlight=False, markup=False)
@@ -183,6 +190,67 @@ def _print_busy(err: Console, result: RunResult) -> None:
         err.print(f"where the slot time went: {parts} (idle: queued or starting actors, round trips, "
                   f"slots with nothing left to run; `sweeper report` draws the timeline)",
                   highlight=False, soft_wrap=True)
+
+
+def capacity_table(capacities: list[Capacity]) -> Table:
+    """Each configuration's capacity as this run's searches found it (capacity.parquet holds them)."""
+    table = Table(title="Capacity per configuration (capacity.parquet)", title_justify="left")
+    for col in ("configuration", "capacity", "bounded by", "next failed", "J/request", "TTFT p99 ms",
+                "TPOT p99 ms", "probes", "precise"):
+        table.add_column(col, justify="left" if col in ("configuration", "bounded by") else "right")
+    for c in capacities:
+        unit = "/s" if c.load_axis == "request_rate" else " conc"
+        config = f"{c.model} {c.backend}/{c.precision}" + (f" tp={c.tensor_parallel}" if (c.tensor_parallel or 1) > 1 else "")
+        table.add_row(config + _options_text(c.backend, c.backend_options),
+                      "-" if c.capacity_load is None else f"{c.capacity_load:g}{unit}", str(c.bounded_by),
+                      "-" if c.fail_load is None else f"{c.fail_load:g}{unit}",
+                      _num(c.energy_per_request_j, "{:.4g}"), _num(c.ttft_p99_s, "{:,.1f}", 1e3),
+                      _num(c.tpot_p99_s, "{:,.2f}", 1e3), str(c.n_probes),
+                      "yes" if c.precise else f"no: {c.imprecise_reason}")
+    return table
+
+
+def _options_text(backend: str | None, options: str | None) -> str:
+    from sweeper.core.trial import row_variant
+
+    variant = row_variant(backend or "", options)
+    return f" {variant}" if variant else ""
+
+
+def _num(value: float | None, fmt: str, scale: float = 1.0) -> str:
+    return "-" if value is None else fmt.format(value * scale)
+
+
+def search_lines(outcome: SearchOutcome) -> list[str]:
+    """What a configuration search found: the best point (or the Pareto front), what it cost."""
+    s = outcome.settings
+    objectives = ", ".join(str(o) for o in s.objective)
+    failed = [p for p in outcome.points if p.values is None]
+    broke = [p for p in outcome.points if p.values is not None and p.violations]
+    lines = [f"search {outcome.search_id} ({objectives}; sampler {s.sampler}, seed {s.seed}): "
+             f"{len(outcome.points)} point(s) in {outcome.gpu_s:,.1f} GPU-s; stopped: {outcome.stopped_by}"]
+    for p in outcome.best:
+        values = ", ".join(f"{o.column} {v:.6g}" for o, v in zip(s.objective, p.values or (), strict=True))
+        interval = ""
+        if p.interval is not None:
+            low, high = p.interval
+            interval = f" (95 % interval or bracket [{low:.6g}, {high:.6g}])"
+        lines.append(f"  {'best' if not s.multi else 'pareto'}: step {p.step} {_point_label(p)}: {values}{interval}")
+    if not outcome.best:
+        closest = outcome.closest
+        lines.append("  no point met the constraints" + (
+            f"; the closest: step {closest.step} {_point_label(closest)} ({'; '.join(closest.violations)})"
+            if closest is not None else ""))
+    for p in broke[:10]:
+        lines.append(f"  failed a constraint: step {p.step} {_point_label(p)}: {'; '.join(p.violations)}")
+    for p in failed[:10]:
+        lines.append(f"  failed: step {p.step} {_point_label(p)}: {p.error}")
+    return lines
+
+
+def _point_label(point: Point) -> str:
+    t = point.trial
+    return t.configuration_label() if t.load_search is not None else t.label()
 
 
 def print_best(err: Console, store: ResultStore) -> None:

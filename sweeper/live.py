@@ -51,6 +51,7 @@ from sweeper.run.events import (
     RunEnded,
     RunEvent,
     RunStarted,
+    TrialAdded,
     TrialRecorded,
     TrialStarted,
 )
@@ -184,6 +185,8 @@ class ProgressView:
                 self.trial_finished(trial, result.outcome.status or Status.FAILED, line)
             case TrialStarted(group=group, trial=trial):
                 self.trial_started(trial, group)
+            case TrialAdded():
+                self.trial_added()
             case ActorRequested(group=group, label=label, gpus=gpus):
                 self.group_waiting(group, label, gpus)
             case GroupPlaced(group=group, placement=placement) if placement is not None:
@@ -222,6 +225,13 @@ class ProgressView:
 
     def group_done(self, key: object) -> None:
         self.groups.pop(key, None)
+        self.refresh()
+
+    def trial_added(self) -> None:
+        """A search asked for one more trial than the plan listed."""
+        self.total += 1
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, total=self.total)
         self.refresh()
 
     def trial_started(self, trial: Trial, key: object = None) -> None:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweeper.core.errors import ResultsError, UserInputError, first_line
-from sweeper.core.schema import TABLES
+from sweeper.core.schema import DERIVED, TABLES
 
 # Every table aggregation writes, from the schema: a table added there is queryable at once.
-VIEWS = tuple(TABLES)
+VIEWS = (*TABLES, *DERIVED)
 
 
 class QueryError(UserInputError):

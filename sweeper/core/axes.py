@@ -270,10 +270,10 @@ AXES = AxisTable([
     Axis("output_len", int, lambda g: g.sweep.workload.output_lens, shape=True, header="out",
          doc="generated tokens per sequence: exact, or the cap of natural / reference lengths (output_lengths)"),
     # Serving mode's load axes; None (offline mode) stays out of trial ids.
-    Axis("request_rate", float, lambda g: g.sweep.workload.request_rate or [None], default=None,
+    Axis("request_rate", float, lambda g: g.sweep.workload.load_values("request_rate") or [None], default=None,
          header="rate", doc="serving mode: offered requests per second (inf: every request at once); "
                             "null in offline mode"),
-    Axis("max_concurrency", int, lambda g: g.sweep.workload.max_concurrency or [None], default=None,
+    Axis("max_concurrency", int, lambda g: g.sweep.workload.load_values("max_concurrency") or [None], default=None,
          header="conc", doc="serving mode: most requests in flight (the client waits beyond it); null: no cap"),
     Axis("repeat", int, lambda g: range(g.sweep.repeats), header="rep", doc="repeat index (0-based)"),
 ])

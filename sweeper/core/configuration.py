@@ -75,3 +75,19 @@ class Configuration(Part):
         "serving: SLO bound on time to first token (goodput counts requests meeting every bound)")
     slo_tpot_s: float | None = column("serving: SLO bound on time per output token")
     slo_e2e_s: float | None = column("serving: SLO bound on end-to-end latency")
+    capacity_id: str | None = column(
+        "capacity search: the configuration this probe measures (capacity.parquet's capacity_id); null: a "
+        "trial of the grid")
+    probe_step: int | None = column(
+        "capacity search: the probe's step in its search (0: the range's low; a result reused from an "
+        "earlier run keeps the step it was measured at)")
+    slo_attainment_target: float | None = column(
+        "capacity search: the share of the probe's requests that had to meet every SLO bound (null: no "
+        "SLO, or no search)")
+    search_id: str | None = column(
+        "configuration search (the sweep's search block): the search this point belongs to; null: a grid")
+    search_step: int | None = column(
+        "configuration search: the point's step in its search (the order it was suggested in, 0-based)")
+    search_params: str | None = column(
+        "configuration search: the point's parameters as the searcher chose them (axis values and "
+        "backend_options.<backend>.<option> values), canonical JSON; what a resumed search tells it again")

@@ -21,6 +21,8 @@ class PlanRecord(BaseModel):
     sweep: str
     written_at: str
     trial_ids: list[str]
+    # The configurations whose capacity was searched (capacity.parquet answers for them).
+    capacity_ids: list[str] = []
     report: ReportSettings = ReportSettings()
 
     def to_json(self) -> bytes:

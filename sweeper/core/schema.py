@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from sweeper.core.capacity import Capacity
 from sweeper.core.configuration import Configuration
 from sweeper.core.results import Part, RowError, TrialResult
 
@@ -175,8 +176,17 @@ TABLES: dict[str, tuple[Column, ...]] = {
 }
 
 
+# Tables a run derives from its trials rather than measures: one row per capacity search
+# (sweeper.core.capacity), written as a shard per configuration when its search ends.
+DERIVED: dict[str, tuple[Column, ...]] = {
+    "capacity": _part_columns(Capacity),
+}
+
+
 def columns(kind: str) -> tuple[Column, ...]:
-    return trials_columns() if kind == "trials" else TABLES[kind]
+    if kind == "trials":
+        return trials_columns()
+    return TABLES[kind] if kind in TABLES else DERIVED[kind]
 
 
 def arrow_schema(kind: str) -> pa.Schema:
@@ -225,7 +235,7 @@ def check_rows(kind: str, rows: list[dict[str, Any]]) -> None:
 
 def schema_markdown() -> str:
     lines = []
-    for kind, cols in TABLES.items():
+    for kind, cols in {**TABLES, **DERIVED}.items():
         lines += [f"### `{kind}.parquet`", "", "| column | type | meaning |", "| --- | --- | --- |"]
         lines += [f"| `{c.name}` | {c.type} | {c.doc.replace('|', chr(92) + '|')} |" for c in cols]
         lines.append("")

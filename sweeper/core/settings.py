@@ -235,6 +235,9 @@ class SloSettings(Settings):
     ttft_ms: float | None = Field(None, gt=0, le=MAX_SECONDS * 1000, description="time to first token, at most")
     tpot_ms: float | None = Field(None, gt=0, le=MAX_SECONDS * 1000, description="time per output token after the first, at most")
     e2e_ms: float | None = Field(None, gt=0, le=MAX_SECONDS * 1000, description="end-to-end latency, at most")
+    # What a capacity search holds a probe to (sweeper.core.capacity); no part of a trial's
+    # measurement, so it stays out of trial ids (ServingSettings.identity).
+    attainment: float = Field(0.99, gt=0, le=1, description="capacity searches: the share of a probe's requests that must meet every bound")
 
     @model_validator(mode="after")
     def _some_bound(self) -> SloSettings:
@@ -263,7 +266,8 @@ class ServingSettings(Settings):
     slo: SloSettings | None = None
 
     def identity(self) -> dict[str, object]:
-        return self.model_dump(mode="json", exclude_none=True)
+        # The attainment target judges probes afterwards; it shapes no request of the run.
+        return self.model_dump(mode="json", exclude_none=True, exclude={"slo": {"attainment"}})
 
 
 # How long each generated sequence is:

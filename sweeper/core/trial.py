@@ -22,6 +22,7 @@ from sweeper.core.axes import (
     non_default_values,
 )
 from sweeper.core.backends import BACKENDS
+from sweeper.core.capacity import LoadSearch, capacity_id
 from sweeper.core.configuration import Configuration
 from sweeper.core.settings import (
     LAYER_GRANULARITIES,
@@ -67,6 +68,15 @@ class Trial:
     output_lengths: OutputLengths = "fixed"
     # Random prompts that share prefixes (the prefix_repetition dataset), or None.
     shared_prefix: SharedPrefix | None = None
+    # Where the trial came from, beside what it measures (none of it is part of its id: a probe
+    # at a load measures what a grid trial at that load does, and one result stands for both).
+    # A capacity search's probe: the search, and the probe's step in it (0: the range's low).
+    load_search: LoadSearch | None = None
+    probe_step: int | None = None
+    # A configuration search's point (sweeper.run.search): its id, and the point's step in it.
+    search_id: str | None = None
+    search_step: int | None = None
+    search_params: str | None = None  # the point's parameters as the searcher chose them (JSON)
     trial_id: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -92,6 +102,19 @@ class Trial:
         return cls(sweep=sweep, point=AxisPoint(tuple(items)), dataset=dataset, seed=seed,
                    measure=measure or MeasureSettings(), layer_profile=layer_profile, fidelity=fidelity,
                    serving=serving, prompts=prompts, output_lengths=output_lengths, shared_prefix=shared_prefix)
+
+    @property
+    def capacity_id(self) -> str | None:
+        """The configuration a capacity search's probe measures: its identity less the load."""
+        if self.load_search is None:
+            return None
+        return capacity_id(self.identity(), self.load_search.axis)
+
+    def probe(self, load: float | int, step: int) -> Trial:
+        """This configuration's probe at ``load`` (its capacity search's step ``step``)."""
+        if self.load_search is None:
+            raise TypeError(f"{self.label()}: not a capacity search's trial")
+        return dataclasses.replace(self.with_axes(**{self.load_search.axis: load}), probe_step=step)
 
     def with_axes(self, **values: Any) -> Trial:
         """This trial with other values for some of its axes (a new trial id)."""
@@ -278,6 +301,9 @@ class Trial:
             # numbers, so they are no trials-table columns.
             **self.measure.model_dump(exclude={*MeasureSettings.PATIENCE, "min_window_s"}),
             min_window_s=self.measure.window_floor_s,  # the floor the window was held to
+            capacity_id=self.capacity_id, probe_step=self.probe_step,
+            slo_attainment_target=self.load_search.attainment if self.load_search is not None else None,
+            search_id=self.search_id, search_step=self.search_step, search_params=self.search_params,
         )
 
     def variant(self) -> str:
@@ -286,6 +312,13 @@ class Trial:
         parts = [f"{a.title}={self.point[a.name]}" for a in AXES
                  if a.in_variant and a.name in self.point and a.identity_part(self.point[a.name])]
         return _variant_text(parts, non_default_options(self.backend_options), type(self.backend_options))
+
+    def configuration_label(self) -> str:
+        """The trial's label less its load (a capacity search's configuration: every load it probes)."""
+        variant = self.variant()
+        shape = f"in={self.input_len} out={self.output_len}" if self.prompts is None else f"out={self.output_len}"
+        return (f"{self.model} {self.backend}/{self.precision}" + (f" {variant}" if variant else "") + f" {shape}"
+                + (f" r{self.repeat}" if self.repeat else ""))
 
     def label(self) -> str:
         variant = self.variant()

@@ -196,6 +196,7 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
     names = AXES.names
     layer_profile = sweep.profile.layers if sweep.profile is not None else None
     serving = sweep.workload.serving()
+    load_search = sweep.workload.load_search if serving is not None else None
     trials: list[Trial] = []
     excluded = 0
     rules = _compiled_rules(sweep.exclude)
@@ -211,6 +212,7 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
             dataset=sweep.workload.dataset_name, seed=sweep.workload.seed, measure=sweep.measure,
             layer_profile=layer_profile, fidelity=sweep.fidelity, serving=serving, prompts=prompts,
             output_lengths=sweep.workload.output_lengths, shared_prefix=sweep.workload.shared_prefix,
+            load_search=load_search, probe_step=0 if load_search is not None else None,
         ))
     return trials, excluded
 

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
+import pyarrow as pa
 import yaml
 from pydantic import (
     BaseModel,
@@ -32,9 +33,12 @@ from pydantic import (
 
 from sweeper.core.axes import AXES
 from sweeper.core.backends import BACKENDS
+from sweeper.core.capacity import LOAD_AXES, LoadSearch
 from sweeper.core.datasets import RANDOM
 from sweeper.core.errors import SweepFileError
 from sweeper.core.precisions import PRECISIONS
+from sweeper.core.schema import columns as schema_columns
+from sweeper.core.search import SearchSettings
 from sweeper.core.settings import (
     MAX_SECONDS,
     Arrival,
@@ -106,6 +110,41 @@ def _rate(value: Any) -> Any:
 RequestRate = Annotated[float, Field(gt=0, allow_inf_nan=True), BeforeValidator(_rate)]
 Concurrency = Annotated[int, Field(gt=0, le=MAX_BATCH_SIZE, strict=True)]
 
+class LoadRange(_Strict):
+    """A load range to search for a configuration's capacity (``sweeper.core.capacity``)."""
+
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+    resolution: float = Field(0.05, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LoadRange:
+        if self.low >= self.high:
+            raise ValueError(f"low ({self.low:g}) must be below high ({self.high:g})")
+        return self
+
+
+class CapacitySearch(_Strict):
+    """``{capacity: {low, high, resolution}}``: the highest load in the range that holds the SLO."""
+
+    capacity: LoadRange
+
+
+def _load_kind(value: Any) -> str:
+    # By shape, so that an error names only the branch meant (as _dataset_kind).
+    return "[capacity]" if isinstance(value, (dict, CapacitySearch)) else "[values]"
+
+
+# A grid of loads, or {capacity: {...}}: the highest that holds the SLO.
+RateAxis = Annotated[
+    Annotated[AxisValues[RequestRate], Tag("[values]")] | Annotated[CapacitySearch, Tag("[capacity]")],
+    Discriminator(_load_kind),
+]
+ConcurrencyAxis = Annotated[
+    Annotated[AxisValues[Concurrency], Tag("[values]")] | Annotated[CapacitySearch, Tag("[capacity]")],
+    Discriminator(_load_kind),
+]
+
 # The workload keys that only serving mode reads.
 SERVING_KEYS = ("request_rate", "max_concurrency", "arrival", "burstiness", "num_prompts", "duration_s", "slo")
 
@@ -168,8 +207,9 @@ class Workload(_Strict):
     max_input_len: Tokens | None = None
     chat: bool | None = None
     seed: int = Field(0, ge=0, le=MAX_SEED, strict=True)
-    request_rate: AxisValues[RequestRate] | None = None
-    max_concurrency: AxisValues[Concurrency] | None = None
+    # A list of loads (a grid axis), or {capacity: {...}}: the highest that holds the SLO.
+    request_rate: RateAxis | None = None
+    max_concurrency: ConcurrencyAxis | None = None
     arrival: Arrival | None = None
     burstiness: float | None = Field(None, gt=0, le=1000)
     num_prompts: int | None = Field(None, gt=0, le=1_000_000, strict=True)
@@ -182,7 +222,32 @@ class Workload(_Strict):
     turn_gap_s: float | None = Field(None, ge=0, le=MAX_SECONDS)
     history: History | None = None
 
-    _dedupe = field_validator("input_len", "request_rate", "max_concurrency")(_dedupe)
+    _dedupe = field_validator("input_len")(_dedupe)
+
+    @field_validator("request_rate", "max_concurrency")
+    @classmethod
+    def _dedupe_loads(cls, value: Any) -> Any:
+        return value if isinstance(value, CapacitySearch) else _dedupe(value)
+
+    @property
+    def load_search(self) -> LoadSearch | None:
+        """The capacity search of the load axis given as a range, or None (a grid of loads)."""
+        for axis in LOAD_AXES:
+            value = getattr(self, axis)
+            if isinstance(value, CapacitySearch):
+                r = value.capacity
+                return LoadSearch(axis=axis, low=r.low, high=r.high, resolution=r.resolution,
+                                  attainment=self.slo.attainment if self.slo is not None else None)
+        return None
+
+    def load_values(self, axis: str) -> list[Any] | None:
+        """A load axis's grid values: as given, or a search's first probe (its range's low)."""
+        value = getattr(self, axis)
+        if isinstance(value, CapacitySearch):
+            search = self.load_search
+            assert search is not None
+            return [search.value(search.low)]
+        return value
 
     @field_validator("output_len")
     @classmethod
@@ -277,11 +342,35 @@ class Workload(_Strict):
             raise ValueError("request_rate is required in serving mode (requests per second, or inf)")
         if self.num_prompts is None and self.duration_s is None:
             raise ValueError("serving mode needs num_prompts (requests per trial) or duration_s (seconds of arrivals)")
-        if math.inf in self.request_rate and self.num_prompts is None:
+        self._check_capacity_search()
+        rates = self.load_values("request_rate") or []
+        if math.inf in rates and self.num_prompts is None:
             raise ValueError("request_rate inf sends every request at once: it needs num_prompts")
         if self.burstiness is not None and self.arrival != "gamma":
             raise ValueError("burstiness is the gamma distribution's shape: it needs arrival: gamma")
         return self
+
+    def _check_capacity_search(self) -> None:
+        searched = [a for a in LOAD_AXES if isinstance(getattr(self, a), CapacitySearch)]
+        if not searched:
+            return
+        axis, other = searched[0], "max_concurrency" if searched[0] == "request_rate" else "request_rate"
+        if len(searched) > 1:
+            raise ValueError("max_concurrency: one load is searched at a time; give request_rate or "
+                             "max_concurrency as a capacity range, not both")
+        r = getattr(self, axis).capacity
+        if axis == "max_concurrency":
+            for end in ("low", "high"):
+                value = getattr(r, end)
+                if not float(value).is_integer() or value > MAX_BATCH_SIZE:
+                    raise ValueError(f"max_concurrency.capacity.{end}: requests in flight are a whole number up "
+                                     f"to {MAX_BATCH_SIZE:,} (got {value:g})")
+        elif math.isinf(r.high):
+            raise ValueError("request_rate.capacity.high: must be a finite number of requests per second")
+        values = getattr(self, other)
+        if values is not None and len(values) > 1:
+            raise ValueError(f"{other}: a capacity search of {axis} holds the other load at one value "
+                             f"(got {len(values)}); search each value in a sweep of its own")
 
     @model_validator(mode="after")
     def _conversations_fit(self) -> Workload:
@@ -335,6 +424,8 @@ class Sweep(_Strict):
     fidelity: FidelitySettings | None = None
     # How the report prices energy (grid carbon intensity, price per kWh): no part of trial ids.
     report: ReportSettings = ReportSettings()
+    # A search over the axes and ranges of options instead of the whole grid (sweeper.run.search).
+    search: SearchSettings | None = None
 
     _dedupe = field_validator("models", "backends", "precisions", "batch_sizes",
                               "tensor_parallel")(_dedupe)
@@ -454,10 +545,79 @@ class Sweep(_Strict):
                     raise ValueError(f"{where}.{field}: {err['msg'].removeprefix('Value error, ')}") from None
         return self
 
+    @model_validator(mode="after")
+    def _search_fits(self) -> Sweep:
+        if self.search is not None:
+            check_search(self)
+        return self
+
     def options_for(self, backend: str) -> list[BaseModel]:
         """The backend's option variants, validated (one default variant when none is given)."""
         variants = self.backend_options.get(backend) or [{}]
         return [BACKENDS[backend].options.model_validate(v) for v in variants]
+
+
+_NUMERIC = (pa.int64(), pa.float64())
+
+
+def _numeric_columns(sweep: Sweep) -> tuple[str, dict[str, pa.DataType]]:
+    """The table a search's objectives are read from, and its numeric columns."""
+    kind = "capacity" if sweep.workload.load_search is not None else "trials"
+    return kind, {c.name: c.type for c in schema_columns(kind) if c.type in _NUMERIC}
+
+
+def check_search(sweep: Sweep) -> None:
+    """The search block against the sweep: columns that exist, options that exist, one workload."""
+    search, w = sweep.search, sweep.workload
+    assert search is not None
+    kind, numeric = _numeric_columns(sweep)
+    for i, objective in enumerate(search.objective):
+        if objective.column not in numeric:
+            raise ValueError(f"search.objective[{i}]: {objective.column!r} is not a numeric column of the {kind} "
+                             f"table (e.g. {', '.join(sorted(numeric)[:6])}, ...: docs/SCHEMA.md)")
+    c = search.constraints
+    if c.slo and w.slo is None:
+        raise ValueError("search.constraints.slo: the workload has no slo to meet (set workload.slo)")
+    if c.min_capacity_req_s is not None and w.load_search is None:
+        raise ValueError("search.constraints.min_capacity_req_s: needs a capacity search (request_rate: "
+                         "{capacity: {low, high}})")
+    for name in c.columns:
+        if name not in numeric:
+            raise ValueError(f"search.constraints.{name}: not a numeric column of the {kind} table")
+    for key, dim in search.space.items():
+        _check_dimension(sweep, key, dim)
+    shape = [("workload.input_len", w.input_lens or []), ("workload.output_len", w.output_lens)]
+    for where, values in shape:
+        if len(values) > 1:
+            raise ValueError(f"{where}: a search scores each configuration on one workload; give one value")
+    for axis in LOAD_AXES:
+        values = getattr(w, axis)
+        if isinstance(values, list) and len(values) > 1:
+            raise ValueError(f"workload.{axis}: a search scores each configuration at one load; give one value, "
+                             "or a capacity range ({capacity: {low, high}})")
+    if sweep.repeats > 1:
+        raise ValueError("repeats: a search evaluates each point once; leave repeats at 1")
+
+
+def _check_dimension(sweep: Sweep, key: str, dim: Any) -> None:
+    _, backend, option = key.split(".")
+    if backend not in sweep.backends:
+        raise ValueError(f"search.space.{key}: {backend} is not among this sweep's backends "
+                         f"({', '.join(sweep.backends)})")
+    options_type = BACKENDS[backend].options
+    if option not in options_type.model_fields:
+        raise ValueError(f"search.space.{key}: {backend} has no option {option!r}; its options: "
+                         f"{', '.join(sorted(options_type.model_fields))}")
+    probes = dim if isinstance(dim, list) else [dim.low, dim.high]
+    for variant in sweep.backend_options.get(backend) or [{}]:
+        for value in probes:
+            if not isinstance(dim, list) and dim.int_:
+                value = int(value)
+            try:
+                options_type.model_validate({**variant, option: value})
+            except ValidationError as exc:
+                msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                raise ValueError(f"search.space.{key}: {value!r}: {msg}") from None
 
 
 def _field_path(loc: tuple) -> str:

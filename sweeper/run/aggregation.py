@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from sweeper.core.errors import ResultsError
 from sweeper.core.plan_record import PLAN_FILE
-from sweeper.core.schema import TABLES, arrow_schema
+from sweeper.core.schema import DERIVED, TABLES, arrow_schema
 from sweeper.run.shards import BATCH_FILES, TRIALS, ShardFiles, stem
 
 _SORT = {
@@ -171,9 +171,37 @@ class Aggregation:
         if target.type != pafs.FileType.File or target.mtime is None:
             return False
         newest = self.files.fs.get_file_info(posixpath.join(self.files.root, PLAN_FILE)).mtime
-        for kind in TABLES:
+        for kind in (*TABLES, *DERIVED):
             selector = pafs.FileSelector(self.files.shard_dir(kind), allow_not_found=True)
             for info in self.files.fs.get_file_info(selector):
                 if info.mtime is not None and (newest is None or info.mtime > newest):
                     newest = info.mtime
         return newest is not None and newest <= target.mtime
+
+
+CAPACITY = "capacity"
+assert CAPACITY in DERIVED
+
+
+def aggregate_capacity(files: ShardFiles, planned: set[str] | None) -> int | None:
+    """``capacity.parquet``: the capacity rows of the plan's searches (``planned``; None: every
+    stored one), and ``superseded/capacity.parquet`` the rest; None where no search ran here.
+    A row per configuration, so small: rebuilt whole every time."""
+    stored = {stem(p) for p in files.shard_paths(CAPACITY)}
+    target = posixpath.join(files.root, f"{CAPACITY}.parquet")
+    superseded_target = posixpath.join(files.root, "superseded", f"{CAPACITY}.parquet")
+    if not stored and not planned:
+        for path in (target, superseded_target):
+            if files.fs.get_file_info(path).type == pafs.FileType.File:
+                files.fs.delete_file(path)  # an aggregate of shards that are gone
+        return None
+    current = stored if planned is None else stored & planned
+    table = files.read_shards(CAPACITY, trial_ids=current)
+    files.write_atomic(table.sort_by([("capacity_id", "ascending")]) if table.num_rows else table, target)
+    rest = stored - current
+    if rest:
+        files.fs.create_dir(posixpath.join(files.root, "superseded"), recursive=True)
+        files.write_atomic(files.read_shards(CAPACITY, trial_ids=rest), superseded_target)
+    elif files.fs.get_file_info(superseded_target).type == pafs.FileType.File:
+        files.fs.delete_file(superseded_target)
+    return int(table.num_rows)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sweeper.core.capacity import Capacity
 from sweeper.core.results import TrialResult
 from sweeper.core.stages import StageSpan
 from sweeper.core.trial import Trial
@@ -197,3 +198,36 @@ class RunEnded(RunEvent):
 
     wall_s: float
     write_s: float
+
+
+@dataclass(frozen=True)
+class TrialAdded(RunEvent):
+    """A search asked for a trial the plan did not list (a capacity search's next probe, a
+    configuration search's next point): one more to run."""
+
+    trial: Trial
+
+
+@dataclass(frozen=True)
+class CapacityFound(Notice):
+    """A configuration's capacity search ended (``sweeper.core.capacity``): its answer."""
+
+    label: str
+    capacity: Capacity
+
+    @property
+    def text(self) -> str:
+        c = self.capacity
+        unit = "req/s" if c.load_axis == "request_rate" else "in flight"
+        if c.capacity_load is None:
+            found = f"no load from {c.range_low:g} {unit} held"
+        else:
+            found = f"{c.capacity_load:g} {unit}"
+            if c.fail_load is not None:
+                found += f" (next probe {c.fail_load:g} failed: {c.bounded_by})"
+            elif c.bounded_by == "high":
+                found += " (the range's top held: at least that)"
+        where = f"capacity {self.label}: {found}; {c.n_probes} probe(s)"
+        if c.energy_per_request_j is not None:
+            where += f", {c.energy_per_request_j:.4g} J/request there"
+        return where + ("" if c.precise or c.imprecise_reason is None else f"; approximate: {c.imprecise_reason}")

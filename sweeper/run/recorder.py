@@ -7,6 +7,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from sweeper.core.capacity import Capacity
 from sweeper.core.results import TrialResult
 from sweeper.core.stages import StageSpan
 from sweeper.core.trial import Trial
@@ -41,6 +42,10 @@ class Recorder:
         self._pending.append(self._pool.submit(self._write, trial, result, dict(tables or {}), stages, placement))
         while len(self._pending) > self.MAX_PENDING:
             self._pending.popleft().result()
+
+    def record_capacity(self, capacity: Capacity) -> None:
+        """A capacity search's answer: its row, written after every probe recorded before it."""
+        self._pending.append(self._pool.submit(self.store.write_capacity, capacity))
 
     def flush(self) -> None:
         """Wait until every recorded trial is written (all of them, whatever fails); then raise

@@ -30,12 +30,13 @@ from sweeper.core.trial import Trial
 from sweeper.plan.expand import Plan, PlannedTrial, expand, make_plan
 from sweeper.plan.servers import check_energy_sites, check_servers
 from sweeper.plan.spec import Sweep, load_sweep
+from sweeper.run.capacity_run import CapacityRun, CapacityRuns
 from sweeper.run.lock import RunLock
 from sweeper.run.observer import Observer, Quiet
 from sweeper.run.resume import is_settled
 from sweeper.run.storage import ResultStore, StoredTrial, check_destination
 from sweeper.run.summary import RunSummary
-from sweeper.run.sweep_run import RunOptions, run_plan
+from sweeper.run.sweep_run import RayActorRunner, RunOptions, SweepRun
 
 if TYPE_CHECKING:
 
@@ -200,8 +201,27 @@ def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: st
     observer.say(f"sweeper: {sweep.name}: {len(plan.runnable)} trials to run in {plan.load_count()} group(s), "
                  f"{len(plan.skipped)} skipped, on {cluster.nodes} node(s) with {cluster.gpus} GPU(s), "
                  f"{cluster.cpus} CPU(s); results in {store.uri}")
-    summary = run_plan(plan, store, cluster, options, observer=observer)
+    search = None
+    if sweep.search is not None:
+        from sweeper.run.search import SearchRun
+
+        widest = max((t.num_gpus for t in plan.runnable), default=1)
+        search = SearchRun(plan, sweep.search, cluster.device, parallel=cluster.slots // max(widest, 1))
+    sweep_run = SweepRun(plan, store, cluster, RayActorRunner(), options=options, observer=observer, search=search)
+    summary = sweep_run.run()
+    if search is not None:
+        # A search's results are the points it evaluated, not its space's grid.
+        points = [p.trial.trial_id for p in search.points if p.trial.load_search is None]
+        _write_search_plan(setup, points, sweep_run.capacities)
+    elif len(sweep_run.capacities):
+        # The probes the capacity searches asked for are the plan's trials too.
+        _write_search_plan(setup, [pt.trial.trial_id for pt in plan.trials], sweep_run.capacities)
     return RunResult(summary, store.aggregate(), store)
+
+
+def _write_search_plan(setup: RunSetup, trial_ids: list[str], capacities: CapacityRuns) -> None:
+    setup.store.write_plan(setup.sweep.name, [*trial_ids, *capacities.asked()], setup.sweep.report,
+                           capacity_ids=[run.capacity_id for run in capacities])
 
 
 def _join(address: str | None, observer: Observer) -> ClusterInfo:
@@ -221,6 +241,11 @@ def _join(address: str | None, observer: Observer) -> ClusterInfo:
     return cluster
 
 
+def _probes(run: CapacityRun) -> list[Trial]:
+    """A replayed search's probes past its first (which the plan lists), as trials."""
+    return [run.seed.probe(run.search.value(p.load), i) for i, p in enumerate(run.probes) if i > 0]
+
+
 def _nothing_to_run(setup: RunSetup, retry_failed: bool, observer: Observer) -> RunResult | None:
     """When every trial of the sweep already has its result here, the result without starting Ray.
 
@@ -231,10 +256,23 @@ def _nothing_to_run(setup: RunSetup, retry_failed: bool, observer: Observer) -> 
     sweep, store = setup.sweep, setup.store
     trials = setup.expanded[0]
     stored = store.stored_trials()
+    if sweep.search is not None:
+        return None  # what a search asks next is Optuna's to say: it runs (on stored points, at once)
     if not trials or not all(is_settled(stored.get(t.trial_id), retry_failed, still_unsupported=True)
                              for t in trials):
         return None
-    store.write_plan(sweep.name, [t.trial_id for t in trials], sweep.report)
+    # A capacity search is done when its stored probes answer it, not when its first one is stored.
+    capacities = CapacityRuns()
+    for seed in (t for t in trials if t.load_search is not None):
+        if capacities.start(seed, store, retry_failed)[1] is not None:
+            return None
+    if not len(capacities):
+        store.write_plan(sweep.name, [t.trial_id for t in trials], sweep.report)
+    else:
+        _write_search_plan(setup, [t.trial_id for t in trials], capacities)
+        for run in capacities:
+            store.write_capacity(run.result())  # the answer as the probes give it now
+        trials = [*trials, *(t for run in capacities for t in _probes(run))]
     statuses = [stored[t.trial_id].status for t in trials]
     ok, skipped = statuses.count(Status.OK), statuses.count(Status.SKIPPED)
     kept = len(trials) - ok - skipped

@@ -27,7 +27,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from sweeper.core.errors import UserInputError, first_line
-from sweeper.core.schema import TABLES, arrow_schema, to_table
+from sweeper.core.schema import DERIVED, TABLES, arrow_schema, to_table
 
 TRIALS = "trials"
 # Shards read per batch while aggregating: memory stays flat in the number of trials.
@@ -259,7 +259,7 @@ class ShardFiles:
         if not self.local:
             return 0
         removed = 0
-        for kind in TABLES:
+        for kind in (*TABLES, *DERIVED):
             directory = self.shard_dir(kind)
             names = self._temporaries.pop(kind, None)
             if names is None:  # not listed yet: list it now

@@ -27,10 +27,11 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from sweeper.core.capacity import Capacity
 from sweeper.core.errors import first_line
 from sweeper.core.plan_record import PLAN_FILE, PlanRecord
 from sweeper.core.settings import ReportSettings
-from sweeper.run.aggregation import Aggregation
+from sweeper.run.aggregation import CAPACITY, Aggregation, aggregate_capacity
 from sweeper.run.shards import TRIALS, ShardFiles, StorageError
 from sweeper.run.trial_index import StoredTrial, TrialIndex
 
@@ -80,16 +81,18 @@ class ResultStore:
         return self.files.exists()
 
     # -- the plan ---------------------------------------------------------------
-    def write_plan(self, sweep: str, trial_ids: Iterable[str], report: ReportSettings | None = None) -> None:
-        """Record which trials the sweep now has (what the aggregated tables answer for) and
-        how its energy is priced."""
-        ids = sorted(set(trial_ids))
+    def write_plan(self, sweep: str, trial_ids: Iterable[str], report: ReportSettings | None = None,
+                   capacity_ids: Iterable[str] = ()) -> None:
+        """Record which trials (and capacity searches) the sweep now has (what the aggregated
+        tables answer for) and how its energy is priced."""
+        ids, capacities = sorted(set(trial_ids)), sorted(set(capacity_ids))
         report = report if report is not None else ReportSettings()
         current = self.plan_record()
-        if current is not None and current.trial_ids == ids and current.report == report:
+        if (current is not None and current.trial_ids == ids and current.report == report
+                and current.capacity_ids == capacities):
             return  # unchanged: left as it is, so the aggregates stay up to date
         record = PlanRecord(sweep=sweep, written_at=datetime.now(timezone.utc).isoformat(),
-                            trial_ids=ids, report=report)
+                            trial_ids=ids, report=report, capacity_ids=capacities)
         self.files.fs.create_dir(self.files.root, recursive=True)
         with self.files.atomic_output(posixpath.join(self.files.root, PLAN_FILE)) as out:
             out.write(record.to_json())
@@ -111,6 +114,10 @@ class ResultStore:
         record = self.plan_record()
         return set(record.trial_ids) if record is not None else None
 
+    def write_capacity(self, capacity: Capacity) -> None:
+        """A capacity search's answer, as its configuration's shard (replaced by a later answer)."""
+        self.files.write_shard(CAPACITY, capacity.capacity_id or "", [dict(capacity.items())])
+
     # -- aggregation -----------------------------------------------------------
     def aggregate(self, *, full: bool = False) -> dict[str, int]:
         """``Aggregation.run`` for the recorded plan; damaged shards the index can tell
@@ -121,6 +128,10 @@ class ResultStore:
         counts = aggregation.run(full=full)
         self.superseded = aggregation.superseded
         self.aggregated_trials = aggregation.trials
+        record = self.plan_record()
+        capacities = aggregate_capacity(self.files, set(record.capacity_ids) if record is not None else None)
+        if capacities is not None:
+            counts[CAPACITY] = capacities
         return counts
 
     def up_to_date(self) -> bool:

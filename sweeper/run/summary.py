@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sweeper.core.capacity import Capacity
 from sweeper.core.stages import IDLE, STAGES, StageSpan, stage_seconds
 from sweeper.core.status import Status
 from sweeper.run.events import (
     ActorHandedOver,
     ActorRequested,
+    CapacityFound,
     GroupPlaced,
     GroupSplit,
     PlanSkipped,
@@ -21,9 +23,11 @@ from sweeper.run.events import (
     RunEnded,
     RunEvent,
     SplitWithdrawn,
+    TrialAdded,
     TrialRecorded,
     TrialTimed,
 )
+from sweeper.run.search import SearchOutcome
 
 
 @dataclass
@@ -58,6 +62,10 @@ class RunSummary:
     # Per node and GPU (``node GPU i``; a CPU-only node's ``node CPU``): trials that held it, their
     # busy seconds and the model loads placed there (a tensor-parallel group counts on each of its GPUs).
     placements: dict[str, PlacementUse] = field(default_factory=dict)
+    # The capacity searches that ended this run (sweeper.core.capacity), in the order they did.
+    capacities: list[Capacity] = field(default_factory=list)
+    # What the configuration search found (None: no search block).
+    search: SearchOutcome | None = None
 
     @property
     def busy_fraction(self) -> float | None:
@@ -93,12 +101,21 @@ class RunSummary:
                 # Its copy was never placed: neither the split nor the copy's load happened.
                 self.group_splits -= 1
                 self.model_loads -= 1
+            case TrialAdded() | CapacityFound():
+                self._searched(event)
             case PlanSkipped(count=count):
                 self.skipped += count
             case Resumed(already_ok=ok, kept_failed=kept):
                 self.resumed = ok + kept
             case RunEnded(wall_s=wall_s, write_s=write_s):
                 self.wall_s, self.write_s = wall_s, write_s
+
+    def _searched(self, event: TrialAdded | CapacityFound) -> None:
+        """A search asked for another trial, or a capacity search ended."""
+        if isinstance(event, TrialAdded):
+            self.planned += 1
+        else:
+            self.capacities.append(event.capacity)
 
     def _recorded(self, event: TrialRecorded) -> None:
         self.add_stages(list(event.stages), slots=event.slots)

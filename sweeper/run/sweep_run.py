@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Callable
@@ -42,10 +43,12 @@ from sweeper.run.actor_runner import (
     CallKind,
     RayActorRunner,
 )
+from sweeper.run.capacity_run import CapacityRun, CapacityRuns, stored_row
 from sweeper.run.cluster import ClusterInfo
 from sweeper.run.events import (
     ActorHandedOver,
     ActorRequested,
+    CapacityFound,
     GroupEnded,
     GroupLoaded,
     GroupPlaced,
@@ -59,6 +62,7 @@ from sweeper.run.events import (
     RunEvent,
     RunStarted,
     SplitWithdrawn,
+    TrialAdded,
     TrialRecorded,
     TrialStarted,
     TrialTimed,
@@ -67,6 +71,13 @@ from sweeper.run.group_run import Call, GroupRun, GroupState, RunOptions
 from sweeper.run.observer import Observer, Quiet
 from sweeper.run.recorder import Recorder
 from sweeper.run.resume import is_settled, predicted_oom, resume_filter
+from sweeper.run.search import (
+    SearchRun,
+    capacity_interval,
+    row_gpu_s,
+    row_interval,
+    stored_points,
+)
 from sweeper.run.splitting import best_split
 from sweeper.run.storage import ResultStore
 from sweeper.run.summary import RunSummary
@@ -94,7 +105,7 @@ class SweepRun:
 
     def __init__(self, plan: Plan, store: ResultStore, cluster: ClusterInfo, runner: ActorRunner, *,
                  options: RunOptions | None = None, observer: Observer | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, search: SearchRun | None = None):
         self.plan, self.cluster, self.runner = plan, cluster, runner
         self.options = options if options is not None else RunOptions()
         self.clock = clock
@@ -111,6 +122,12 @@ class SweepRun:
         self.open: list[GroupRun] = []
         self.longest_load_s: dict[str, float] = {}  # per backend, placement to loaded, this run
         self.calls: dict[Any, Call] = {}  # future -> what it answers
+        # The configurations whose load is searched (sweeper.core.capacity): each one's probes
+        # so far; a probe's next one runs on the same group, on the engine it has loaded.
+        self.capacities = CapacityRuns()
+        # A configuration search (the sweep's search block): the plan's grid is its space, and
+        # its points start as groups of their own while it wants more (sweeper.run.search).
+        self.search = search
 
     def emit(self, event: RunEvent) -> None:
         for listener in self.listeners:
@@ -119,10 +136,14 @@ class SweepRun:
     # -- driving -----------------------------------------------------------------------
     def run(self) -> RunSummary:
         t_begin = self.clock()
-        for p in self.plan.skipped:
-            self.recorder.record(p.trial, TrialResult(skipped_outcome(Reason.UNSUPPORTED, p.skip_reason or "")))
-        self.emit(PlanSkipped(len(self.plan.skipped)))
-        todo = self._resume()
+        if self.search is None:
+            for p in self.plan.skipped:
+                self.recorder.record(p.trial, TrialResult(skipped_outcome(Reason.UNSUPPORTED, p.skip_reason or "")))
+            self.emit(PlanSkipped(len(self.plan.skipped)))
+            todo = self._resume()
+        else:
+            # The grid is the search's space, not its work: only the points it asks for run.
+            todo = self._resume_search() + self._search_more()
         self.emit(RunStarted(len(todo), self.cluster.slots))
         try:
             self._start_groups(self.plan.groups(todo))
@@ -149,6 +170,8 @@ class SweepRun:
             raise
         finally:
             self.recorder.shutdown()
+            if self.search is not None:
+                self.summary.search = self.search.outcome()
             self.emit(RunEnded(self.clock() - t_begin, self.recorder.write_s))
         return self.summary
 
@@ -193,7 +216,18 @@ class SweepRun:
                 self.on_load_timeout(call.group)
 
     def _resume(self) -> list[Trial]:
-        todo, have_ok, kept_failed = resume_filter(self.plan.runnable, self.store, self.options.retry_failed)
+        runnable = self.plan.runnable
+        todo, have_ok, kept_failed = resume_filter([t for t in runnable if t.load_search is None], self.store,
+                                                   self.options.retry_failed)
+        for seed in (t for t in runnable if t.load_search is not None):
+            # A capacity search replays its stored probes: it goes on from the first one missing.
+            run, probe = self.capacities.start(seed, self.store, self.options.retry_failed)
+            have_ok += sum(p.figures.get("status") == "ok" for p in run.probes)
+            kept_failed += sum(p.figures.get("status") != "ok" for p in run.probes)
+            if probe is None:
+                self._capacity_found(run)
+            else:
+                todo.append(probe)
         if have_ok or kept_failed:
             self.emit(Resumed(have_ok, kept_failed, len(todo)))
         return todo
@@ -404,6 +438,88 @@ class SweepRun:
         spans, g.load_stages = g.load_stages + stages, []
         self.recorder.record(trial, result, tables, spans, g.placement)
         self.emit(TrialRecorded(trial, result, ran, tuple(spans), self._width(g)))
+        self._tell_capacity(g, trial, result)
+        if self.search is not None and trial.search_id is not None and trial.load_search is None:
+            self.search.tell_row(trial, {**trial.columns(), **result.row()})
+            self._start_search_points()
+
+    def _tell_capacity(self, g: GroupRun, trial: Trial, result: TrialResult) -> None:
+        """A probe's result goes to its capacity search; its next probe runs next on the same
+        group (the engine it has loaded), ahead of the group's other trials."""
+        run = self.capacities.of(trial)
+        if run is None:
+            return
+        run.tell(trial, {**trial.columns(), **result.row()})
+        probe = run.advance(self.store, self.options.retry_failed)
+        if probe is None:
+            self._capacity_found(run)
+            return
+        g.pending.insert(0, probe)
+        self.emit(TrialAdded(probe))
+
+    def _capacity_found(self, run: CapacityRun, *, start_more: bool = True) -> None:
+        found = run.result()
+        self.recorder.record_capacity(found)
+        self.emit(CapacityFound(run.seed.configuration_label(), found))
+        if self.search is not None and run.seed.search_id is not None:
+            self.search.tell_capacity(run.seed, found)
+            if start_more:
+                self._start_search_points()
+
+    # -- the configuration search ------------------------------------------------------------
+    def _search_more(self) -> list[Trial]:
+        """The trials of the points the search wants now. A point whose result is stored already
+        (its trial, or its capacity search's every probe) is told at once, and another asked."""
+        assert self.search is not None
+        todo: list[Trial] = []
+        while (point := self.search.ask()) is not None:
+            trial = point.trial
+            if trial.load_search is not None:
+                run, probe = self.capacities.start(trial, self.store, self.options.retry_failed)
+                if probe is None:
+                    self._capacity_found(run, start_more=False)
+                else:
+                    todo.append(probe)
+            elif is_settled(self.store.stored_trials().get(trial.trial_id), self.options.retry_failed):
+                self.search.tell_row(trial, stored_row(self.store, trial.trial_id, columns=None))
+            else:
+                todo.append(trial)
+        return todo
+
+    def _start_search_points(self) -> None:
+        """A point ended: start the points the search wants next, each a group of its own."""
+        for trial in self._search_more():
+            group = TrialGroup(trial.load_key, (trial,))
+            self.emit(TrialAdded(trial))
+            self._add(GroupRun(group, self._resources(group), [trial]))
+
+    def _resume_search(self) -> list[Trial]:
+        """The points an earlier run of this search stored, told to it again; those it left
+        mid-way (a capacity search short of its answer) go on. Returns their next trials."""
+        assert self.search is not None
+        search, todo = self.search, []
+        for step, params in stored_points(self.store, search.id):
+            made = search.space.trial(params)
+            if isinstance(made, str):
+                continue  # the space has changed under it: not a point of this search now
+            trial = dataclasses.replace(made, search_id=search.id, search_step=step,
+                                        search_params=json.dumps(params, sort_keys=True, default=str))
+            if trial.load_search is None:
+                if is_settled(self.store.stored_trials().get(trial.trial_id), self.options.retry_failed):
+                    row = stored_row(self.store, trial.trial_id, columns=None)
+                    search.restore(step, params, trial, row, row_gpu_s(row), row_interval(search.settings, row))
+                continue
+            run, probe = self.capacities.start(trial, self.store, self.options.retry_failed)
+            if probe is None:
+                found = run.result()
+                self.recorder.record_capacity(found)
+                search.restore(step, params, trial, dict(found.items()), found.gpu_s or 0.0,
+                               capacity_interval(search.settings, found))
+            elif search.resume_point(step, params) is not None:
+                todo.append(probe)
+        if search.points:
+            self.emit(Resumed(len(search.points), 0, len(todo)))
+        return todo
 
     def finish(self, g: GroupRun, result: TrialResult, tables: dict[str, Any],
                stages: list[StageSpan] | None = None) -> None:
