@@ -111,6 +111,13 @@
 #   start_pair  bench/start_gpu_pair.yaml: CUDA graphs for the trials' steps vs vLLM's list, side by side
 #   start_pair_warm  the same again (both engines' compile caches warm)
 #   start_8b    bench/start_gpu_8b.yaml twice: a llama-3.1-8b engine start cold, then warm
+#   search      bench/search_gpu.yaml (issue 62): Optuna's search over max_num_seqs x precision with a
+#               capacity search (bracket + bisect) per configuration, into $RESULTS/search; SEARCH_TRIALS=N
+#               raises its budget (the same search goes on from the points it has told)
+#   search_grid_bf16, search_grid_fp8  bench/search_grid_gpu.yaml, one precision per device call, into
+#               $RESULTS/search_grid (same trial ids as the whole grid); search_grid: both in one call
+#   search_compare  bench/search_compare.py on the two directories (their shards: every trial of a grid
+#               run in halves): capacity per configuration both ways, best each way, GPU-seconds each way
 #   truth       bench/measurement_truth.yaml: settled idle baseline and pre-load idle, peak vs p99
 #               power, vLLM phase sums and weight memory, per-iteration CVs (§10)
 set -uo pipefail
@@ -131,6 +138,11 @@ one_backend_sweep() {  # sweep file, backend, destination (same trial ids as in 
 overhead() {  # model, destination; MODES, ROUNDS, ENERGY_EVERY, ENERGY_READ pass through
     python3 -m bench overhead --models "$1" --modes "${MODES:-eager,compiled}" --rounds "${ROUNDS:-8}" \
         --energy-every "${ENERGY_EVERY:-1}" --energy-read "${ENERGY_READ:-call}" --out "$2"
+}
+
+search_pack() {  # the search's and the grid's results so far, one archive (what exists of them)
+    (cd "$RESULTS" && tar czf "$OUT/search_results.tgz" $(ls -d search/{trials,capacity,stages,requests}.parquet \
+        search/plan.json search/shards search_grid/{trials,stages,requests}.parquet search_grid/shards 2>/dev/null))
 }
 
 step() {
@@ -375,6 +387,25 @@ for kind in ('trials', 'requests', 'timeline'):
                      (cd "$RESULTS" && tar czf "$OUT/start_$2.tgz" "start_$2/trials.parquet" "start_$2/stages.parquet" \
                          "start_$2/run.log" $(cd "$RESULTS" && ls start_$2/*.timing 2>/dev/null))
                  done ;;
+        search)       # The search: its budget from SEARCH_TRIALS where set (the search's id leaves the budget out).
+                      python3 -c "import sys, yaml; d = yaml.safe_load(open(sys.argv[1])); n = sys.argv[2]
+if n: d['search']['budget'] = {'trials': int(n)}
+yaml.safe_dump(d, open(sys.argv[3], 'w'), sort_keys=False)" bench/search_gpu.yaml "${SEARCH_TRIALS:-}" /tmp/search_gpu.yaml
+                      timeout -s INT -k 30 "${STEP_TIMEOUT_S:-540}" python3 -m sweeper run /tmp/search_gpu.yaml -o "$RESULTS/search" -q
+                      search_pack ;;
+        search_grid|search_grid_bf16|search_grid_fp8)
+                      precision=${1#search_grid}; precision=${precision#_}
+                      # One precision's configurations: the same trial ids as the whole grid's.
+                      python3 -c "import sys, yaml; d = yaml.safe_load(open(sys.argv[1]))
+if sys.argv[2]: d['precisions'] = [sys.argv[2]]
+yaml.safe_dump(d, open(sys.argv[3], 'w'), sort_keys=False)" bench/search_grid_gpu.yaml "$precision" /tmp/search_grid_gpu.yaml
+                      timeout -s INT -k 30 "${STEP_TIMEOUT_S:-540}" python3 -m sweeper run /tmp/search_grid_gpu.yaml -o "$RESULTS/search_grid" -q
+                      search_pack ;;
+        search_compare)
+                      # Reads both directories' shards: a grid run in halves counts every trial once.
+                      python3 bench/search_compare.py --grid "$RESULTS/search_grid" --search "$RESULTS/search" \
+                          --out "$OUT/search_compare.json"
+                      search_pack ;;
         *) echo "unknown step: $1 (see the header of $0)" >&2; return 2 ;;
     esac
 }

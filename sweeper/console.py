@@ -99,9 +99,11 @@ def plan_json(view: PlanView) -> str:
     """The plan as one JSON document, one trial per line: as readable as an indented document,
     and written by json's C encoder (an indented dump of 100,000 trials takes the pure-Python one seconds)."""
     p = view.plan
+    from sweeper.plan.search_bounds import bounds_lines
+
     header = {"sweep": view.sweep.name, "device": p.device, "trials": len(p.trials), "runnable": len(p.runnable),
               "skipped": len(p.skipped), "excluded": p.excluded, "groups": p.load_count(),
-              "notes": p.notes, "warnings": p.warnings}
+              "search": bounds_lines(p), "notes": p.notes, "warnings": p.warnings}
     entries = ",\n".join("    " + json.dumps({
         "trial_id": pt.trial.trial_id, **_json_axes(pt.trial.axes()), "variant": pt.trial.variant(),
         "status": view.status(pt), "reason": pt.skip_reason}, allow_nan=False) for pt in p.trials)
@@ -127,7 +129,12 @@ def plan_footer(view: PlanView, output: str | None) -> list[str]:
         replies = {"fixed": "exactly out tokens", "natural": "natural (until EOS), at most out tokens",
                    "reference": "the dataset's reference lengths, at most out tokens"}[w.output_lengths]
         lines.append(f"prompts: {prompts}; replies: {replies}")
+    from sweeper.plan.search_bounds import bounds_lines
+
     p, to_run = view.plan, view.to_run()
+    lines += bounds_lines(p)
+    if view.sweep.search is not None:
+        return lines + [f"note: {note}" for note in p.notes]
     lines.append(f"{len(to_run)} to run in {p.load_count([pt.trial for pt in to_run])} model load(s)"
                  + (f", {view.done()} already done in {output}" if output else "")
                  + f", {len(p.skipped)} skipped, {p.excluded} excluded by the sweep's exclude rules")
@@ -244,7 +251,7 @@ def search_lines(outcome: SearchOutcome) -> list[str]:
     for p in broke[:10]:
         lines.append(f"  failed a constraint: step {p.step} {_point_label(p)}: {'; '.join(p.violations)}")
     for p in failed[:10]:
-        lines.append(f"  failed: step {p.step} {_point_label(p)}: {p.error}")
+        lines.append(f"  no value: step {p.step} {_point_label(p)}: {p.error}")
     return lines
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +91,8 @@ class SearchSpace:
         self.settings, self.device = settings, device
         sweep = plan.sweep
         self.variants: dict[str, list[Any]] = {b: sweep.options_for(b) for b in sweep.backends}
-        trials = [p.trial for p in plan.trials]
+        # The values of runnable points only: a precision this cluster cannot run is no choice.
+        trials = plan.runnable
         axes = [a.name for a in AXES if a.name not in _FIXED_AXES]
         labels: dict[str, list[Any]] = {a: [] for a in axes}
         for t in trials:
@@ -220,7 +221,6 @@ class SearchRun:
         import optuna
 
         seed = (self.settings.seed * 1_000_003 + step) % 2**32
-        constraints = self._constraints_func() if self._constrained else None
         if self.settings.sampler == "random":
             return optuna.samplers.RandomSampler(seed=seed)
         if self.settings.sampler == "grid":
@@ -228,17 +228,9 @@ class SearchRun:
         budget = self.settings.budget.trials or 30
         # Random points first, then TPE: a third of a small budget, at most TPE's default 10.
         startup = max(2, min(10, budget // 3))
+        # Constraints reach it as each point's (set_constraint): infeasible points are ranked last.
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True,
-                                          constant_liar=True, constraints_func=constraints)
-
-    @property
-    def _constrained(self) -> bool:
-        c = self.settings.constraints
-        return c.slo or c.min_capacity_req_s is not None or bool(c.columns)
-
-    @staticmethod
-    def _constraints_func() -> Callable[[Any], Sequence[float]]:
-        return lambda frozen: frozen.user_attrs.get("constraints", [0.0])
+                                          constant_liar=True)
 
     # -- asking -----------------------------------------------------------------------------
     def budget_left(self) -> str | None:
@@ -261,7 +253,9 @@ class SearchRun:
         """The next point to evaluate (None: none now). A suggestion that is a point already
         told (or out) or that cannot run is told back at once, and the next one asked."""
         while self.wants():
-            self.study.sampler = self._sampler(self.next_step)
+            # Seeded by the step and the suggestions already refused for it: the same history
+            # gives the same point, and a refused one is not asked again.
+            self.study.sampler = self._sampler(self.next_step * 1_009 + self.futile)
             ot = self.study.ask()
             params = self.space.suggest(ot)
             made = self.space.trial(params)
@@ -338,11 +332,10 @@ class SearchRun:
         point.gpu_s, point.interval = gpu_s, interval
         values = [row.get(o.column) for o in self.settings.objective]
         point.violations = tuple(self._violations(row))
-        constraints = self._constraint_values(row)
-        point.optuna_trial.set_user_attr("constraints", constraints)
+        for name, value in self._constraint_values(row).items():
+            point.optuna_trial.set_constraint(name, value)
         if row.get("status") not in (None, "ok") or any(_missing(v) for v in values):
-            point.error = str(row.get("error") or "no value for the objective (" + ", ".join(
-                o.column for o, v in zip(self.settings.objective, values, strict=True) if _missing(v)) + ")")
+            point.error = _why_no_value(self.settings, row, values)
             self.study.tell(point.optuna_trial, state=optuna.trial.TrialState.FAIL)
         else:
             point.values = tuple(float(v) for v in values)  # type: ignore[arg-type]
@@ -361,38 +354,40 @@ class SearchRun:
             params=params, distributions=self.space.distributions(params),
             values=None if failed else [float(v) for v in values],  # type: ignore[arg-type]
             state=optuna.trial.TrialState.FAIL if failed else optuna.trial.TrialState.COMPLETE,
-            user_attrs={"constraints": self._constraint_values(row)},
-            system_attrs={"constraints": self._constraint_values(row)})
+            constraints=self._constraint_values(row) or None)
         self.study.add_trial(frozen)
         point = Point(step, params, trial, None if failed else tuple(float(v) for v in values),  # type: ignore[arg-type]
                       tuple(self._violations(row)), gpu_s, str(row.get("error")) if failed else None, interval)
         self.points.append(point)
         self.next_step = max(self.next_step, step + 1)
 
-    def _checks(self, row: Mapping[str, Any]) -> list[tuple[float, str]]:
-        """Each constraint as Optuna takes it (a value, at most 0 where it holds) and in words."""
+    def _checks(self, row: Mapping[str, Any]) -> list[tuple[str, float, str]]:
+        """Each constraint: its name, its value as Optuna takes it (at most 0 where it holds), and
+        what it says in words where it does not."""
         c, out = self.settings.constraints, []
         if c.slo and "capacity_load" in row:
-            out.append((0.0 if row.get("capacity_load") is not None else 1.0, "slo: no load in the range held it"))
+            out.append(("slo", 0.0 if row.get("capacity_load") is not None else 1.0,
+                        "slo: no load in the range held it"))
         elif c.slo:
             target, got = float(row.get("slo_attainment_target") or 0.99), _number(row.get("slo_attainment"))
-            out.append((1.0 if got is None else target - got, f"slo: attainment {got} < {target:g}"))
+            out.append(("slo", 1.0 if got is None else target - got, f"slo: attainment {got} < {target:g}"))
         if c.min_capacity_req_s is not None:
             got = _number(row.get("capacity_req_s"))
-            out.append((c.min_capacity_req_s - (got or 0.0), f"capacity_req_s {got} < {c.min_capacity_req_s:g}"))
+            out.append(("min_capacity_req_s", c.min_capacity_req_s - (got or 0.0),
+                        f"capacity_req_s {got} < {c.min_capacity_req_s:g}"))
         for name, bound in c.columns.items():
             got = _number(row.get(name))
             if bound.min is not None:
-                out.append((1.0 if got is None else bound.min - got, f"{name} {got} < {bound.min:g}"))
+                out.append((f"{name}.min", 1.0 if got is None else bound.min - got, f"{name} {got} < {bound.min:g}"))
             if bound.max is not None:
-                out.append((1.0 if got is None else got - bound.max, f"{name} {got} > {bound.max:g}"))
+                out.append((f"{name}.max", 1.0 if got is None else got - bound.max, f"{name} {got} > {bound.max:g}"))
         return out
 
-    def _constraint_values(self, row: Mapping[str, Any]) -> list[float]:
-        return [value for value, _ in self._checks(row)] or [0.0]
+    def _constraint_values(self, row: Mapping[str, Any]) -> dict[str, float]:
+        return {name: value for name, value, _ in self._checks(row)}
 
     def _violations(self, row: Mapping[str, Any]) -> list[str]:
-        return [words for value, words in self._checks(row) if value > 0]
+        return [words for _, value, words in self._checks(row) if value > 0]
 
     # -- the answer -------------------------------------------------------------------------
     def gpu_s(self) -> float:
@@ -433,6 +428,18 @@ def _number(value: Any) -> float | None:
         return None
     number = float(value)
     return number if math.isfinite(number) else None
+
+
+def _why_no_value(settings: SearchSettings, row: Mapping[str, Any], values: list[Any]) -> str:
+    """Why a point has no objective value: its trial failed, or its capacity search found none."""
+    if row.get("status") not in (None, "ok"):
+        return str(row.get("error") or row.get("status"))
+    if row.get("bounded_by") == "low":
+        return f"no load from {row.get('range_low'):g} held the SLO (its capacity is below the range)"
+    if row.get("bounded_by") == "failed":
+        return "a probe of its capacity search failed (its trial's error is in trials.parquet)"
+    missing = [o.column for o, v in zip(settings.objective, values, strict=True) if _missing(v)]
+    return f"no value for the objective ({', '.join(missing)})"
 
 
 def _describe(params: Mapping[str, Any]) -> str:

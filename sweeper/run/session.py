@@ -55,7 +55,9 @@ class PlanView:
     retry_failed: bool = False
 
     def status(self, pt: PlannedTrial) -> str:
-        """run | skipped | done (ok) | done (failed: reason)."""
+        """run | skipped | done (ok) | done (failed: reason) | space (a point a search may ask for)."""
+        if self.sweep.search is not None:
+            return "space" if pt.runnable else "skipped"
         found = self.stored.get(pt.trial.trial_id)
         if found is not None and pt.runnable and is_settled(found, self.retry_failed):
             return f"done ({found.status})" if found.status == Status.OK else f"done ({found.status}: {found.reason})"
@@ -209,19 +211,11 @@ def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: st
         search = SearchRun(plan, sweep.search, cluster.device, parallel=cluster.slots // max(widest, 1))
     sweep_run = SweepRun(plan, store, cluster, RayActorRunner(), options=options, observer=observer, search=search)
     summary = sweep_run.run()
-    if search is not None:
-        # A search's results are the points it evaluated, not its space's grid.
-        points = [p.trial.trial_id for p in search.points if p.trial.load_search is None]
-        _write_search_plan(setup, points, sweep_run.capacities)
-    elif len(sweep_run.capacities):
-        # The probes the capacity searches asked for are the plan's trials too.
-        _write_search_plan(setup, [pt.trial.trial_id for pt in plan.trials], sweep_run.capacities)
+    searched = sweep_run.searched_plan()
+    if searched is not None:
+        store.write_plan(sweep.name, searched[0], sweep.report, capacity_ids=searched[1])
     return RunResult(summary, store.aggregate(), store)
 
-
-def _write_search_plan(setup: RunSetup, trial_ids: list[str], capacities: CapacityRuns) -> None:
-    setup.store.write_plan(setup.sweep.name, [*trial_ids, *capacities.asked()], setup.sweep.report,
-                           capacity_ids=[run.capacity_id for run in capacities])
 
 
 def _join(address: str | None, observer: Observer) -> ClusterInfo:
@@ -266,10 +260,9 @@ def _nothing_to_run(setup: RunSetup, retry_failed: bool, observer: Observer) -> 
     for seed in (t for t in trials if t.load_search is not None):
         if capacities.start(seed, store, retry_failed)[1] is not None:
             return None
-    if not len(capacities):
-        store.write_plan(sweep.name, [t.trial_id for t in trials], sweep.report)
-    else:
-        _write_search_plan(setup, [t.trial_id for t in trials], capacities)
+    store.write_plan(sweep.name, [t.trial_id for t in trials] + capacities.asked(), sweep.report,
+                     capacity_ids=[run.capacity_id for run in capacities])
+    if len(capacities):
         for run in capacities:
             store.write_capacity(run.result())  # the answer as the probes give it now
         trials = [*trials, *(t for run in capacities for t in _probes(run))]

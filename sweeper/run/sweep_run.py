@@ -466,6 +466,18 @@ class SweepRun:
             if start_more:
                 self._start_search_points()
 
+    def searched_plan(self) -> tuple[list[str], list[str]] | None:
+        """What the results directory answers for after a run whose searches asked for trials the
+        plan did not list: (trial ids, capacity ids); None for a plain grid. A configuration
+        search answers for the points it evaluated (and their probes), not its space's grid."""
+        if self.search is None and not len(self.capacities):
+            return None
+        if self.search is not None:
+            ids = [p.trial.trial_id for p in self.search.points if p.trial.load_search is None]
+        else:
+            ids = [p.trial.trial_id for p in self.plan.trials]
+        return ids + self.capacities.asked(), [run.capacity_id for run in self.capacities]
+
     # -- the configuration search ------------------------------------------------------------
     def _search_more(self) -> list[Trial]:
         """The trials of the points the search wants now. A point whose result is stored already
