@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from sweeper.analysis import plots, quality_plots, serving_plots, stage_plots
+from sweeper.analysis import plots, quality_plots, search_plots, serving_plots, stage_plots
 from sweeper.analysis.figure_data import figure_data
 from sweeper.analysis.render import Plot, Report, Table, render_html, render_markdown
 from sweeper.analysis.results import (
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 FORMATS = ("html", "md")
 PLOT_FILES = ("throughput.png", "latency.png", "energy_per_token.png", "pareto.png", "serving_latency.png",
-              "serving_energy.png", "goodput.png", "energy_per_turn.png", "prefix_caching.png", "weight_memory.png",
+              "serving_energy.png", "goodput.png", "search.png", "energy_per_turn.png", "prefix_caching.png", "weight_memory.png",
               "fidelity.png", "quality.png", "power_timeline.png", "layer_shares.png", "stages.png")
 # What ``--plots`` names a plot by: its file's name without the extension.
 PLOT_NAMES = tuple(name.removesuffix(".png") for name in PLOT_FILES)
@@ -409,6 +409,11 @@ def _wanted_plots(results: Results, shown: _Shown, slo_percentile: int) -> list[
          lambda: serving_plots.plot_serving_energy(trials)),
         ("Goodput vs offered rate (serving)", "goodput.png", "goodput: requests/s meeting every SLO bound",
          lambda: serving_plots.plot_goodput(trials)),
+        ("Configuration search", "search.png",
+         "two objectives: every point against both, the Pareto front joined and labelled by step; one: every "
+         "point's value against the GPU-seconds the search had spent, the best so far as a line; hollow: broke a "
+         "constraint (search.parquet has every point, capacity.parquet each configuration's capacity)",
+         lambda: search_plots.plot_search(results.search_points())),
         ("Energy per conversation turn (serving)", "energy_per_turn.png",
          "mean energy of a replayed conversation's request at each turn (0: its first), over the requests that "
          "completed inside their trial's steady window, repeats pooled; one line per configuration and rate; "

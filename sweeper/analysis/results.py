@@ -51,6 +51,15 @@ class Results:
         ids = pq.read_table(self.timeline_path, columns=["trial_id"]).column("trial_id")
         return set(ids.unique().to_pylist()) - {None}
 
+    def search_points(self) -> pd.DataFrame | None:
+        """search.parquet (a configuration search's points), or None where the sweep had none."""
+        path = table_path(self.root, "search")
+        if path is None:
+            return None
+        import pandas as pd
+
+        return _read(pd, path, self.root)
+
     def turn_energy(self) -> pd.DataFrame | None:
         """Per trial and conversation turn (requests.parquet ``turn``, 0-based): ``turn_requests``,
         every request of that turn; ``n_requests``, those that completed inside the steady

@@ -21,8 +21,9 @@ class PlanRecord(BaseModel):
     sweep: str
     written_at: str
     trial_ids: list[str]
-    # The configurations whose capacity was searched (capacity.parquet answers for them).
-    capacity_ids: list[str] = []
+    # The rows of each derived table (sweeper.core.schema.DERIVED) the sweep answers for, by their
+    # shard's key: capacity searches by configuration, configuration searches' points.
+    derived: dict[str, list[str]] = {}
     report: ReportSettings = ReportSettings()
 
     def to_json(self) -> bytes:

@@ -16,6 +16,7 @@ import pyarrow as pa
 from sweeper.core.capacity import Capacity
 from sweeper.core.configuration import Configuration
 from sweeper.core.results import Part, RowError, TrialResult
+from sweeper.core.search import SearchPoint
 
 
 @dataclass(frozen=True)
@@ -176,10 +177,12 @@ TABLES: dict[str, tuple[Column, ...]] = {
 }
 
 
-# Tables a run derives from its trials rather than measures: one row per capacity search
-# (sweeper.core.capacity), written as a shard per configuration when its search ends.
+# Tables a run derives from its trials rather than measures, each row a shard of its own, keyed
+# by what it answers for: one row per capacity search (sweeper.core.capacity), written when the
+# search ends; one per point of a configuration search (sweeper.core.search), written at the run's end.
 DERIVED: dict[str, tuple[Column, ...]] = {
     "capacity": _part_columns(Capacity),
+    "search": _part_columns(SearchPoint),
 }
 
 

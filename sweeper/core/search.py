@@ -10,10 +10,12 @@ that a plan can show it and a bad block is refused before anything runs.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
+from sweeper.core.results import Part, column
 from sweeper.core.settings import Settings
 
 Direction = Literal["minimize", "maximize"]
@@ -162,3 +164,32 @@ class SearchSettings(Settings):
     def identity(self) -> dict[str, Any]:
         """What makes two searches the same (the budget may grow: the search goes on)."""
         return self.model_dump(mode="json", exclude={"budget"}, by_alias=True)
+
+
+@dataclass(frozen=True)
+class SearchPoint(Part):
+    """One evaluated point of a configuration search (search.parquet): its parameters and what it scored."""
+
+    search_id: str | None = column("the search (trials.parquet's search_id)")
+    search_step: int | None = column("the point's step in its search (the order it was suggested in)")
+    search_params: str | None = column(
+        "the point's parameters as the searcher chose them (axis values, backend_options.<backend>.<option> "
+        "values), canonical JSON")
+    trial_id: str | None = column("the point's trial (a capacity search: its first probe)")
+    capacity_id: str | None = column("the point's capacity search (capacity.parquet), where the load is searched")
+    label: str | None = column("the point's configuration in words")
+    objective: str | None = column("the first objective: minimize|maximize and its column")
+    value: float | None = column("the first objective's value (null: the point has none: failed, or no capacity)")
+    objective_2: str | None = column("the second objective (a Pareto search), or null")
+    value_2: float | None = column("the second objective's value")
+    interval_low: float | None = column(
+        "the first objective's 95 % interval, low end, where the row carries one (energy_per_token_j, "
+        "throughput_tok_s), or its capacity bracket's passing load (capacity_req_s)")
+    interval_high: float | None = column("the interval's high end, or the bracket's failing load (null: none failed)")
+    feasible: bool | None = column("it has its objectives and meets every constraint")
+    violations: str | None = column("the constraints it breaks, in words ('; '-separated)")
+    error: str | None = column("why it has no objective value (its trial failed, or no load in the range held)")
+    gpu_s: float | None = column("GPU-seconds it took: its trials' time (and a fixed-load point's model load) x GPUs")
+    best: bool | None = column(
+        "the search's best point (one objective), or on its Pareto front (two), among the points stored when "
+        "it was written")

@@ -179,29 +179,33 @@ class Aggregation:
         return newest is not None and newest <= target.mtime
 
 
-CAPACITY = "capacity"
-assert CAPACITY in DERIVED
-
-
-def aggregate_capacity(files: ShardFiles, planned: set[str] | None) -> int | None:
-    """``capacity.parquet``: the capacity rows of the plan's searches (``planned``; None: every
-    stored one), and ``superseded/capacity.parquet`` the rest; None where no search ran here.
-    A row per configuration, so small: rebuilt whole every time."""
-    stored = {stem(p) for p in files.shard_paths(CAPACITY)}
-    target = posixpath.join(files.root, f"{CAPACITY}.parquet")
-    superseded_target = posixpath.join(files.root, "superseded", f"{CAPACITY}.parquet")
+def aggregate_derived(files: ShardFiles, kind: str, planned: set[str] | None) -> int | None:
+    """``<kind>.parquet`` of a derived table (``sweeper.core.schema.DERIVED``): the rows the plan
+    answers for (``planned``; None: every stored one), and ``superseded/<kind>.parquet`` the
+    rest; None where the run made none. A row per search or point, so small: rebuilt whole."""
+    stored = {stem(p) for p in files.shard_paths(kind)}
+    target = posixpath.join(files.root, f"{kind}.parquet")
+    superseded_target = posixpath.join(files.root, "superseded", f"{kind}.parquet")
     if not stored and not planned:
         for path in (target, superseded_target):
             if files.fs.get_file_info(path).type == pafs.FileType.File:
                 files.fs.delete_file(path)  # an aggregate of shards that are gone
         return None
     current = stored if planned is None else stored & planned
-    table = files.read_shards(CAPACITY, trial_ids=current)
-    files.write_atomic(table.sort_by([("capacity_id", "ascending")]) if table.num_rows else table, target)
+    table = files.read_shards(kind, trial_ids=current)
+    order = DERIVED_ORDER[kind]
+    files.write_atomic(table.sort_by(order) if table.num_rows else table, target)
     rest = stored - current
     if rest:
         files.fs.create_dir(posixpath.join(files.root, "superseded"), recursive=True)
-        files.write_atomic(files.read_shards(CAPACITY, trial_ids=rest), superseded_target)
+        files.write_atomic(files.read_shards(kind, trial_ids=rest), superseded_target)
     elif files.fs.get_file_info(superseded_target).type == pafs.FileType.File:
         files.fs.delete_file(superseded_target)
     return int(table.num_rows)
+
+
+DERIVED_ORDER = {
+    "capacity": [("capacity_id", "ascending")],
+    "search": [("search_id", "ascending"), ("search_step", "ascending")],
+}
+assert set(DERIVED_ORDER) == set(DERIVED)

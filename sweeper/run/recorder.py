@@ -7,8 +7,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from sweeper.core.capacity import Capacity
-from sweeper.core.results import TrialResult
+from sweeper.core.results import Part, TrialResult
 from sweeper.core.stages import StageSpan
 from sweeper.core.trial import Trial
 from sweeper.run.events import Placement
@@ -43,9 +42,10 @@ class Recorder:
         while len(self._pending) > self.MAX_PENDING:
             self._pending.popleft().result()
 
-    def record_capacity(self, capacity: Capacity) -> None:
-        """A capacity search's answer: its row, written after every probe recorded before it."""
-        self._pending.append(self._pool.submit(self.store.write_capacity, capacity))
+    def record_derived(self, kind: str, key: str, row: Part) -> None:
+        """A derived table's row (a capacity search's answer, a search point), written after
+        every trial recorded before it."""
+        self._pending.append(self._pool.submit(self.store.write_derived, kind, key, row))
 
     def flush(self) -> None:
         """Wait until every recorded trial is written (all of them, whatever fails); then raise

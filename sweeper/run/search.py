@@ -28,7 +28,7 @@ from typing import Any
 from sweeper.core.axes import AXES, BACKEND, BackendChoice, non_default_options
 from sweeper.core.backends import BACKENDS
 from sweeper.core.capacity import Capacity
-from sweeper.core.search import OPTION_PREFIX, Range, SearchSettings
+from sweeper.core.search import OPTION_PREFIX, Range, SearchPoint, SearchSettings
 from sweeper.core.settings import Device
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import Plan, compatibility
@@ -390,6 +390,28 @@ class SearchRun:
         return [words for _, value, words in self._checks(row) if value > 0]
 
     # -- the answer -------------------------------------------------------------------------
+    def point_rows(self) -> list[tuple[str, SearchPoint]]:
+        """Each told point as search.parquet's row, keyed by its shard's name."""
+        outcome = self.outcome()
+        best = {id(p) for p in outcome.best}
+        objectives = self.settings.objective
+        rows = []
+        for p in sorted(self.points, key=lambda p: p.step):
+            values = list(p.values or ())
+            t = p.trial
+            rows.append((f"{self.id}-{p.step:06d}", SearchPoint(
+                search_id=self.id, search_step=p.step, search_params=t.search_params, trial_id=t.trial_id,
+                capacity_id=t.capacity_id,
+                label=t.configuration_label() if t.load_search is not None else t.label(),
+                objective=str(objectives[0]), value=values[0] if values else None,
+                objective_2=str(objectives[1]) if len(objectives) > 1 else None,
+                value_2=values[1] if len(values) > 1 else None,
+                interval_low=p.interval[0] if p.interval else None,
+                interval_high=p.interval[1] if p.interval and math.isfinite(p.interval[1]) else None,
+                feasible=p.feasible, violations="; ".join(p.violations) or None, error=p.error,
+                gpu_s=p.gpu_s, best=id(p) in best)))
+        return rows
+
     def gpu_s(self) -> float:
         return sum(p.gpu_s for p in self.points)
 

@@ -213,7 +213,7 @@ def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: st
     summary = sweep_run.run()
     searched = sweep_run.searched_plan()
     if searched is not None:
-        store.write_plan(sweep.name, searched[0], sweep.report, capacity_ids=searched[1])
+        store.write_plan(sweep.name, searched[0], sweep.report, derived=searched[1])
     return RunResult(summary, store.aggregate(), store)
 
 
@@ -261,10 +261,11 @@ def _nothing_to_run(setup: RunSetup, retry_failed: bool, observer: Observer) -> 
         if capacities.start(seed, store, retry_failed)[1] is not None:
             return None
     store.write_plan(sweep.name, [t.trial_id for t in trials] + capacities.asked(), sweep.report,
-                     capacity_ids=[run.capacity_id for run in capacities])
+                     derived={"capacity": [run.capacity_id for run in capacities]})
     if len(capacities):
         for run in capacities:
-            store.write_capacity(run.result())  # the answer as the probes give it now
+            found = run.result()  # the answer as the probes give it now
+            store.write_derived("capacity", found.capacity_id or "", found)
         trials = [*trials, *(t for run in capacities for t in _probes(run))]
     statuses = [stored[t.trial_id].status for t in trials]
     ok, skipped = statuses.count(Status.OK), statuses.count(Status.SKIPPED)

@@ -21,17 +21,18 @@ from __future__ import annotations
 import os
 import posixpath
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from sweeper.core.capacity import Capacity
 from sweeper.core.errors import first_line
 from sweeper.core.plan_record import PLAN_FILE, PlanRecord
+from sweeper.core.results import Part
+from sweeper.core.schema import DERIVED
 from sweeper.core.settings import ReportSettings
-from sweeper.run.aggregation import CAPACITY, Aggregation, aggregate_capacity
+from sweeper.run.aggregation import Aggregation, aggregate_derived
 from sweeper.run.shards import TRIALS, ShardFiles, StorageError
 from sweeper.run.trial_index import StoredTrial, TrialIndex
 
@@ -82,17 +83,17 @@ class ResultStore:
 
     # -- the plan ---------------------------------------------------------------
     def write_plan(self, sweep: str, trial_ids: Iterable[str], report: ReportSettings | None = None,
-                   capacity_ids: Iterable[str] = ()) -> None:
-        """Record which trials (and capacity searches) the sweep now has (what the aggregated
-        tables answer for) and how its energy is priced."""
-        ids, capacities = sorted(set(trial_ids)), sorted(set(capacity_ids))
+                   derived: Mapping[str, Iterable[str]] | None = None) -> None:
+        """Record which trials (and rows of the derived tables: capacity searches, search points)
+        the sweep now has (what the aggregated tables answer for) and how its energy is priced."""
+        ids = sorted(set(trial_ids))
+        keys = {kind: sorted(set(values)) for kind, values in (derived or {}).items() if values}
         report = report if report is not None else ReportSettings()
         current = self.plan_record()
-        if (current is not None and current.trial_ids == ids and current.report == report
-                and current.capacity_ids == capacities):
+        if current is not None and current.trial_ids == ids and current.report == report and current.derived == keys:
             return  # unchanged: left as it is, so the aggregates stay up to date
         record = PlanRecord(sweep=sweep, written_at=datetime.now(timezone.utc).isoformat(),
-                            trial_ids=ids, report=report, capacity_ids=capacities)
+                            trial_ids=ids, report=report, derived=keys)
         self.files.fs.create_dir(self.files.root, recursive=True)
         with self.files.atomic_output(posixpath.join(self.files.root, PLAN_FILE)) as out:
             out.write(record.to_json())
@@ -114,9 +115,10 @@ class ResultStore:
         record = self.plan_record()
         return set(record.trial_ids) if record is not None else None
 
-    def write_capacity(self, capacity: Capacity) -> None:
-        """A capacity search's answer, as its configuration's shard (replaced by a later answer)."""
-        self.files.write_shard(CAPACITY, capacity.capacity_id or "", [dict(capacity.items())])
+    def write_derived(self, kind: str, key: str, row: Part) -> None:
+        """A derived table's row (a capacity search's answer, a search point) as its shard,
+        replaced by a later one of the same key."""
+        self.files.write_shard(kind, key, [dict(row.items())])
 
     # -- aggregation -----------------------------------------------------------
     def aggregate(self, *, full: bool = False) -> dict[str, int]:
@@ -129,9 +131,10 @@ class ResultStore:
         self.superseded = aggregation.superseded
         self.aggregated_trials = aggregation.trials
         record = self.plan_record()
-        capacities = aggregate_capacity(self.files, set(record.capacity_ids) if record is not None else None)
-        if capacities is not None:
-            counts[CAPACITY] = capacities
+        for kind in DERIVED:
+            rows = aggregate_derived(self.files, kind, set(record.derived.get(kind, ())) if record is not None else None)
+            if rows is not None:
+                counts[kind] = rows
         return counts
 
     def up_to_date(self) -> bool:

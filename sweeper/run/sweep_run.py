@@ -149,6 +149,9 @@ class SweepRun:
             self._start_groups(self.plan.groups(todo))
             while self.calls:
                 self.step()
+            if self.search is not None:
+                for key, point in self.search.point_rows():
+                    self.recorder.record_derived("search", key, point)
             self.recorder.flush()
         except KeyboardInterrupt:
             # Running trials are dropped, not recorded: a second run finds them missing.
@@ -459,24 +462,27 @@ class SweepRun:
 
     def _capacity_found(self, run: CapacityRun, *, start_more: bool = True) -> None:
         found = run.result()
-        self.recorder.record_capacity(found)
+        self.recorder.record_derived("capacity", found.capacity_id or "", found)
         self.emit(CapacityFound(run.seed.configuration_label(), found))
         if self.search is not None and run.seed.search_id is not None:
             self.search.tell_capacity(run.seed, found)
             if start_more:
                 self._start_search_points()
 
-    def searched_plan(self) -> tuple[list[str], list[str]] | None:
+    def searched_plan(self) -> tuple[list[str], dict[str, list[str]]] | None:
         """What the results directory answers for after a run whose searches asked for trials the
-        plan did not list: (trial ids, capacity ids); None for a plain grid. A configuration
-        search answers for the points it evaluated (and their probes), not its space's grid."""
+        plan did not list: trial ids, and the keys of the derived tables' rows; None for a plain
+        grid. A configuration search answers for the points it evaluated (and their probes), not
+        its space's grid."""
         if self.search is None and not len(self.capacities):
             return None
+        derived = {"capacity": [run.capacity_id for run in self.capacities]}
         if self.search is not None:
             ids = [p.trial.trial_id for p in self.search.points if p.trial.load_search is None]
+            derived["search"] = [key for key, _ in self.search.point_rows()]
         else:
             ids = [p.trial.trial_id for p in self.plan.trials]
-        return ids + self.capacities.asked(), [run.capacity_id for run in self.capacities]
+        return ids + self.capacities.asked(), derived
 
     # -- the configuration search ------------------------------------------------------------
     def _search_more(self) -> list[Trial]:
@@ -524,7 +530,7 @@ class SweepRun:
             run, probe = self.capacities.start(trial, self.store, self.options.retry_failed)
             if probe is None:
                 found = run.result()
-                self.recorder.record_capacity(found)
+                self.recorder.record_derived("capacity", found.capacity_id or "", found)
                 search.restore(step, params, trial, dict(found.items()), found.gpu_s or 0.0,
                                capacity_interval(search.settings, found))
             elif search.resume_point(step, params) is not None:

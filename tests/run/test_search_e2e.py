@@ -72,7 +72,7 @@ def test_a_capacity_search_leaves_its_probes_and_its_answer_and_resumes_measurin
         passed = probes[probes["trial_id"] == capacity["pass_trial_id"]].iloc[0]
         assert passed["request_rate"] == capacity["capacity_load"] and passed["slo_attainment"] >= 0.99
     plan = json.loads((out / "plan.json").read_text())
-    assert sorted(plan["trial_ids"]) == sorted(probes["trial_id"]) and plan["capacity_ids"] == [capacity["capacity_id"]]
+    assert sorted(plan["trial_ids"]) == sorted(probes["trial_id"]) and plan["derived"] == {"capacity": [capacity["capacity_id"]]}
     query = run_cli("query", str(out), "SELECT count(*) AS n FROM capacity", "--json")
     assert query.returncode == 0 and json.loads(query.stdout) == [{"n": 1}]
 

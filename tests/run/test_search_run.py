@@ -67,8 +67,8 @@ def run(tmp_path, sweep, runner: ScriptedRunner, *, cluster=CPU, out: str = "out
     sweep_run = SweepRun(plan, store, cluster, runner, options=RunOptions(poll_s=0.01), observer=observer,
                          search=search)
     sweep_run.run()
-    ids, capacity_ids = sweep_run.searched_plan() or ([p.trial.trial_id for p in plan.trials], [])
-    store.write_plan(sweep.name, ids, capacity_ids=capacity_ids)
+    ids, derived = sweep_run.searched_plan() or ([p.trial.trial_id for p in plan.trials], {})
+    store.write_plan(sweep.name, ids, derived=derived)
     store.aggregate()
     return sweep_run, pq.read_table(tmp_path / out / "trials.parquet").to_pylist()
 
