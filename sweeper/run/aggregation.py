@@ -183,9 +183,11 @@ def aggregate_derived(files: ShardFiles, kind: str, planned: set[str] | None) ->
     """``<kind>.parquet`` of a derived table (``sweeper.core.schema.DERIVED``): the rows the plan
     answers for (``planned``; None: every stored one), and ``superseded/<kind>.parquet`` the
     rest; None where the run made none. A row per search or point, so small: rebuilt whole."""
-    stored = {stem(p) for p in files.shard_paths(kind)}
     target = posixpath.join(files.root, f"{kind}.parquet")
     superseded_target = posixpath.join(files.root, "superseded", f"{kind}.parquet")
+    if planned is not None and not planned and files.fs.get_file_info(target).type != pafs.FileType.File:
+        return None  # the plan has no such rows and no aggregate of them is left: nothing to list
+    stored = {stem(p) for p in files.shard_paths(kind)}
     if not stored and not planned:
         for path in (target, superseded_target):
             if files.fs.get_file_info(path).type == pafs.FileType.File:

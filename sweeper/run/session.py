@@ -209,7 +209,8 @@ def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: st
 
         widest = max((t.num_gpus for t in plan.runnable), default=1)
         search = SearchRun(plan, sweep.search, cluster.device, parallel=cluster.slots // max(widest, 1))
-    sweep_run = SweepRun(plan, store, cluster, RayActorRunner(), options=options, observer=observer, search=search)
+    sweep_run = SweepRun(plan, store, cluster, RayActorRunner(), options=options, observer=observer,
+                         search=search)
     summary = sweep_run.run()
     searched = sweep_run.searched_plan()
     if searched is not None:

@@ -259,7 +259,9 @@ class ShardFiles:
         if not self.local:
             return 0
         removed = 0
-        for kind in (*TABLES, *DERIVED):
+        # The derived tables' directories exist only where a search ran: a stat, not a listing, says.
+        kinds = [*TABLES, *(kind for kind in DERIVED if os.path.isdir(self.shard_dir(kind)))]
+        for kind in kinds:
             directory = self.shard_dir(kind)
             names = self._temporaries.pop(kind, None)
             if names is None:  # not listed yet: list it now

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from sweeper.core.backends import BACKENDS
+from sweeper.core.capacity import Capacity
 from sweeper.core.errors import SweeperError, first_line
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.results import Setup, TrialResult
@@ -43,7 +43,6 @@ from sweeper.run.actor_runner import (
     CallKind,
     RayActorRunner,
 )
-from sweeper.run.capacity_run import CapacityRun, CapacityRuns, stored_row
 from sweeper.run.cluster import ClusterInfo
 from sweeper.run.events import (
     ActorHandedOver,
@@ -71,13 +70,8 @@ from sweeper.run.group_run import Call, GroupRun, GroupState, RunOptions
 from sweeper.run.observer import Observer, Quiet
 from sweeper.run.recorder import Recorder
 from sweeper.run.resume import is_settled, predicted_oom, resume_filter
-from sweeper.run.search import (
-    SearchRun,
-    capacity_interval,
-    row_gpu_s,
-    row_interval,
-    stored_points,
-)
+from sweeper.run.search import SearchRun
+from sweeper.run.search_policy import Decision, SearchPolicy
 from sweeper.run.splitting import best_split
 from sweeper.run.storage import ResultStore
 from sweeper.run.summary import RunSummary
@@ -122,12 +116,9 @@ class SweepRun:
         self.open: list[GroupRun] = []
         self.longest_load_s: dict[str, float] = {}  # per backend, placement to loaded, this run
         self.calls: dict[Any, Call] = {}  # future -> what it answers
-        # The configurations whose load is searched (sweeper.core.capacity): each one's probes
-        # so far; a probe's next one runs on the same group, on the engine it has loaded.
-        self.capacities = CapacityRuns()
-        # A configuration search (the sweep's search block): the plan's grid is its space, and
-        # its points start as groups of their own while it wants more (sweeper.run.search).
-        self.search = search
+        # The sweep's searches (capacity per configuration, a search over configurations): told
+        # every trial recorded, they decide what runs next (sweeper.run.search_policy).
+        self.searches = SearchPolicy(store, self.options.retry_failed, search)
 
     def emit(self, event: RunEvent) -> None:
         for listener in self.listeners:
@@ -136,21 +127,19 @@ class SweepRun:
     # -- driving -----------------------------------------------------------------------
     def run(self) -> RunSummary:
         t_begin = self.clock()
-        if self.search is None:
+        search = self.searches.search
+        if search is None:  # a search's grid is its space, not its work: only its points run
             for p in self.plan.skipped:
                 self.recorder.record(p.trial, TrialResult(skipped_outcome(Reason.UNSUPPORTED, p.skip_reason or "")))
             self.emit(PlanSkipped(len(self.plan.skipped)))
-            todo = self._resume()
-        else:
-            # The grid is the search's space, not its work: only the points it asks for run.
-            todo = self._resume_search() + self._search_more()
+        todo = self._resume()
         self.emit(RunStarted(len(todo), self.cluster.slots))
         try:
             self._start_groups(self.plan.groups(todo))
             while self.calls:
                 self.step()
-            if self.search is not None:
-                for key, point in self.search.point_rows():
+            if search is not None:
+                for key, point in search.point_rows():
                     self.recorder.record_derived("search", key, point)
             self.recorder.flush()
         except KeyboardInterrupt:
@@ -173,8 +162,8 @@ class SweepRun:
             raise
         finally:
             self.recorder.shutdown()
-            if self.search is not None:
-                self.summary.search = self.search.outcome()
+            if search is not None:
+                self.summary.search = search.outcome()
             self.emit(RunEnded(self.clock() - t_begin, self.recorder.write_s))
         return self.summary
 
@@ -219,21 +208,13 @@ class SweepRun:
                 self.on_load_timeout(call.group)
 
     def _resume(self) -> list[Trial]:
-        runnable = self.plan.runnable
-        todo, have_ok, kept_failed = resume_filter([t for t in runnable if t.load_search is None], self.store,
-                                                   self.options.retry_failed)
-        for seed in (t for t in runnable if t.load_search is not None):
-            # A capacity search replays its stored probes: it goes on from the first one missing.
-            run, probe = self.capacities.start(seed, self.store, self.options.retry_failed)
-            have_ok += sum(p.figures.get("status") == "ok" for p in run.probes)
-            kept_failed += sum(p.figures.get("status") != "ok" for p in run.probes)
-            if probe is None:
-                self._capacity_found(run)
-            else:
-                todo.append(probe)
-        if have_ok or kept_failed:
-            self.emit(Resumed(have_ok, kept_failed, len(todo)))
-        return todo
+        """What is left to run: stored results stand, and the searches replay what is stored."""
+        start = self.searches.start(self.plan.runnable)
+        if start.already_ok or start.kept:
+            self.emit(Resumed(start.already_ok, start.kept, len(start.todo)))
+        for label, found in start.decision.found:
+            self._capacity_found(label, found)
+        return start.todo
 
     def _resources(self, group: TrialGroup) -> dict[str, Any]:
         # One GPU per group (tensor parallel: several) when there are GPUs; otherwise
@@ -441,103 +422,29 @@ class SweepRun:
         spans, g.load_stages = g.load_stages + stages, []
         self.recorder.record(trial, result, tables, spans, g.placement)
         self.emit(TrialRecorded(trial, result, ran, tuple(spans), self._width(g)))
-        self._tell_capacity(g, trial, result)
-        if self.search is not None and trial.search_id is not None and trial.load_search is None:
-            self.search.tell_row(trial, {**trial.columns(), **result.row()})
-            self._start_search_points()
+        self._apply(g, self.searches.on_recorded(trial, {**trial.columns(), **result.row()}))
 
-    def _tell_capacity(self, g: GroupRun, trial: Trial, result: TrialResult) -> None:
-        """A probe's result goes to its capacity search; its next probe runs next on the same
-        group (the engine it has loaded), ahead of the group's other trials."""
-        run = self.capacities.of(trial)
-        if run is None:
-            return
-        run.tell(trial, {**trial.columns(), **result.row()})
-        probe = run.advance(self.store, self.options.retry_failed)
-        if probe is None:
-            self._capacity_found(run)
-            return
-        g.pending.insert(0, probe)
-        self.emit(TrialAdded(probe))
-
-    def _capacity_found(self, run: CapacityRun, *, start_more: bool = True) -> None:
-        found = run.result()
-        self.recorder.record_derived("capacity", found.capacity_id or "", found)
-        self.emit(CapacityFound(run.seed.configuration_label(), found))
-        if self.search is not None and run.seed.search_id is not None:
-            self.search.tell_capacity(run.seed, found)
-            if start_more:
-                self._start_search_points()
-
-    def searched_plan(self) -> tuple[list[str], dict[str, list[str]]] | None:
-        """What the results directory answers for after a run whose searches asked for trials the
-        plan did not list: trial ids, and the keys of the derived tables' rows; None for a plain
-        grid. A configuration search answers for the points it evaluated (and their probes), not
-        its space's grid."""
-        if self.search is None and not len(self.capacities):
-            return None
-        derived = {"capacity": [run.capacity_id for run in self.capacities]}
-        if self.search is not None:
-            ids = [p.trial.trial_id for p in self.search.points if p.trial.load_search is None]
-            derived["search"] = [key for key, _ in self.search.point_rows()]
-        else:
-            ids = [p.trial.trial_id for p in self.plan.trials]
-        return ids + self.capacities.asked(), derived
-
-    # -- the configuration search ------------------------------------------------------------
-    def _search_more(self) -> list[Trial]:
-        """The trials of the points the search wants now. A point whose result is stored already
-        (its trial, or its capacity search's every probe) is told at once, and another asked."""
-        assert self.search is not None
-        todo: list[Trial] = []
-        while (point := self.search.ask()) is not None:
-            trial = point.trial
-            if trial.load_search is not None:
-                run, probe = self.capacities.start(trial, self.store, self.options.retry_failed)
-                if probe is None:
-                    self._capacity_found(run, start_more=False)
-                else:
-                    todo.append(probe)
-            elif is_settled(self.store.stored_trials().get(trial.trial_id), self.options.retry_failed):
-                self.search.tell_row(trial, stored_row(self.store, trial.trial_id, columns=None))
-            else:
-                todo.append(trial)
-        return todo
-
-    def _start_search_points(self) -> None:
-        """A point ended: start the points the search wants next, each a group of its own."""
-        for trial in self._search_more():
+    def _apply(self, g: GroupRun, decision: Decision) -> None:
+        """Do what the searches decided: a capacity search's next probe first on the same group
+        (the engine it has loaded), a search's new points each as a group of its own."""
+        for label, found in decision.found:
+            self._capacity_found(label, found)
+        if decision.probe is not None:
+            g.pending.insert(0, decision.probe)
+            self.emit(TrialAdded(decision.probe))
+        for trial in decision.points:
             group = TrialGroup(trial.load_key, (trial,))
             self.emit(TrialAdded(trial))
             self._add(GroupRun(group, self._resources(group), [trial]))
 
-    def _resume_search(self) -> list[Trial]:
-        """The points an earlier run of this search stored, told to it again; those it left
-        mid-way (a capacity search short of its answer) go on. Returns their next trials."""
-        assert self.search is not None
-        search, todo = self.search, []
-        for step, params in stored_points(self.store, search.id):
-            made = search.space.trial(params)
-            if isinstance(made, str):
-                continue  # the space has changed under it: not a point of this search now
-            trial = dataclasses.replace(made, search_id=search.id, search_step=step,
-                                        search_params=json.dumps(params, sort_keys=True, default=str))
-            if trial.load_search is None:
-                if is_settled(self.store.stored_trials().get(trial.trial_id), self.options.retry_failed):
-                    row = stored_row(self.store, trial.trial_id, columns=None)
-                    search.restore(step, params, trial, row, row_gpu_s(row), row_interval(search.settings, row))
-                continue
-            run, probe = self.capacities.start(trial, self.store, self.options.retry_failed)
-            if probe is None:
-                found = run.result()
-                self.recorder.record_derived("capacity", found.capacity_id or "", found)
-                search.restore(step, params, trial, dict(found.items()), found.gpu_s or 0.0,
-                               capacity_interval(search.settings, found))
-            elif search.resume_point(step, params) is not None:
-                todo.append(probe)
-        if search.points:
-            self.emit(Resumed(len(search.points), 0, len(todo)))
-        return todo
+    def _capacity_found(self, label: str, found: Capacity) -> None:
+        self.recorder.record_derived("capacity", found.capacity_id or "", found)
+        self.emit(CapacityFound(label, found))
+
+    def searched_plan(self) -> tuple[list[str], dict[str, list[str]]] | None:
+        """What the results directory answers for after this run where searches asked for
+        trials the plan did not list (``SearchPolicy.searched_plan``); None for a plain grid."""
+        return self.searches.searched_plan([p.trial.trial_id for p in self.plan.trials])
 
     def finish(self, g: GroupRun, result: TrialResult, tables: dict[str, Any],
                stages: list[StageSpan] | None = None) -> None:

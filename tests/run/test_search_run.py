@@ -169,7 +169,7 @@ def test_the_search_finds_the_known_best_in_most_seeds_within_its_budget(tmp_pat
         sweep_run, rows = run(tmp_path, fixed_rate_search(seed), ScriptedRunner(lambda t, a: served(t)),
                               out=f"s{seed}")
         assert len(rows) == 20 == len({r["search_step"] for r in rows})
-        assert {r["search_id"] for r in rows} == {sweep_run.search.id}
+        assert {r["search_id"] for r in rows} == {sweep_run.searches.search.id}
         found.append(best_of(sweep_run)[2] <= 1.0 * 1.05)  # within 5 % of the best objective (bf16, 16)
     # 20 points of a 2 x 256 space: TPE lands within 5 % of the optimum in 9 or 10 of 10 seeds.
     assert sum(found) >= 8, found
@@ -183,7 +183,7 @@ def test_a_search_stopped_mid_way_resumes_to_the_same_points_and_answer(tmp_path
     again = ScriptedRunner(lambda t, a: served(t))
     resumed, rows = run(tmp_path, sweep, again, out="cut")
     assert len(again.runs) == 6  # the budget counts the 4 stored points: none is measured twice
-    assert len(rows) == 10 and len(resumed.search.points) == 10
+    assert len(rows) == 10 and len(resumed.searches.search.points) == 10
     # One point at a time, the sampler seeded per step: the same points, so the same answer.
     assert sorted(r["search_params"] for r in rows) == sorted(r["search_params"] for r in whole_rows)
     assert best_of(resumed) == best_of(whole)
@@ -193,7 +193,7 @@ def test_a_larger_budget_goes_on_from_the_stored_points(tmp_path):
     run(tmp_path, fixed_rate_search(1, trials=5), ScriptedRunner(lambda t, a: served(t)))
     more = ScriptedRunner(lambda t, a: served(t))
     sweep_run, rows = run(tmp_path, fixed_rate_search(1, trials=8), more)
-    assert len(more.runs) == 3 and len(rows) == 8 and len(sweep_run.search.points) == 8
+    assert len(more.runs) == 3 and len(rows) == 8 and len(sweep_run.searches.search.points) == 8
 
 
 def test_points_that_break_a_constraint_are_named_and_none_is_best(tmp_path):
@@ -218,7 +218,7 @@ def test_a_search_keeps_every_gpu_busy_with_a_point(tmp_path):
         open_groups += isinstance(e, ActorRequested) - isinstance(e, GroupEnded)
         most = max(most, open_groups)
     assert most >= 4
-    assert len(sweep_run.search.points) == 12
+    assert len(sweep_run.searches.search.points) == 12
 
 
 def test_a_capacity_objective_searches_configurations_by_their_capacity(tmp_path):

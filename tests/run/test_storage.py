@@ -267,7 +267,10 @@ def test_schema_names_carry_units():
                    "request_prefill_share",
                    # the server backend: names, a command line, a path, process lists, a flag, a reason
                    "server_engine", "server_command", "server_url", "server_log", "gpu_processes",
-                   "energy_exclusive", "energy_unmetered_reason"}
+                   "energy_exclusive", "energy_unmetered_reason",
+                   # searches: ids, steps, the target share of requests within the SLO, parameters (JSON)
+                   "capacity_id", "probe_step", "slo_attainment_target", "search_id", "search_step",
+                   "search_params"}
     for col in TRIALS:
         # rates and per-token quantities carry their unit before the "per"
         if (col.name in unitless_ok or col.name.endswith("_version")
