@@ -15,6 +15,9 @@ have logical GPUs (Ray resources, no devices), so the noop backend stands in for
 - ``remove``: three 1-GPU workers; the worker that wrote the first trial shard is
   removed (its processes killed, as a lost machine's would be) while its group
   still has trials to run.
+- ``search4``: one worker with four GPUs; the sweep's ``search:`` block runs as a configuration
+  search, and every trial waits at the sweep's gate until four run at once (``OpenGateWhenAllRun``):
+  that the search keeps every GPU busy with a point is shown by construction, not by timing.
 - ``single``: one node, a 1-GPU head. The plan is made without a capability probe,
   as a stale probe would, so a trial may reach a worker that lacks its library.
 
@@ -37,10 +40,11 @@ from ray.cluster_utils import Cluster
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
 from sweeper.run.cluster import ClusterInfo, connect
-from sweeper.run.events import GroupPlaced, GroupSplit, RunEvent, TrialStarted
+from sweeper.run.events import GroupPlaced, GroupSplit, RunEvent, TrialRecorded, TrialStarted
 from sweeper.run.observer import Quiet
+from sweeper.run.search import SearchRun
 from sweeper.run.storage import ResultStore
-from sweeper.run.sweep_run import RunOptions, run_plan
+from sweeper.run.sweep_run import RayActorRunner, RunOptions, SweepRun
 
 # Notice a killed node in about a second, not Ray's default of ~15 s.
 FAST_HEALTH_CHECK = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200,
@@ -124,6 +128,29 @@ class OpenGateWhenOneGpuNodeRuns(Gate):
             self.open("a one-GPU trial on the one-GPU node")
 
 
+class OpenGateWhenAllRun(Gate):
+    """Closed until ``slots`` trials run at once (started, not yet recorded); ``most`` is the
+    most that ever ran at once."""
+
+    def __init__(self, gate: Path, slots: int) -> None:
+        super().__init__(gate, closed=True)
+        self.slots, self.running, self.most = slots, 0, 0
+
+    @property
+    def opened_by(self) -> str:
+        return self.openings[0] if self.openings else ""
+
+    def on_event(self, event: RunEvent) -> None:
+        super().on_event(event)
+        if isinstance(event, TrialStarted):
+            self.running += 1
+            self.most = max(self.most, self.running)
+            if self.running >= self.slots:
+                self.open(f"{self.slots} trials running at once")
+        elif isinstance(event, TrialRecorded):
+            self.running -= 1
+
+
 class RecordSplits(Gate):
     """Where each group split's trials were sent: ``moved_to`` maps a moved trial to the node
     of the copy that took it last (a copy's trials may move again, to a later copy).
@@ -169,6 +196,7 @@ WORKERS = {  # scenario -> (num_cpus, num_gpus) of each worker node
     "spread": [(2, 1), (2, 1)],
     "tp": [(2, 1), (3, 2)],
     "remove": [(2, 1), (2, 1), (2, 1)],
+    "search4": [(5, 4)],
     "single": [],
 }
 
@@ -246,8 +274,13 @@ def _run(scenario: str, cluster: Cluster, workers: list, info: ClusterInfo, swee
         watcher = threading.Thread(target=_remove_first_writer,
                                    args=(cluster, workers, out, removed, stop), daemon=True)
         watcher.start()
+    search = None
+    if scenario == "search4":
+        gate = OpenGateWhenAllRun(Path(gate_file), info.gpus)
+        search = SearchRun(plan, plan.sweep.search, info.device, parallel=info.gpus)
     try:
-        summary = run_plan(plan, ResultStore(str(out)), info, RunOptions(max_retries=2), observer=gate or splits)
+        summary = SweepRun(plan, ResultStore(str(out)), info, RayActorRunner(), options=RunOptions(max_retries=2),
+                           observer=gate or splits, search=search).run()
     finally:
         stop.set()
         if watcher is not None:
@@ -259,6 +292,8 @@ def _run(scenario: str, cluster: Cluster, workers: list, info: ClusterInfo, swee
         "gate": gate.opened_by if gate is not None else splits.openings if splits else None,
         "moved": splits.moved if splits else None, "moved_to": splits.moved_to if splits else None,
         "copy_nodes": splits.copy_nodes if splits else None,
+        "most_running": gate.most if isinstance(gate, OpenGateWhenAllRun) else None,
+        "points": len(summary.search.points) if summary.search is not None else None,
     }
 
 

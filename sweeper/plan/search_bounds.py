@@ -93,7 +93,14 @@ def bounds_lines(plan: Plan) -> list[str]:
                      + f"; budget: {budget}")
     cap = f"at most {bounds.trials:,} trial(s) ({bounds.points:,} configuration(s) x {bounds.probes} probe(s))"
     hours = bounds.gpu_hours
-    lines.append(cap + (f", at most {hours:,.2f} GPU-h by the time limits (measure.timeout_s, load_timeout_s)"
-                        if hours is not None and math.isfinite(hours)
-                        else "; no bound on GPU time without measure.timeout_s (a trial's limit)"))
+    budget_h = search.budget.gpu_hours if search is not None else None
+    if hours is not None and math.isfinite(hours):
+        cap += f", at most {hours:,.2f} GPU-h by the time limits (measure.timeout_s, load_timeout_s)"
+    elif budget_h is None:
+        cap += "; set measure.timeout_s (a trial's limit) to bound its GPU time"
+    if budget_h is not None:
+        # The budget stops new points; the ones running when it is spent finish.
+        cap += (f"; the budget stops it once {budget_h:g} GPU-h are spent (the points then running, one per "
+                "free GPU, finish)")
+    lines.append(cap)
     return lines

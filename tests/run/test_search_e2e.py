@@ -140,3 +140,34 @@ def test_bad_search_blocks_exit_2_naming_the_field(write_sweep, change, expected
 def test_a_bad_search_block_stops_run_before_ray_starts(write_sweep):
     r = run_cli("run", str(write_sweep(SEARCH.replace("budget: {trials: 3}", "budget: {trials: 0}"))))
     assert r.returncode == 2 and "search.budget.trials" in r.stderr and "starting Ray" not in r.stderr
+
+
+SEARCH4 = """
+name: search4
+models: tiny-llama
+backends: noop
+backend_options: {{noop: {{gate_file: "{gate}"}}}}
+precisions: [fp32, bf16]
+batch_sizes: [1, 2, 4, 8]
+workload: {{input_len: 8, output_len: 4}}
+measure: {{warmup_iters: 0, min_iters: 1, min_duration_s: 0.2, idle_s: 0}}
+search:
+  objective: {{maximize: throughput_tok_s}}
+  space:
+    backend_options.noop.step_s: {{low: 0.001, high: 0.01, log: true}}
+  budget: {{trials: 8}}
+"""
+
+
+@pytest.mark.slow
+def test_a_search_keeps_four_logical_gpus_busy_with_a_point_each(tmp_path):
+    """Four GPUs (Ray's logical ones): every trial waits at a gate that opens only once four run
+    at once, so a search that kept fewer points out than GPUs would open it only on its time limit."""
+    from tests.cluster_scenarios import run_scenario
+    from tests.conftest import ROOT
+
+    sweep = tmp_path / "search4.yaml"
+    sweep.write_text(SEARCH4.format(gate=tmp_path / "gate"))
+    info = run_scenario("search4", sweep, tmp_path / "out", ROOT)
+    assert info["gate"] == "4 trials running at once" and info["most_running"] == 4
+    assert (info["gpus"], info["ok"], info["failed"], info["points"]) == (4, 8, 0, 8)
