@@ -200,9 +200,8 @@ def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: st
     store.write_plan(sweep.name, [pt.trial.trial_id for pt in plan.trials], sweep.report)
     for warning in plan.warnings:
         observer.warn(warning)
-    observer.say(f"sweeper: {sweep.name}: {len(plan.runnable)} trials to run in {plan.load_count()} group(s), "
-                 f"{len(plan.skipped)} skipped, on {cluster.nodes} node(s) with {cluster.gpus} GPU(s), "
-                 f"{cluster.cpus} CPU(s); results in {store.uri}")
+    observer.say(f"sweeper: {sweep.name}: {_work(plan)}, {len(plan.skipped)} skipped, on {cluster.nodes} node(s) "
+                 f"with {cluster.gpus} GPU(s), {cluster.cpus} CPU(s); results in {store.uri}")
     search = None
     if sweep.search is not None:
         from sweeper.run.search import SearchRun
@@ -234,6 +233,20 @@ def _join(address: str | None, observer: Observer) -> ClusterInfo:
         # Ray's driver installs a SIGTERM handler of its own (a C stack dump, exit 1): the caller's again.
         signal.signal(signal.SIGTERM, previous)
     return cluster
+
+
+def _work(plan: Plan) -> str:
+    """What the run will do, in words: its trials, or its searches' most."""
+    from sweeper.plan.search_bounds import search_bounds
+
+    bounds = search_bounds(plan)
+    if plan.sweep.search is not None and bounds is not None:
+        return (f"a search of {bounds.points} point(s) over {len(plan.runnable)} runnable grid point(s) and "
+                f"its ranges (at most {bounds.probes} trial(s) a point)")
+    if bounds is not None:
+        return (f"{len(plan.runnable)} configuration(s) to search for their capacity (at most {bounds.probes} "
+                f"probe(s) each) in {plan.load_count()} group(s)")
+    return f"{len(plan.runnable)} trials to run in {plan.load_count()} group(s)"
 
 
 def _probes(run: CapacityRun) -> list[Trial]:
