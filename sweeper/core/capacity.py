@@ -12,7 +12,8 @@ on one loaded engine, and this module decides what the next probe is from the on
    ``resolution`` of each other (for concurrency: also adjacent integers).
 
 A probe passes when its trial is ``ok``, its SLO attainment (the share of its requests
-meeting every bound) is at least the target, and the engine kept up (not ``saturated``).
+meeting every bound) is at least the target, and, for a request rate, the engine kept up (not
+``saturated``); a concurrency probe offers no rate to keep up with, so its SLO alone judges it.
 The policy is a pure function of the probes' loads and verdicts: a resumed run replays the
 stored probes through it and asks exactly the probes an uninterrupted run would have.
 """
@@ -137,7 +138,10 @@ def judge(search: LoadSearch, row: Mapping[str, Any]) -> ProbeVerdict:
         attainment = row.get("slo_attainment")
         if attainment is None or attainment < search.attainment:
             return ProbeVerdict.SLO
-    if row.get("saturated"):
+    # Saturation is falling behind an offered rate. A concurrency probe offers none (the client
+    # holds its requests back at the cap, which its saturation flag counts as waiting): the SLO
+    # alone judges it.
+    if row.get("saturated") and search.axis == "request_rate":
         return ProbeVerdict.SATURATION
     return ProbeVerdict.PASS
 

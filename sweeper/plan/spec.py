@@ -359,6 +359,9 @@ class Workload(_Strict):
             raise ValueError("max_concurrency: one load is searched at a time; give request_rate or "
                              "max_concurrency as a capacity range, not both")
         r = getattr(self, axis).capacity
+        if axis == "max_concurrency" and self.slo is None:
+            raise ValueError("max_concurrency.capacity: a concurrency's capacity is the most requests in flight "
+                             "that hold an SLO; set workload.slo")
         if axis == "max_concurrency":
             for end in ("low", "high"):
                 value = getattr(r, end)

@@ -113,6 +113,12 @@ def test_a_configuration_search_runs_its_budget_names_its_best_and_resumes(write
      "give request_rate or max_concurrency as a capacity range, not both"),
     (("request_rate: {capacity: {low: 40, high: 640, resolution: 0.5}}",
       "request_rate: {capacity: {low: 4, high: .inf}}"), "request_rate.capacity.high: must be a finite number"),
+    (("request_rate: {capacity: {low: 40, high: 640, resolution: 0.5}}\n  slo: {ttft_ms: 80}",
+      "request_rate: inf\n  max_concurrency: {capacity: {low: 1, high: 64}}"),
+     "max_concurrency.capacity: a concurrency's capacity is the most requests in flight that hold an SLO"),
+    (("request_rate: {capacity: {low: 40, high: 640, resolution: 0.5}}",
+      "request_rate: inf\n  max_concurrency: {capacity: {low: 1.5, high: 64}}"),
+     "max_concurrency.capacity.low: requests in flight are a whole number"),
 ])
 def test_bad_capacity_ranges_exit_2_naming_the_field(write_sweep, change, expected):
     r = run_cli("plan", str(write_sweep(CAPACITY.replace(*change))))

@@ -76,3 +76,28 @@ def first_search_max_probes() -> int:
     from sweeper.core.capacity import LoadSearch
 
     return LoadSearch(axis="request_rate", low=1, high=1000, resolution=0.05).max_probes()
+
+
+def test_a_concurrency_search_finds_the_engines_batch_and_its_rate():
+    # Every request at once, at most c in flight: past the engine's 8 slots requests queue inside
+    # it, and a TTFT bound of a few steps fails. A closed loop offers no rate to fall behind, so
+    # the client's own waiting (which saturation counts at rate inf) does not fail a probe.
+    sweep = parse_sweep({"name": "conc", "models": "tiny-llama", "backends": "noop", "precisions": "fp32",
+                         "backend_options": {"noop": {"step_s": 0.01, "max_batch": 8}},
+                         "workload": {"mode": "serving", "input_len": 8, "output_len": 10, "num_prompts": 400,
+                                      "request_rate": "inf", "slo": {"ttft_ms": 35},
+                                      "max_concurrency": {"capacity": {"low": 1, "high": 64}}},
+                         "measure": {"idle_s": 0, "min_window_s": 0.5}})
+    first = expand(sweep)[0][0]
+    search = first.load_search
+    probes: list[Probe] = []
+    while (load := next_load(search, probes)) is not None:
+        trial = first.probe(load, len(probes))
+        backend, clock = NoopBackend(), FakeClock(100.0)
+        backend.clock, backend.sleep = clock, clock.sleep
+        info = backend.load(ModelSpec("synthetic", "tiny-llama", "fp32", trial.backend_options, serving=True))
+        measured = measure_serving_trial(backend, trial, info, NullTelemetry(reason="test"), clock=clock)
+        probes.append(Probe.from_row(search, load, {**measured.row, "status": "ok", "trial_id": trial.trial_id}))
+    found = capacity(search, probes, first.columns())
+    assert (found.capacity_concurrency, found.fail_load, found.bounded_by) == (8, 9, BoundedBy.SLO)
+    assert found.capacity_req_s == pytest.approx(8 / (10 * 0.01), rel=0.01)  # the engine's knee, in req/s
