@@ -44,6 +44,7 @@ SUBCOMMANDS = (
     "kv-cache",
     "report-render",
     "launch-race",
+    "search-compare",
 )
 
 

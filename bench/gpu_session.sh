@@ -115,7 +115,8 @@
 #               capacity search (bracket + bisect) per configuration, into $RESULTS/search; SEARCH_TRIALS=N
 #               raises its budget (the same search goes on from the points it has told)
 #   search_grid_bf16, search_grid_fp8  bench/search_grid_gpu.yaml, one precision per device call, into
-#               $RESULTS/search_grid (same trial ids as the whole grid); search_grid: both in one call
+#               $RESULTS/search_grid (same trial ids as the whole grid); search_grid: both in one call;
+#               GRID_SEQS=64 keeps one max_num_seqs (one configuration's ladder, with search_grid_bf16)
 #   search_compare  bench/search_compare.py on the two directories (their shards: every trial of a grid
 #               run in halves): capacity per configuration both ways, best each way, GPU-seconds each way
 #   truth       bench/measurement_truth.yaml: settled idle baseline and pre-load idle, peak vs p99
@@ -396,9 +397,11 @@ yaml.safe_dump(d, open(sys.argv[3], 'w'), sort_keys=False)" bench/search_gpu.yam
         search_grid|search_grid_bf16|search_grid_fp8)
                       precision=${1#search_grid}; precision=${precision#_}
                       # One precision's configurations: the same trial ids as the whole grid's.
+                      # GRID_SEQS=64 (a comma list) keeps those max_num_seqs only: one configuration's ladder.
                       python3 -c "import sys, yaml; d = yaml.safe_load(open(sys.argv[1]))
 if sys.argv[2]: d['precisions'] = [sys.argv[2]]
-yaml.safe_dump(d, open(sys.argv[3], 'w'), sort_keys=False)" bench/search_grid_gpu.yaml "$precision" /tmp/search_grid_gpu.yaml
+if sys.argv[3]: d['backend_options']['vllm'] = [o for o in d['backend_options']['vllm'] if str(o['max_num_seqs']) in sys.argv[3].split(',')]
+yaml.safe_dump(d, open(sys.argv[4], 'w'), sort_keys=False)" bench/search_grid_gpu.yaml "$precision" "${GRID_SEQS:-}" /tmp/search_grid_gpu.yaml
                       timeout -s INT -k 30 "${STEP_TIMEOUT_S:-540}" python3 -m sweeper run /tmp/search_grid_gpu.yaml -o "$RESULTS/search_grid" -q
                       search_pack ;;
         search_compare)

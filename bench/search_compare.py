@@ -21,19 +21,18 @@ GPU-seconds, two ways, both x the GPUs a trial holds:
 Trials rows and stage spans are read from the results' shards, so a directory filled by
 several runs (a grid split by precision over device calls) counts every trial once.
 
-    python3 bench/search_compare.py --grid DIR --search DIR [--out FILE.json] [--tolerance 0.05]
-
-(``add_arguments`` and ``run`` follow the bench subcommands' form: listing ``search-compare`` in
-bench.SUBCOMMANDS would make it ``python3 -m bench search-compare``.)
+    python3 -m bench search-compare --grid DIR --search DIR [--out FILE.json] [--tolerance 0.05]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import glob
 import json
 import math
 import os
+import subprocess
 import sys
 from collections import defaultdict
 from typing import Any
@@ -197,6 +196,31 @@ def search_capacities(capacity: list[dict[str, Any]], trials: list[dict[str, Any
     return out
 
 
+def by_budget(search: dict[str, dict[str, Any]], trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The search after its first k points (k = 1 .. all): its best and the GPU-seconds spent so far.
+    A search's point k is the same whatever its budget (its sampler is seeded per step), so the
+    first k points of a larger search are the search a budget of k would have run."""
+    per_point: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in trials:
+        if r.get("capacity_id") is not None:
+            per_point[config_key(r)].append(r)
+    steps = sorted((v["search_step"], k) for k, v in search.items() if v.get("search_step") is not None)
+    out: list[dict[str, Any]] = []
+    seen: dict[str, Any] = {}
+    for step, key in steps:
+        seen[key] = search[key]
+        gpu = gpu_seconds(per_point.get(key, []), [])
+        if out:
+            gpu_so_far = out[-1]["trials_plus_loads_s"] + gpu["trials_plus_loads_s"]
+        else:
+            gpu_so_far = gpu["trials_plus_loads_s"]
+        keys, value = best(seen)
+        out.append({"points": len(seen), "step": step, "asked": key, "best": keys, "best_capacity_req_s": value,
+                    "point_trials_plus_loads_s": gpu["trials_plus_loads_s"],
+                    "trials_plus_loads_s": round(gpu_so_far, 2)})
+    return out
+
+
 def best(capacities: dict[str, dict[str, Any]], column: str = "capacity_req_s") -> tuple[list[str], float | None]:
     """The configurations with the highest capacity (every one tied at it), and that capacity."""
     values = {k: v[column] for k, v in capacities.items() if v.get(column) is not None}
@@ -204,6 +228,17 @@ def best(capacities: dict[str, dict[str, Any]], column: str = "capacity_req_s") 
         return [], None
     top = max(values.values())
     return sorted(k for k, v in values.items() if v == top), top
+
+
+def _commit() -> str | None:
+    """SWEEPER_COMMIT where set (the lent GPU machines get the tree without .git), else git's HEAD."""
+    if os.environ.get("SWEEPER_COMMIT"):
+        return os.environ["SWEEPER_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def compare(grid_dir: str, search_dir: str, tolerance: float) -> dict[str, Any]:
@@ -224,6 +259,17 @@ def compare(grid_dir: str, search_dir: str, tolerance: float) -> dict[str, Any]:
               and pick_on_grid >= (1 - tolerance) * grid_value)
     ratio = {m: (round(search_gpu[m] / grid_gpu[m], 3) if grid_gpu[m] else None)
              for m in ("trials_plus_loads_s", "stages_s")}
+    budgets = []
+    for b in by_budget(search, search_trials):
+        pick = max((grid.get(k, {}).get("capacity_req_s") or 0.0 for k in b["best"]), default=None)
+        budgets.append({**{k: v for k, v in b.items() if k not in ("asked", "best")},
+                        "asked": names[b["asked"]], "best": [names[k] for k in b["best"]],
+                        "same_best_as_grid": bool(set(b["best"]) & set(grid_best)),
+                        "pick_on_grid_req_s": pick,
+                        "pick_within_tolerance_on_grid": bool(pick is not None and grid_value
+                                                              and pick >= (1 - tolerance) * grid_value),
+                        "gpu_s_ratio": (round(b["trials_plus_loads_s"] / grid_gpu["trials_plus_loads_s"], 3)
+                                        if grid_gpu["trials_plus_loads_s"] else None)})
     table = []
     for k in sorted(names, key=lambda k: names[k]):
         g, s = grid.get(k, {}), search.get(k)
@@ -236,6 +282,8 @@ def compare(grid_dir: str, search_dir: str, tolerance: float) -> dict[str, Any]:
                       "search_bounded_by": s and s["bounded_by"], "search_precise": s and s["precise"],
                       "search_probes": s and s["n_probes"], "search_energy_per_request_j": s and s["energy_per_request_j"]})
     return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": _commit(),
         "objective": "maximize capacity_req_s (the highest request rate whose trial met the SLO for "
                      f">= {attainment:g} of its requests without saturating)",
         "tolerance": tolerance,
@@ -252,6 +300,7 @@ def compare(grid_dir: str, search_dir: str, tolerance: float) -> dict[str, Any]:
                   "at_most_a_third": {m: (r is not None and r <= 1 / 3) for m, r in ratio.items()},
                   "holds": bool((same or within) and ratio["trials_plus_loads_s"] is not None
                                 and ratio["trials_plus_loads_s"] <= 1 / 3)},
+        "by_budget": budgets,
         "configurations": table,
         "grid_ladders": {names[k]: v["ladder"] for k, v in grid.items()},
         "search_probes": {names[k]: v["probes"] for k, v in search.items()},
@@ -279,7 +328,11 @@ def render(result: dict[str, Any]) -> str:
               f"loads {s['gpu']['loads_s']}), stages {s['gpu']['stages_s']}",
               f"same best: {c['same_best']}; the search's pick on the grid's ladder: {c['search_pick_on_grid_req_s']} "
               f"req/s (within {result['tolerance']:.0%} of the grid's best: {c['search_pick_within_tolerance_on_grid']}); "
-              f"GPU-s ratio search/grid: {c['gpu_s_ratio']}; claim holds: {c['holds']}"]
+              f"GPU-s ratio search/grid: {c['gpu_s_ratio']}; claim holds: {c['holds']}", ""]
+    for b in result["by_budget"]:
+        lines.append(f"after {b['points']} point(s) (step {b['step']} asked {b['asked']}): best {', '.join(b['best'])} "
+                     f"at {b['best_capacity_req_s']} req/s; same as the grid's: {b['same_best_as_grid']} (on the grid's "
+                     f"ladder {b['pick_on_grid_req_s']}); GPU-s {b['trials_plus_loads_s']} = {b['gpu_s_ratio']} of the grid's")
     return "\n".join(lines)
 
 

@@ -123,12 +123,24 @@ class Probe:
                    figures={k: row.get(k) for k in PROBE_COLUMNS})
 
     @property
+    def gpus(self) -> int:
+        return max(int(self.figures.get("tensor_parallel") or 1), 1)
+
+    @property
     def gpu_s(self) -> float:
         """The probe's trial time on its GPUs (its actor's clock; a CPU node counts as one)."""
         start, end = self.figures.get("started_at"), self.figures.get("finished_at")
         if start is None or end is None:
             return 0.0
-        return max((end - start).total_seconds(), 0.0) * max(int(self.figures.get("tensor_parallel") or 1), 1)
+        return max((end - start).total_seconds(), 0.0) * self.gpus
+
+
+def probes_gpu_s(probes: Sequence[Probe]) -> float:
+    """GPU-seconds of a configuration's probes: their trial time, and the model load they ran
+    on (each probe's row carries its group's ``load_s``; the probes share one engine), times
+    their GPUs."""
+    load_s = max((float(p.figures.get("load_s") or 0.0) * p.gpus for p in probes), default=0.0)
+    return sum(p.gpu_s for p in probes) + load_s
 
 
 def judge(search: LoadSearch, row: Mapping[str, Any]) -> ProbeVerdict:
@@ -249,7 +261,7 @@ class Capacity(Part):
         "to tell the target); false: read capacity_load as approximate (imprecise_reason says why)")
     imprecise_reason: str | None = column("why precise is false")
     n_probes: int | None = column("probes the search ran or reused")
-    gpu_s: float | None = column("the probes' trial time x their GPUs (model loads not included)")
+    gpu_s: float | None = column("the probes' trial time and the model load they ran on, x their GPUs")
     slo_attainment: float | None = column("at capacity: share of the probe's requests meeting every SLO bound")
     goodput_req_s: float | None = column("at capacity: requests meeting every SLO bound per second")
     energy_per_request_j: float | None = column("at capacity: GPU energy per completed request")
@@ -288,7 +300,7 @@ def capacity(search: LoadSearch, probes: Sequence[Probe], identity: Mapping[str,
         attainment_target=search.attainment, capacity_load=at.load if at is not None else None,
         capacity_req_s=rate, capacity_concurrency=int(at.load) if at is not None and search.integer else None,
         bounded_by=bounded.value, precise=precise, imprecise_reason=why, n_probes=len(probes),
-        gpu_s=sum(p.gpu_s for p in probes),
+        gpu_s=probes_gpu_s(probes),
         slo_attainment=figures.get("slo_attainment"), goodput_req_s=figures.get("goodput_req_s"),
         energy_per_request_j=figures.get("energy_per_request_j"),
         energy_per_token_j=figures.get("energy_per_token_j"),

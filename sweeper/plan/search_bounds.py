@@ -47,11 +47,9 @@ def search_bounds(plan: Plan) -> SearchBounds | None:
     points = len(runnable)
     if search is not None:
         points = min(search.budget.trials or points * _space_size(search), points * _space_size(search))
-    first = runnable[0] if runnable else None
     return SearchBounds(configurations=len(runnable), probes=load.max_probes() if load is not None else 1,
                         points=points, gpus=max((t.num_gpus for t in runnable), default=1),
-                        trial_limit_s=first.measure.timeout_s if first is not None else None,
-                        load_limit_s=first.measure.load_timeout_s if first is not None else 0.0)
+                        trial_limit_s=sweep.measure.timeout_s, load_limit_s=sweep.measure.load_timeout_s)
 
 
 def _space_size(search: SearchSettings) -> int:

@@ -235,6 +235,8 @@ class SearchRun:
     # -- asking -----------------------------------------------------------------------------
     def budget_left(self) -> str | None:
         """Why no more points may start (None: they may)."""
+        if not self.space.grid:
+            return "no grid point is runnable here (the skipped rows say why)"
         b = self.settings.budget
         if b.trials is not None and len(self.points) + len(self.out) >= b.trials:
             return f"budget.trials ({b.trials}) reached"

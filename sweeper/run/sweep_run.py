@@ -128,7 +128,9 @@ class SweepRun:
     def run(self) -> RunSummary:
         t_begin = self.clock()
         search = self.searches.search
-        if search is None:  # a search's grid is its space, not its work: only its points run
+        # A search's grid is its space, not its work: only its points run. A space with no
+        # runnable point at all records the grid's skips, which say why.
+        if search is None or not self.plan.runnable:
             for p in self.plan.skipped:
                 self.recorder.record(p.trial, TrialResult(skipped_outcome(Reason.UNSUPPORTED, p.skip_reason or "")))
             self.emit(PlanSkipped(len(self.plan.skipped)))
@@ -444,7 +446,10 @@ class SweepRun:
     def searched_plan(self) -> tuple[list[str], dict[str, list[str]]] | None:
         """What the results directory answers for after this run where searches asked for
         trials the plan did not list (``SearchPolicy.searched_plan``); None for a plain grid."""
-        return self.searches.searched_plan([p.trial.trial_id for p in self.plan.trials])
+        searched = self.searches.searched_plan([p.trial.trial_id for p in self.plan.trials])
+        if searched is not None and not self.plan.runnable:
+            return [p.trial.trial_id for p in self.plan.trials], searched[1]  # the skips, which say why
+        return searched
 
     def finish(self, g: GroupRun, result: TrialResult, tables: dict[str, Any],
                stages: list[StageSpan] | None = None) -> None:

@@ -112,3 +112,16 @@ def test_the_policy_depends_only_on_the_probes_so_a_replay_asks_the_same_loads()
         assert next_load(search, replayed) == p.load
         replayed.append(p)
     assert next_load(search, replayed) is None
+
+
+def test_a_configurations_gpu_seconds_hold_its_probes_and_the_one_load_they_ran_on():
+    from datetime import datetime, timedelta, timezone
+
+    search = LoadSearch(axis="request_rate", low=1, high=4, attainment=0.99)
+    t0 = datetime(2026, 12, 7, tzinfo=timezone.utc)
+    probes = [Probe.from_row(search, load, {**row(load, passes=True), "started_at": t0,
+                                            "finished_at": t0 + timedelta(seconds=10), "load_s": 30.0,
+                                            "tensor_parallel": 2})
+              for load in (1, 2, 4)]
+    # Three 10 s probes on two GPUs, and the one 30 s engine start they shared, on two GPUs.
+    assert capacity(search, probes, {}).gpu_s == pytest.approx(3 * 10 * 2 + 30 * 2)

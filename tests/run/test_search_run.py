@@ -232,3 +232,15 @@ def test_a_capacity_objective_searches_configurations_by_their_capacity(tmp_path
     capacity = pq.read_table(tmp_path / "out" / "capacity.parquet").to_pylist()
     assert len(capacity) == len(outcome.points) == 8  # the whole space: 2 precisions x 4 values
     assert {r["search_step"] for r in rows} == set(range(8))
+
+
+def test_a_search_with_no_runnable_point_records_why_and_says_so(tmp_path):
+    # fp16 on a CPU is skipped at plan time (emulated half precision): the space holds nothing runnable.
+    sweep = serving_sweep(request_rate=5, precisions=("fp16",), search={
+        "objective": {"minimize": "energy_per_request_j"}, "space": SPACE, "budget": {"trials": 3}})
+    runner = ScriptedRunner(lambda t, a: served(t))
+    sweep_run, rows = run(tmp_path, sweep, runner)
+    assert runner.runs == [] and [r["status"] for r in rows] == ["skipped"]
+    assert "fp16 on cpu" in rows[0]["error"]
+    outcome = sweep_run.summary.search
+    assert outcome.points == [] and outcome.stopped_by == "no grid point is runnable here (the skipped rows say why)"
