@@ -111,7 +111,7 @@
 #   start_pair  bench/start_gpu_pair.yaml: CUDA graphs for the trials' steps vs vLLM's list, side by side
 #   start_pair_warm  the same again (both engines' compile caches warm)
 #   start_8b    bench/start_gpu_8b.yaml twice: a llama-3.1-8b engine start cold, then warm
-#   search      bench/search_gpu.yaml (issue 62): Optuna's search over max_num_seqs x precision with a
+#   search      bench/search_gpu.yaml (GUIDE, "Searching"): Optuna's search over max_num_seqs x precision with a
 #               capacity search (bracket + bisect) per configuration, into $RESULTS/search; SEARCH_TRIALS=N
 #               raises its budget (the same search goes on from the points it has told)
 #   search_grid_bf16, search_grid_fp8  bench/search_grid_gpu.yaml, one precision per device call, into

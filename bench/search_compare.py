@@ -1,4 +1,4 @@
-"""Issue 62, "search, not grid": one space run both ways, compared.
+"""Search, not grid: one space run both ways, compared.
 
 Reads a grid's results directory (every configuration x a ladder of request rates:
 bench/search_grid_gpu.yaml) and a search's (a capacity search per configuration, over the

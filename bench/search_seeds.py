@@ -1,4 +1,4 @@
-"""Which configurations a search asks for first, seed by seed (issue 62).
+"""Which configurations a search asks for first, seed by seed (GUIDE, "Searching").
 
 A search's first points are TPE's random start-up draws (``n_startup_trials``: 2 for budgets
 up to 8), which depend on the seed and on nothing measured: so which configurations a small
