@@ -17,8 +17,6 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-import pyarrow as pa
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -37,7 +35,6 @@ from sweeper.core.capacity import LOAD_AXES, LoadSearch
 from sweeper.core.datasets import RANDOM
 from sweeper.core.errors import SweepFileError
 from sweeper.core.precisions import PRECISIONS
-from sweeper.core.schema import columns as schema_columns
 from sweeper.core.search import SearchSettings
 from sweeper.core.settings import (
     MAX_SECONDS,
@@ -53,6 +50,8 @@ from sweeper.core.settings import (
     SharedPrefix,
     SloSettings,
 )
+from sweeper.plan.search_check import check_search
+from sweeper.plan.yaml_file import read_yaml
 
 T = TypeVar("T")
 
@@ -83,11 +82,6 @@ MAX_TOKENS = 1_048_576
 MAX_SEED = 2**32 - 1
 MAX_REPEATS = 1_000
 MAX_TENSOR_PARALLEL = 64
-MAX_YAML_DEPTH = 32
-# Nodes a sweep file may hold once its aliases are expanded: the bundled sweeps hold under a
-# hundred. An alias repeats its anchor's whole subtree, so a few lines of nested aliases (a
-# "billion laughs" file) would expand past any memory; such a file is refused before it is built.
-MAX_YAML_NODES = 100_000
 
 BatchSize = Annotated[int, Field(gt=0, le=MAX_BATCH_SIZE, strict=True)]
 Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS, strict=True)]
@@ -560,69 +554,6 @@ class Sweep(_Strict):
         return [BACKENDS[backend].options.model_validate(v) for v in variants]
 
 
-_NUMERIC = (pa.int64(), pa.float64())
-
-
-def _numeric_columns(sweep: Sweep) -> tuple[str, dict[str, pa.DataType]]:
-    """The table a search's objectives are read from, and its numeric columns."""
-    kind = "capacity" if sweep.workload.load_search is not None else "trials"
-    return kind, {c.name: c.type for c in schema_columns(kind) if c.type in _NUMERIC}
-
-
-def check_search(sweep: Sweep) -> None:
-    """The search block against the sweep: columns that exist, options that exist, one workload."""
-    search, w = sweep.search, sweep.workload
-    assert search is not None
-    kind, numeric = _numeric_columns(sweep)
-    for i, objective in enumerate(search.objective):
-        if objective.column not in numeric:
-            raise ValueError(f"search.objective[{i}]: {objective.column!r} is not a numeric column of the {kind} "
-                             f"table (e.g. {', '.join(sorted(numeric)[:6])}, ...: docs/SCHEMA.md)")
-    c = search.constraints
-    if c.slo and w.slo is None:
-        raise ValueError("search.constraints.slo: the workload has no slo to meet (set workload.slo)")
-    if c.min_capacity_req_s is not None and w.load_search is None:
-        raise ValueError("search.constraints.min_capacity_req_s: needs a capacity search (request_rate: "
-                         "{capacity: {low, high}})")
-    for name in c.columns:
-        if name not in numeric:
-            raise ValueError(f"search.constraints.{name}: not a numeric column of the {kind} table")
-    for key, dim in search.space.items():
-        _check_dimension(sweep, key, dim)
-    shape = [("workload.input_len", w.input_lens or []), ("workload.output_len", w.output_lens)]
-    for where, values in shape:
-        if len(values) > 1:
-            raise ValueError(f"{where}: a search scores each configuration on one workload; give one value")
-    for axis in LOAD_AXES:
-        values = getattr(w, axis)
-        if isinstance(values, list) and len(values) > 1:
-            raise ValueError(f"workload.{axis}: a search scores each configuration at one load; give one value, "
-                             "or a capacity range ({capacity: {low, high}})")
-    if sweep.repeats > 1:
-        raise ValueError("repeats: a search evaluates each point once; leave repeats at 1")
-
-
-def _check_dimension(sweep: Sweep, key: str, dim: Any) -> None:
-    _, backend, option = key.split(".")
-    if backend not in sweep.backends:
-        raise ValueError(f"search.space.{key}: {backend} is not among this sweep's backends "
-                         f"({', '.join(sweep.backends)})")
-    options_type = BACKENDS[backend].options
-    if option not in options_type.model_fields:
-        raise ValueError(f"search.space.{key}: {backend} has no option {option!r}; its options: "
-                         f"{', '.join(sorted(options_type.model_fields))}")
-    probes = dim if isinstance(dim, list) else [dim.low, dim.high]
-    for variant in sweep.backend_options.get(backend) or [{}]:
-        for value in probes:
-            if not isinstance(dim, list) and dim.int_:
-                value = int(value)
-            try:
-                options_type.model_validate({**variant, option: value})
-            except ValidationError as exc:
-                msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
-                raise ValueError(f"search.space.{key}: {value!r}: {msg}") from None
-
-
 def _field_path(loc: tuple) -> str:
     out = ""
     for part in loc:
@@ -659,83 +590,5 @@ def parse_sweep(data: Any, path: str = "<sweep>") -> Sweep:
         raise SweepFileError(path, *problems[0], more=tuple(problems[1:])) from None
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a mapping with a key given twice (the last would win silently)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (given twice; the last would silently win)",
-                    key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _StrictLoader.construct_mapping)
-
-
-def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.MappingNode):
-        return [child for pair in node.value for child in pair]
-    if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
-    return []
-
-
-def _check_shape(node: yaml.Node, path: str) -> None:
-    """Refuse a document nested too deep, expanding past ``MAX_YAML_NODES`` nodes once its
-    aliases are expanded, or holding itself through an alias.
-
-    Walks the composed node graph, where an aliased subtree is one shared node: each node
-    once (iteratively, memoized), so a hostile file costs its own size, not its expansion's.
-    """
-    measured: dict[int, tuple[int, int]] = {}  # id(node): (nodes expanded, depth)
-    open_nodes: set[int] = set()  # on the current path: met again below itself is a cycle
-    stack: list[tuple[yaml.Node, bool]] = [(node, False)]
-    while stack:
-        n, children_done = stack.pop()
-        if id(n) in measured:
-            continue
-        kids = _children(n)
-        if not children_done:
-            if id(n) in open_nodes:
-                raise SweepFileError(path, None, "malformed YAML: an alias refers to the node that holds it "
-                                                 "(a document that contains itself)")
-            open_nodes.add(id(n))
-            stack.append((n, True))
-            stack.extend((k, False) for k in kids if id(k) not in measured)
-            continue
-        size = 1 + sum(measured[id(k)][0] for k in kids)
-        depth = 1 + max((measured[id(k)][1] for k in kids), default=0)
-        if depth > MAX_YAML_DEPTH:
-            raise SweepFileError(path, None, f"YAML nested more than {MAX_YAML_DEPTH} levels deep")
-        if size > MAX_YAML_NODES:
-            raise SweepFileError(path, None, f"YAML expands to more than {MAX_YAML_NODES:,} values once its "
-                                             "aliases (*name) are expanded: not a sweep file")
-        measured[id(n)] = (size, depth)
-        open_nodes.discard(id(n))
-
-
 def load_sweep(path: str | Path) -> Sweep:
-    p = Path(path)
-    if not p.is_file():
-        raise SweepFileError(str(path), None, "no such file")
-    try:
-        text = p.read_text()
-        node = yaml.compose(text, Loader=_StrictLoader)
-        if node is not None:
-            _check_shape(node, str(path))
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except RecursionError:
-        raise SweepFileError(str(path), None, f"YAML nested more than {MAX_YAML_DEPTH} levels deep") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SweepFileError(str(path), None, f"malformed YAML: {where}{problem}") from None
-    except UnicodeDecodeError:
-        raise SweepFileError(str(path), None, "not a text file") from None
-    return parse_sweep(data, str(path))
+    return parse_sweep(read_yaml(path), str(path))
