@@ -18,6 +18,7 @@ one point at a time suggests the same points whether or not it was interrupted.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -272,8 +273,6 @@ class SearchRun:
                 continue
             self.futile = 0
             step, self.next_step = self.next_step, self.next_step + 1
-            import dataclasses
-
             trial = dataclasses.replace(made, search_id=self.id, search_step=step,
                                         search_params=json.dumps(params, sort_keys=True, default=str))
             point = Point(step, params, trial, optuna_trial=ot)
@@ -302,8 +301,6 @@ class SearchRun:
         made = self.space.trial(params)
         if isinstance(made, str):
             return None
-        import dataclasses
-
         self.study.enqueue_trial(params, skip_if_exists=False)
         ot = self.study.ask()
         self.space.suggest(ot)

@@ -30,10 +30,10 @@ from sweeper.core.trial import Trial
 from sweeper.plan.expand import Plan, PlannedTrial, expand, make_plan
 from sweeper.plan.servers import check_energy_sites, check_servers
 from sweeper.plan.spec import Sweep, load_sweep
-from sweeper.run.capacity_run import CapacityRun, CapacityRuns
 from sweeper.run.lock import RunLock
 from sweeper.run.observer import Observer, Quiet
 from sweeper.run.resume import is_settled
+from sweeper.run.search_policy import SearchPolicy
 from sweeper.run.storage import ResultStore, StoredTrial, check_destination
 from sweeper.run.summary import RunSummary
 from sweeper.run.sweep_run import RayActorRunner, RunOptions, SweepRun
@@ -249,11 +249,6 @@ def _work(plan: Plan) -> str:
     return f"{len(plan.runnable)} trials to run in {plan.load_count()} group(s)"
 
 
-def _probes(run: CapacityRun) -> list[Trial]:
-    """A replayed search's probes past its first (which the plan lists), as trials."""
-    return [run.seed.probe(run.search.value(p.load), i) for i, p in enumerate(run.probes) if i > 0]
-
-
 def _nothing_to_run(setup: RunSetup, retry_failed: bool, observer: Observer) -> RunResult | None:
     """When every trial of the sweep already has its result here, the result without starting Ray.
 
@@ -269,22 +264,22 @@ def _nothing_to_run(setup: RunSetup, retry_failed: bool, observer: Observer) -> 
     if not trials or not all(is_settled(stored.get(t.trial_id), retry_failed, still_unsupported=True)
                              for t in trials):
         return None
-    # A capacity search is done when its stored probes answer it, not when its first one is stored.
-    capacities = CapacityRuns()
-    for seed in (t for t in trials if t.load_search is not None):
-        if capacities.start(seed, store, retry_failed)[1] is not None:
-            return None
-    store.write_plan(sweep.name, [t.trial_id for t in trials] + capacities.asked(), sweep.report,
-                     derived={"capacity": [run.capacity_id for run in capacities]})
-    if len(capacities):
-        for run in capacities:
-            found = run.result()  # the answer as the probes give it now
-            store.write_derived("capacity", found.capacity_id or "", found)
-        trials = [*trials, *(t for run in capacities for t in _probes(run))]
-    statuses = [stored[t.trial_id].status for t in trials]
+    # A capacity search is done when its stored probes answer it, not when its first one is stored:
+    # the run's own policy replays them (sweeper.run.search_policy).
+    searches = SearchPolicy(store, retry_failed)
+    start = searches.start([t for t in trials if t.load_search is not None])
+    if start.todo:
+        return None
+    grid_ids = [t.trial_id for t in trials]
+    ids, derived = searches.searched_plan(grid_ids) or (grid_ids, {})
+    store.write_plan(sweep.name, ids, sweep.report, derived=derived)
+    for _, found in start.decision.found:  # the answers as the stored probes give them now
+        store.write_derived("capacity", found.capacity_id or "", found)
+    ids = list(dict.fromkeys(ids))  # a search's first probe is a grid trial too
+    statuses = [stored[trial_id].status for trial_id in ids]
     ok, skipped = statuses.count(Status.OK), statuses.count(Status.SKIPPED)
-    kept = len(trials) - ok - skipped
+    kept = len(ids) - ok - skipped
     observer.say(f"resuming: {ok} trial(s) already ok" + (f", {kept} failed kept" if kept else "")
                  + (f", {skipped} skipped" if skipped else "") + "; 0 to run (Ray not started)")
-    counts = {"trials": len(trials)} if store.up_to_date() else store.aggregate()
-    return RunResult(RunSummary(planned=len(trials), resumed=len(trials)), counts, store)
+    counts = {"trials": len(ids)} if store.up_to_date() else store.aggregate()
+    return RunResult(RunSummary(planned=len(ids), resumed=len(ids)), counts, store)
