@@ -23,6 +23,7 @@ from actors.measure import Measurement, measure_trial
 from actors.serving.measure import measure_serving_trial
 from actors.stages import StageClock, stage
 from actors.workload import PromptSources
+from sweeper.core.backends import BACKENDS
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.results import (
     Environment,
@@ -34,6 +35,7 @@ from sweeper.core.results import (
     TrialResult,
 )
 from sweeper.core.schema import RowError, check_rows
+from sweeper.core.secrets import redact
 from sweeper.core.status import Reason, failed_outcome
 from sweeper.core.trial import GroupLoad, Trial
 
@@ -51,14 +53,19 @@ def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)[:60]
 
 
+# The most of an error's text a trial's row keeps.
+ERROR_CHARS = 4000
+
+
 def _error_text(exc: BaseException) -> str:
+    """The exception as a row's error says it (uncut, unredacted: ``TrialRunner._redacted``)."""
     text = f"{type(exc).__name__}: {exc}".strip()
     # Keep where it happened: the last frame is usually the telling one.
     frames = traceback.extract_tb(exc.__traceback__)
     if frames:
         f = frames[-1]
         text += f" (at {f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name})"
-    return text[:4000]
+    return text
 
 
 class TrialRunner:
@@ -134,13 +141,13 @@ class TrialRunner:
                     name=f"{_slug(trial.model)}-{trial.precision}-{trial.trial_id[:8]}",
                     load_timeout_s=trial.measure.load_timeout_s,
                     chat=bool(trial.prompts is not None and trial.prompts.chat),
-                    step_tokens=group.step_tokens, log_dir=group.server_log_dir,
+                    step_tokens=group.step_tokens, log_dir=group.server_log_dir, secrets=group.secrets,
                 ))
                 self.load_s = time.monotonic() - t0
                 self.telemetry = self._open_telemetry(trial)
         except Exception as exc:  # reported as the group's failure, never raised
-            log.exception("load failed")
-            return LoadResult(ok=False, error=_error_text(exc),
+            self._log_failure("load failed", trial, exc)
+            return LoadResult(ok=False, error=self._redacted(trial, _error_text(exc)),
                               reason=Reason.OOM if self._is_oom(exc) else Reason.LOAD_FAILED)
         return LoadResult(ok=True, load_s=self.load_s)
 
@@ -178,6 +185,24 @@ class TrialRunner:
             raise RuntimeError("run() before a successful load()")
         return self.backend, self.load_info
 
+    def _secrets(self, trial: Trial) -> tuple[str, ...]:
+        """What no text of this actor's may show: the trial's secret flags' values (a launched
+        server's ``--hf-token``) and what its backend holds (the server's fresh key)."""
+        held = self.backend.secret_values() if self.backend is not None else ()
+        return (*BACKENDS[trial.backend].secret_values(trial.backend_options), *held)
+
+    def _redacted(self, trial: Trial, text: str) -> str:
+        """``text`` as a row's error keeps it: every secret replaced, whatever raised it (an
+        exception may quote a server's command line), then cut (after: a cut secret would no
+        longer match)."""
+        return redact(text, self._secrets(trial))[:ERROR_CHARS]
+
+    def _log_failure(self, what: str, trial: Trial, exc: BaseException) -> None:
+        """What ``log.exception`` writes, its secrets replaced: the traceback ends in the
+        exception's message, and the worker's log outlives the run."""
+        trace = "".join(traceback.format_exception(exc)).rstrip()
+        log.error("%s\n%s", what, redact(trace, self._secrets(trial)))
+
     def _is_oom(self, exc: BaseException) -> bool:
         return self.backend is not None and self.backend.is_out_of_memory(exc)
 
@@ -211,8 +236,8 @@ class TrialRunner:
             measure = measure_trial if trial.serving is None else measure_serving_trial
             measured = measure(backend, trial, load_info, self.telemetry, source=self._sources.for_trial(trial))
         except RowError as exc:  # parts that do not make one result (one given twice): where they meet
-            log.error("trial %s: %s", trial.trial_id, exc)
-            return self._failed(trial, Reason.INVALID_ROW, str(exc)[:4000], started, setup, environment)
+            log.error("trial %s: %s", trial.trial_id, self._redacted(trial, str(exc)))
+            return self._failed(trial, Reason.INVALID_ROW, str(exc), started, setup, environment)
         except Exception as exc:
             oom = self._is_oom(exc)
             if self.backend is not None:
@@ -244,15 +269,14 @@ class TrialRunner:
             check_rows("trials", [result.row()])
             check_rows("requests", tables["requests"])
         except RowError as exc:
-            log.error("trial %s: %s", trial.trial_id, exc)
-            return self._failed(trial, Reason.INVALID_ROW, str(exc)[:4000], started, setup, environment)
+            log.error("trial %s: %s", trial.trial_id, self._redacted(trial, str(exc)))
+            return self._failed(trial, Reason.INVALID_ROW, str(exc), started, setup, environment)
         return TrialOutcome(trial.trial_id, result, tables)
 
-    @staticmethod
-    def _failed(trial: Trial, reason: Reason, text: str, started: datetime, setup: Setup,
+    def _failed(self, trial: Trial, reason: Reason, text: str, started: datetime, setup: Setup,
                 environment: Environment) -> TrialOutcome:
-        return TrialOutcome(trial.trial_id, TrialResult(failed_outcome(reason, text, started_at=started),
-                                                        setup=setup, environment=environment))
+        outcome = failed_outcome(reason, self._redacted(trial, text), started_at=started)
+        return TrialOutcome(trial.trial_id, TrialResult(outcome, setup=setup, environment=environment))
 
     def _setup(self) -> Setup:
         """What this group's load gave each of its trials."""
@@ -311,10 +335,10 @@ class TrialRunner:
         try:
             profile = profile_layers(backend, trial, load_info, telemetry, headline_s_per_iter=headline_s_per_iter)
         except Exception as exc:
-            log.exception("layer profiling pass failed")
+            self._log_failure("layer profiling pass failed", trial, exc)
             oom = self._is_oom(exc)
             backend.recover()
-            text = _error_text(exc)
+            text = self._redacted(trial, _error_text(exc))
             return failed_pass(text), failed_outcome(Reason.OOM if oom else Reason.LAYER_PROFILE_FAILED,
                                                      f"layer profiling pass: {text}")
         if profile.rows:

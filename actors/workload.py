@@ -112,7 +112,8 @@ class SharedPrefixSource(RandomSource):
     """Random prompts that share prefixes (the ``prefix_repetition`` dataset): each prompt is one
     of the shared prefixes — the same tokens in every call, drawn once from the seed — followed by
     its own random suffix, ``input_len`` tokens in all. Within a call the prefixes are dealt
-    evenly and shuffled (seeded), as vLLM's benchmark deals them.
+    evenly and shuffled (seeded), as vLLM's benchmark deals them; offline, each call's deal goes
+    on from the last one's, so calls smaller than ``num_prefixes`` send every prefix in turn.
 
     Warm-up calls use the same prefixes, so an engine with prefix caching measures with its cache
     warm, as a service with long-lived shared system prompts runs.
@@ -127,18 +128,25 @@ class SharedPrefixSource(RandomSource):
         self.prefixes = np.random.default_rng([seed, 2**22]).integers(
             low, vocab_size, size=(shared.num_prefixes, shared.prefix_len), dtype=np.int64)
 
-    def _prefixed(self, suffixes: np.ndarray, call: int) -> np.ndarray:
+    def _prefixed(self, suffixes: np.ndarray, call: int, first: int = 0) -> np.ndarray:
+        """The suffixes after prefixes ``first``, ``first + 1``, ... (cycling), shuffled."""
         count, k = len(suffixes), len(self.prefixes)
-        which = np.random.default_rng([self.seed, call + 2**20, 2**23]).permutation(np.arange(count) % k)
+        which = np.random.default_rng([self.seed, call + 2**20, 2**23]).permutation((first + np.arange(count)) % k)
         return np.concatenate([self.prefixes[which], suffixes], axis=1)
 
     def batch(self, iteration: int, batch_size: int) -> PromptBatch:
         suffixes = RandomPrompts(self.vocab_size, self.input_len, batch_size, self.seed, self.reserved_low).batch(iteration)
-        return PromptBatch.uniform(self._prefixed(suffixes, iteration), self.output_len)
+        # Each call is dealt on from where the one before it stopped (call i starts at prefix
+        # i * batch_size): a batch smaller than num_prefixes sends a few of them, and the calls in
+        # turn send them all, where a deal from prefix 0 sent prefixes 0..batch_size-1 every time.
+        # Warm-up calls (negative) take the prefixes before 0, the last ones, the same way.
+        return PromptBatch.uniform(self._prefixed(suffixes, iteration, iteration * batch_size), self.output_len)
 
     def requests(self, count: int, stream: int) -> list[Prompt]:
         suffixes = np.stack([p.ids for p in super().requests(count, stream)]) if count else \
             np.empty((0, self.input_len), dtype=np.int64)
+        # A serving run is one deal, from prefix 0: num_prompts, where given, is at least
+        # num_prefixes (the sweep file's check).
         ids = self._prefixed(suffixes, -stream - 1)  # never a batch's call number
         return [Prompt(ids[i], self.output_len) for i in range(count)]
 
@@ -305,11 +313,12 @@ def conversation_source(settings: DatasetSettings, tokenizer: Any, vocab_size: i
         first = len(encoder.ids(record.system, [], record.turns[0].user))
         if not _within(first, settings.min_input_len, settings.max_input_len):
             continue
+        file_turns = len(record.turns)
         if max_positions is not None:
             record = _fitting(record, lens, encoder, max_positions)
             if not record.turns:
                 continue
-        kept.append(Dialogue(record, lens[:len(record.turns)]))
+        kept.append(Dialogue(record, lens[:len(record.turns)], file_turns=file_turns))
         if settings.num_prompts is not None and len(kept) == settings.num_prompts:
             break
     if not kept:

@@ -85,6 +85,12 @@ def _fail(exc: UserInputError) -> typer.Exit:
 
 
 SweepArg = Annotated[Path, typer.Argument(help="sweep file (YAML)", show_default=False)]
+# For an autoscaling cluster whose node types sweeper cannot read (its driver off the head): without
+# it, a cluster with no GPU node up would be planned for CPUs and its autoscaler never asked for a GPU.
+GpusPerNode = Annotated[int | None, typer.Option(
+    "--gpus-per-node", min=1, show_default=False,
+    help="with --address: the GPUs of each node the cluster's autoscaler launches, where sweeper cannot read "
+         "its node types (docs/FLEET.md); groups then ask Ray for GPUs and wait for such nodes")]
 
 
 @app.command(cls=_Command)
@@ -95,6 +101,7 @@ def plan(
     address: Annotated[str | None, typer.Option(help="Ray cluster (auto, ray://host:10001) whose nodes' installed libraries and GPUs decide what is skipped; default: this machine's environment")] = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="results directory: mark the trials it already holds (what a run there would skip)")] = None,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", metavar=FLAG, help="with --output: as a run with --retry-failed would see it")] = False,
+    gpus_per_node: GpusPerNode = None,
 ) -> None:
     """Expand a sweep into trials and show which would run and which are skipped (and why)."""
     from sweeper.console import plan_footer, plan_json, plan_table
@@ -103,7 +110,7 @@ def plan(
     target: Device | None = None if device is DeviceChoice.auto else device.value
     try:
         view = plan_sweep(sweep_file, target, address=address, output=output, retry_failed=retry_failed,
-                          observer=LiveObserver(err))
+                          observer=LiveObserver(err), gpus_per_node=gpus_per_node)
     except UserInputError as exc:
         raise _fail(exc) from None
     if as_json:
@@ -126,6 +133,7 @@ def run(
     max_retries: Annotated[int, typer.Option("--max-retries", min=0, help="re-runs of a trial whose actor died (on a fresh actor) before it is recorded failed")] = 2,
     no_oom_pruning: Annotated[bool, typer.Option("--no-oom-pruning", metavar=FLAG, help="run larger batches of a shape that ran out of memory instead of skipping them as predicted_oom")] = False,
     no_split: Annotated[bool, typer.Option("--no-split", metavar=FLAG, help="keep each group on one actor, even when a long group's last trials could run sooner on an idle GPU")] = False,
+    gpus_per_node: GpusPerNode = None,
 ) -> None:
     """Run every trial of a sweep (resuming: trials with an ok result are not run again)."""
     from sweeper.console import print_summary
@@ -138,7 +146,7 @@ def run(
     try:
         # The sweep is checked, and its destination taken, before a cluster starts or a GPU spins.
         with open_run(sweep_file, output, observer) as setup, _signals_as_interrupts():
-            result = run_sweep(setup, options, address=address, observer=observer)
+            result = run_sweep(setup, options, address=address, observer=observer, gpus_per_node=gpus_per_node)
     except UserInputError as exc:
         raise _fail(exc) from None
     except ResultsWriteError as exc:

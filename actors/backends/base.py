@@ -16,6 +16,7 @@ from actors.quality.divergence import TopK
 from actors.serving.client import Follow
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.results import Compile
+from sweeper.core.secrets import SecretValues
 
 Options = TypeVar("Options", bound=BaseModel)
 
@@ -125,6 +126,8 @@ class ModelSpec:
     step_tokens: tuple[int, ...] | None = None
     # Where a launched server writes its log (GroupLoad.server_log_dir); None: the node's cache.
     log_dir: str | None = None
+    # Values from the driver's environment the load needs (GroupLoad.secrets): never logged.
+    secrets: SecretValues = SecretValues()
 
     def options_as(self, kind: type[Options]) -> Options:
         """The options as the backend's own options model (the registry pairs them)."""
@@ -173,6 +176,11 @@ class Backend(ABC):
         """The engine's cumulative speculative-decoding counts (None: no speculation, or not
         readable); a window's figures are the difference of two readings."""
         return None
+
+    def secret_values(self) -> tuple[str, ...]:
+        """Values this backend made or was given that no text may show (a launched server's
+        fresh key): the actor redacts them from every error it reports or logs."""
+        return ()
 
     def close(self) -> None:  # noqa: B027 - optional hook
         pass

@@ -3,7 +3,9 @@
 Method (``token_share``)
 ------------------------
 A request is processed by the engine over segments of time: its prefill, from
-when the engine scheduled it until its first token, processes its prompt tokens
+when the engine scheduled it (where the engine says; else when it was sent: an HTTP
+server does not say, and its queue's wait then lies in the segment) until its first
+token, processes its prompt tokens
 (those it computed: tokens its prefix cache held, ``cached_tokens``, cost no prefill
 work, so a conversation's later turn or a shared-prefix prompt is not charged for
 the history the cache served);
@@ -40,7 +42,7 @@ METHOD = "token_share"
 def segments(request: ServedRequest) -> tuple[np.ndarray, np.ndarray]:
     """A request's work: segment boundaries (n + 1 times) and the tokens each of the n
     segments processes. Tokens delivered at one instant join the segment before them."""
-    start, times = request.start_s, request.token_times_s
+    start, times = request.prefill_start_s, request.token_times_s
     if start is None or not times:
         return np.zeros(0), np.zeros(0)
     bounds = [min(start, times[0])]

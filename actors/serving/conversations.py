@@ -85,10 +85,17 @@ class Dialogue:
 
     record: ConversationRecord
     output_lens: tuple[int, ...]
+    # The file's turns: more than ``turns`` where the conversation was cut before the first turn
+    # whose history would outgrow the model's context (None: not cut).
+    file_turns: int | None = None
 
     @property
     def turns(self) -> int:
         return len(self.record.turns)
+
+    @property
+    def cut(self) -> bool:
+        return self.file_turns is not None and self.file_turns > self.turns
 
 
 class ConversationScript:
@@ -175,6 +182,7 @@ def conversation_figures(run: ServedRun, script: ConversationScript,
     return Conversations(
         n_conversations=len(script.first),
         conversations_completed=len(finished),
+        conversations_cut=sum(1 for d in script.dialogues[:len(script.first)] if d.cut),
         turns_per_conversation=float(np.mean([d.turns for d in script.dialogues])) if script.dialogues else None,
         energy_per_conversation_j=mean([sum(e or 0.0 for _, _, e in turns) if energies else None
                                         for turns in finished]),

@@ -137,6 +137,13 @@ class ServingWindow(Window):
         run, trial = self.served, self.trial
         assert run is not None, "figures() before run()"
         if len(run.failed) == len(run.requests):
+            if any(r.cut_by_time_limit for r in run.requests):
+                # A server that held every request (hung, stalled, or still in its warm-up when
+                # the limit passed): the run timed out, with each request marked as it stood,
+                # not an exception. Nothing finished, so there is no figure to state.
+                return Figures(parts=(), requests=_request_rows(trial, run, None, None, self.script),
+                               verdict=Verdict(), t_zero_s=run.t_start_s, t_end_s=self.t_end_s,
+                               outcome=_outcome(run))
             raise RuntimeError(f"every request of the run failed: {run.failed[0].error}")
         # The steady window, less every stretch where the client itself was behind (actors.serving.lateness).
         ttft_p50 = lateness.ttft_p50_s(run.requests)

@@ -99,6 +99,18 @@ class ServedRequest:
         return self.scheduled_s if self.scheduled_s is not None else self.first_token_s
 
     @property
+    def prefill_start_s(self) -> float | None:
+        """Where its prefill segment begins, for energy attribution: the engine's scheduling
+        stamp, else (an HTTP server or an engine that does not say) its submission, since its
+        prefill happened somewhere between being sent and its first token; where the server
+        queued it, the queue's wait is then inside that segment. Not the first token: its prompt
+        would be charged to its first decode interval (through ``vllm serve`` that gave prompts
+        0.013 of the requests' energy against 0.095 in-process, on the same workload)."""
+        if self.scheduled_s is not None:
+            return self.scheduled_s
+        return self.submit_s if self.submit_s is not None else self.first_token_s
+
+    @property
     def ttft_s(self) -> float | None:
         # From submission, as vLLM's bench serve times it: a wait for a concurrency slot is the
         # client's, not the engine's.

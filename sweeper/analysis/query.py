@@ -5,12 +5,16 @@ Each aggregated table the schema lists (``sweeper.core.schema.TABLES``: ``trials
 a view of its name, so a query never needs a file path.
 DuckDB is imported only when a query runs.
 
-Read-only, twice over: only ``SELECT`` (and ``EXPLAIN``) statements run, so a
-typo cannot ``COPY`` over the results' own tables, ``ATTACH`` a database or
-``INSTALL`` an extension; and the connection may touch no file but the
-aggregated tables themselves (DuckDB's external access is off, with those
-files allowed, and the configuration locked), so ``read_text('/etc/shadow')``
-fails too.
+Read-only by construction, not by a list of refused statements: DuckDB itself may touch
+no file at all. Each table is read by pyarrow (a ``pyarrow.dataset`` handed to DuckDB as
+an Arrow scan), so the connection needs no file access for its views; external access
+is then off with nothing allowed and the configuration locked. Any statement that would
+read or write a file (``COPY ... TO``, ``EXPORT DATABASE``, ``ATTACH``, ``INSTALL``,
+``LOAD``, ``read_text('/etc/shadow')``), or ``SET`` that would turn access back on, fails
+inside DuckDB, however it is wrapped (``EXPLAIN ANALYZE`` runs the statement it
+explains). What a statement can still change is the connection's own in-memory
+catalog, gone when the query ends. Statements other than ``SELECT`` and ``EXPLAIN`` are
+refused before they run as well, but only for a clearer message than DuckDB's.
 """
 
 from __future__ import annotations
@@ -50,8 +54,11 @@ def _budget_columns(report: Any) -> str:
 
 
 def connect(root: str | os.PathLike) -> tuple[Any, list[str]]:
-    """An in-memory DuckDB connection with one view per aggregated table; and the views' names."""
+    """An in-memory DuckDB connection with one view per aggregated table, that can read and
+    write no file (module docstring); and the views' names."""
     import duckdb
+    import pyarrow as pa
+    import pyarrow.dataset as ds
 
     from sweeper.analysis.results import (
         REQUIRED_TRIAL_COLUMNS,
@@ -63,28 +70,36 @@ def connect(root: str | os.PathLike) -> tuple[Any, list[str]]:
     path = check_results_dir(root)
     derived = {"trials": _budget_columns(report_settings(path))}
     con = duckdb.connect()
-    views, files = [], []
-    for kind in VIEWS:
-        table = table_path(path, kind)
-        if table is not None:
-            literal = str(table.resolve()).replace("'", "''")
+    views = []
+    try:
+        for kind in VIEWS:
+            table = table_path(path, kind)
+            if table is None:
+                continue
             try:
-                con.execute(f"CREATE VIEW {kind} AS SELECT *{derived.get(kind, '')} FROM read_parquet('{literal}')")
-            except duckdb.Error as exc:
-                con.close()
+                # pyarrow opens the file (its footer now, its pages as a query reads them), not
+                # DuckDB: the connection keeps no path it could be told to write to. The scan
+                # still gets DuckDB's column and filter push-down.
+                scan = con.from_arrow(ds.dataset(str(table.resolve()), format="parquet"))
+                scan.project(f"*{derived.get(kind, '')}").create_view(kind)
+            except (pa.ArrowInvalid, OSError, duckdb.Error) as exc:
                 raise ResultsError(f"{table}: not a readable Parquet table ({first_line(exc)}); "
                                    f"`sweeper aggregate {root}` rebuilds it from the shards") from None
             views.append(kind)
-            files.append(str(table.resolve()))
-    columns = {row[0] for row in con.execute("DESCRIBE trials").fetchall()}
-    if REQUIRED_TRIAL_COLUMNS - columns:
+        columns = {row[0] for row in con.execute("DESCRIBE trials").fetchall()}
+        if REQUIRED_TRIAL_COLUMNS - columns:
+            raise ResultsError(f"{path / 'trials.parquet'}: not a sweeper trials table (no "
+                               f"{', '.join(sorted(REQUIRED_TRIAL_COLUMNS - columns))} column); "
+                               f"`sweeper aggregate {root}` rebuilds it from the shards")
+        # The views are bound: from here DuckDB may touch no file and load no extension (no
+        # path is allowed), see no Python variable but the views (a replacement scan would),
+        # and no statement can set any of this back (the configuration is locked).
+        con.execute("SET python_enable_replacements = false")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except BaseException:
         con.close()
-        raise ResultsError(f"{path / 'trials.parquet'}: not a sweeper trials table (no "
-                           f"{', '.join(sorted(REQUIRED_TRIAL_COLUMNS - columns))} column); "
-                           f"`sweeper aggregate {root}` rebuilds it from the shards")
-    con.execute("SET allowed_paths = ?", [files])
-    con.execute("SET enable_external_access = false")
-    con.execute("SET lock_configuration = true")
+        raise
     return con, views
 
 
@@ -95,6 +110,9 @@ def run_query(root: str | os.PathLike, sql: str) -> QueryResult:
         raise QueryError("empty query")
     con, views = connect(root)
     try:
+        # Not the defence (the connection can write nothing, whatever runs: ``connect``), only
+        # a plainer message for a statement that is plainly not a read; ``EXPLAIN ANALYZE`` of
+        # one gets DuckDB's own refusal.
         for statement in con.extract_statements(sql):
             if statement.type not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
                 raise QueryError(f"sweeper query is read-only: {statement.type.name} statements are not "
@@ -108,10 +126,11 @@ def run_query(root: str | os.PathLike, sql: str) -> QueryResult:
         # DuckDB's message carries the caret diagram on later lines; the first line names the error.
         first = first_line(exc)
         hint = f" (views: {', '.join(views)})" if "does not exist" in first else ""
+        if isinstance(exc, duckdb.PermissionException):
+            hint = " (sweeper query is read-only: it reads the views and no file)"
         raise QueryError(f"query failed: {first}{hint}") from None
     finally:
         con.close()
-
 
 
 def to_csv(result: QueryResult) -> str:

@@ -268,10 +268,16 @@ class BackendSpec:
         return bool(getattr(options, "holds_gpus", True))
 
     def actor_env(self, options: BaseModel) -> tuple[str, ...]:
-        """Names of the driver's environment variables the trial's actor needs (passed through
-        Ray's runtime environment, never stored): an external server's key."""
+        """Names of the driver's environment variables the trial's actor needs (passed with its
+        load call, never stored or logged): an external server's key."""
         names = getattr(options, "actor_env", None)
         return names() if names is not None else ()
+
+    def secret_values(self, options: BaseModel | None) -> tuple[str, ...]:
+        """Values in these options that no text may show (a launched server's ``--hf-token``):
+        the actor redacts them from every error it reports or logs, whatever raised it."""
+        values = getattr(options, "secret_flag_values", None)
+        return values() if values is not None else ()
 
     def ray_resources(self, options: BaseModel) -> dict[str, float]:
         """Extra Ray resources the trial's actor needs (e.g. a node to run on)."""

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,10 +148,7 @@ def _jsonl(where: str, text: str) -> list[PromptRecord]:
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(where, f"not JSON ({exc.msg}, column {exc.colno})", number) from None
+        obj = _json_line(where, line, number)
         if not isinstance(obj, dict):
             raise DatasetError(where, "expected a JSON object with a \"prompt\"", number)
         records.append(_record(where, number, obj))
@@ -162,14 +161,17 @@ def _record(where: str, number: int, obj: dict) -> PromptRecord:
         raise DatasetError(where, "missing", number, "prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise DatasetError(where, "must be non-empty text", number, "prompt")
+    _check_unicode(where, number, "prompt", prompt)
     output_len = obj.get("output_len")
     if output_len is not None and (isinstance(output_len, bool) or not isinstance(output_len, int)
                                    or output_len <= 0):
-        raise DatasetError(where, f"must be a positive whole number of tokens, not {output_len!r}",
+        raise DatasetError(where, f"must be a positive whole number of tokens, not {_shown(output_len)}",
                            number, "output_len")
     reference = obj.get("completion")
     if reference is not None and not isinstance(reference, str):
         raise DatasetError(where, "must be text", number, "completion")
+    if reference is not None:
+        _check_unicode(where, number, "completion", reference)
     return PromptRecord(prompt, output_len, reference)
 
 
@@ -186,7 +188,7 @@ def _sharegpt(where: str, text: str) -> list[PromptRecord]:
             value = turn.get("value") if isinstance(turn, dict) else None
             if not isinstance(value, str):
                 raise DatasetError(where, "a turn without text", number, "conversations.value")
-            texts.append(value)
+            texts.append(_check_unicode(where, number, "conversations.value", value))
         if texts[0].strip():
             records.append(PromptRecord(texts[0], None, texts[1]))
     return records
@@ -210,14 +212,75 @@ def read_conversations(path: Path, fmt: DatasetFormat | None = None) -> list[Con
     return records
 
 
+def _shown(value: object) -> str:
+    """A value of the file as an error shows it: shortened, and never nested past a few
+    levels (a 100,000-level list would not even print)."""
+    return _SHOWN.repr(value)
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 60
+
+
+def _check_unicode(where: str, number: int, field: str, text: str) -> str:
+    """``text``, refused if it holds a lone surrogate: JSON may write one as an escape
+    (``"\\ud800"``), but it is half of a UTF-16 pair, no character, and no tokenizer, hash or
+    request body can encode it (``UnicodeEncodeError`` wherever it is first sent)."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise DatasetError(where, f"holds a lone surrogate \\u{ord(text[exc.start]):04x} (half of a UTF-16 "
+                                      "pair, no character): not text that can be encoded", number, field) from None
+    return text
+
+
+def _json_line(where: str, line: str, number: int) -> object:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(where, f"not JSON ({exc.msg}, column {exc.colno})", number) from None
+    except RecursionError:
+        raise _too_deep(where, line, number) from None
+
+
+# The tokens of JSON text that nest or separate: a string (with the colon after it, when it is a
+# key), a bracket or a comma. Only read once json has found a document too deep to parse.
+_JSON_TOKEN = re.compile(r'"([^"\\]*(?:\\.[^"\\]*)*)"(\s*:)?|[\[{]|[\]}]|,')
+
+
+def _too_deep(where: str, text: str, number: int | None) -> DatasetError:
+    """The error for JSON nested past what json reads (it recurses once per level, to a
+    ``RecursionError``): its deepest point, by record and key. ``number``: the JSONL line
+    the text is; None: a ShareGPT file, whose records are the items of its top-level list."""
+    top = 0 if number is not None else 1  # the depth of the level holding the records
+    depth, item, key = 0, 1, None
+    deepest: tuple[int, int | None, str | None] = (0, number, None)
+    for match in _JSON_TOKEN.finditer(text):
+        token = match.group()
+        if token[0] == '"':
+            if match.group(2) and depth == top + 1:  # a key of the record's own object
+                key = match.group(1)[:60]  # a key as the file writes it (escapes and all), shortened
+        elif token in "[{":
+            depth += 1
+            if depth > deepest[0]:
+                deepest = (depth, number if number is not None else item, key)
+        elif token in "]}":
+            depth -= 1
+            if depth <= top:
+                key = None
+        elif depth == top and number is None:  # a comma between the records of the list
+            item += 1
+    levels, record, field = deepest
+    return DatasetError(where, f"JSON nested {levels:,} levels deep, past what can be read (a prompt "
+                               "file's records are a few levels)", record, field)
+
+
 def _json_lines(where: str, text: str) -> list[tuple[int, object]]:
     items = []
     for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
-            try:
-                items.append((number, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise DatasetError(where, f"not JSON ({exc.msg}, column {exc.colno})", number) from None
+            items.append((number, _json_line(where, line, number)))
     return items
 
 
@@ -226,6 +289,8 @@ def _json_list(where: str, text: str) -> list[tuple[int, object]]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DatasetError(where, f"not JSON ({exc.msg}, line {exc.lineno})") from None
+    except RecursionError:
+        raise _too_deep(where, text, None) from None
     if not isinstance(data, list):
         raise DatasetError(where, "a ShareGPT file is a JSON list of {\"conversations\": [...]} records")
     return list(enumerate(data, start=1))
@@ -255,9 +320,15 @@ def _message(where: str, number: int, message: object) -> tuple[str, str]:
                            number, "conversations")
     role = message.get("from", message.get("role"))
     text = message.get("value", message.get("content"))
+    # A problem is named by the key the file uses (ShareGPT's from/value, OpenAI's role/content).
+    openai = "from" not in message and "value" not in message and ("role" in message or "content" in message)
+    role_key = "role" if "from" not in message and ("role" in message or openai) else "from"
+    text_key = "content" if "value" not in message and ("content" in message or openai) else "value"
     if not isinstance(text, str) or not text.strip():
-        raise DatasetError(where, "a turn without text", number, "conversations.value")
-    if role != "system" and role not in _USER_ROLES | _ASSISTANT_ROLES:
-        raise DatasetError(where, f"unknown role {role!r} (human/user, gpt/assistant or system)",
-                           number, "conversations.from")
-    return str(role), text
+        raise DatasetError(where, "a turn without text", number, f"conversations.{text_key}")
+    # A role that is no text (a list, an object) is no role either; checked as text first, since
+    # a list cannot be looked up among the roles (unhashable).
+    if not isinstance(role, str) or (role != "system" and role not in _USER_ROLES | _ASSISTANT_ROLES):
+        raise DatasetError(where, f"unknown role {_shown(role)} (human/user, gpt/assistant or system)",
+                           number, f"conversations.{role_key}")
+    return role, _check_unicode(where, number, f"conversations.{text_key}", text)

@@ -101,8 +101,8 @@ REQUESTS: tuple[Column, ...] = (
     _c("energy_j", F, "its share of the GPU energy (the trial's request_energy_method): a serving run's "
                       "requests sum to its run_energy_j, an offline window's to its energy_j; null where "
                       "not attributed (random prompts of one shape offline: energy_per_request_j says it)"),
-    _c("prefill_energy_j", F, "serving: of energy_j, the part spent in the request's prefill (from its scheduling to "
-                              "its first token, by token share: the prompt tokens the engine computed against the "
+    _c("prefill_energy_j", F, "serving: of energy_j, the part spent in the request's prefill (from its scheduling, or "
+                              "where the engine does not say (an HTTP server) its sending, to its first token, by token share: the prompt tokens the engine computed against the "
                               "tokens others processed beside it)"),
     _c("error", S, "serving: why the request failed or did not finish; null if it completed"),
 )

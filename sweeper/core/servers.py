@@ -16,15 +16,18 @@ module branches on an engine's name.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -44,6 +47,40 @@ TRITON_CACHE_DIR = "triton"
 
 # Placeholders a launch command may hold; each is replaced by the trial's value.
 COMMAND_FIELDS = ("port", "host", "model", "served_model", "dtype", "tensor_parallel", "seed", "device")
+# A placeholder is a name alone in braces (``{port}``, ``--port={port}``). Any other brace is the
+# command's own (a JSON flag value, a secret) and is passed as written: read as a format string,
+# ``{"method": "ngram"}`` failed as an unknown field, and a secret's braces put the secret in
+# the error.
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class Verbatim(str):
+    """A word of a server's command line that is a value (an ``args`` value, a secret flag's
+    value, the model's path): passed to the server as it is, never searched for placeholders,
+    which are the command's own words' (``fill_placeholders``)."""
+
+    __slots__ = ()
+
+
+def placeholders(word: str) -> list[str]:
+    """The names of the placeholders ``word`` holds."""
+    return _PLACEHOLDER.findall(word)
+
+
+def fill_placeholders(argv: Sequence[str], values: Mapping[str, str]) -> list[str]:
+    """``argv`` with each placeholder of ``COMMAND_FIELDS`` replaced by its value; a ``Verbatim``
+    word, and every brace that is no such placeholder, as given. Raises ``ValueError`` naming a
+    placeholder that has no value."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in COMMAND_FIELDS:
+            return match.group(0)
+        if name not in values:
+            raise ValueError(f"the command holds {{{name}}}, which has no value here")
+        return values[name]
+
+    return [str(word) if isinstance(word, Verbatim) else _PLACEHOLDER.sub(value, word) for word in argv]
 
 
 @dataclass(frozen=True)
@@ -174,10 +211,11 @@ class ServerEngine:
 
     def command(self, *, model: str, served_model: str, precision: str, tensor_parallel: int, seed: int,
                 synthetic: bool, args: Mapping[str, Any], device: str) -> list[str]:
-        """The command line, with ``{port}``, ``{host}`` and ``{device}`` left to fill at launch."""
-        argv = [*self.program, model, "--host", "{host}", "--port", "{port}"]
+        """The command line, with ``{port}``, ``{host}`` and ``{device}`` left to fill at launch;
+        the model, its name and ``args`` are values (``Verbatim``), whatever braces they hold."""
+        argv: list[str] = [*self.program, Verbatim(model), "--host", "{host}", "--port", "{port}"]
         if self.served_name_flag:
-            argv += [self.served_name_flag, served_model]
+            argv += [self.served_name_flag, Verbatim(served_model)]
         argv += list(self.precision_flags[precision])
         if self.tensor_parallel_flag and tensor_parallel > 1:
             argv += [self.tensor_parallel_flag, str(tensor_parallel)]
@@ -196,18 +234,19 @@ class ServerEngine:
 def engine_args(args: Mapping[str, Any]) -> list[str]:
     """``{max-num-seqs: 64, enforce-eager: true}`` as ``--max-num-seqs 64 --enforce-eager``; a
     mapping or list value as JSON, which is how vLLM and SGLang take structured flags
-    (``speculative-config: {method: ngram, num_speculative_tokens: 4}``)."""
+    (``speculative-config: {method: ngram, num_speculative_tokens: 4}``). Every word is the
+    sweep's value (``Verbatim``): a JSON value's braces are no placeholders."""
     out: list[str] = []
     for key, value in args.items():
-        flag = "--" + key.replace("_", "-")
+        flag = Verbatim("--" + key.replace("_", "-"))
         if value is True:
             out.append(flag)
         elif value is False:
-            out.append("--no-" + key.replace("_", "-"))
+            out.append(Verbatim("--no-" + key.replace("_", "-")))
         elif isinstance(value, Mapping | list):
-            out += [flag, json.dumps(value, separators=(",", ":"))]
+            out += [flag, Verbatim(json.dumps(value, separators=(",", ":")))]
         else:
-            out += [flag, str(value)]
+            out += [flag, Verbatim(str(value))]
     return out
 
 
@@ -308,23 +347,23 @@ class LaunchCommand(BaseModel):
         return data
 
     def argv(self) -> list[str]:
-        """The command line to start, its secret values restored."""
+        """The command line to start, its secret values restored (as ``Verbatim``: a secret's
+        braces are no placeholders)."""
         out = list(self.command)
         for i, value in self.secret_values.items():
             name, eq, _ = out[i].partition("=")
-            out[i] = f"{name}={value}" if eq and out[i].startswith("-") else value
+            out[i] = Verbatim(f"{name}={value}" if eq and out[i].startswith("-") else value)
         return out
 
     @model_validator(mode="after")
     def _placeholders_known(self) -> LaunchCommand:
-        import string
-
+        # The launch's own reading (fill_placeholders): other braces (JSON) are the command's.
         for part in self.command:
-            for _, name, _, _ in string.Formatter().parse(part):
-                if name is not None and name not in COMMAND_FIELDS:
+            for name in placeholders(part):
+                if name not in COMMAND_FIELDS:
                     raise ValueError(f"command: unknown placeholder {{{name}}}; known: "
                                      + ", ".join("{" + f + "}" for f in COMMAND_FIELDS))
-        if not any("{port}" in part for part in self.command):
+        if not any("port" in placeholders(part) for part in self.command):
             raise ValueError("command: must contain {port} (the free port sweeper picks for the server)")
         return self
 
@@ -367,6 +406,9 @@ class ServerOptions(BaseModel):
     # streams about 14,500 chunks a second per core); auto: as many as the run's expected chunk
     # rate needs, at most half the node's cores (actors.backends.server.fanout).
     client_processes: Annotated[int, Field(ge=1, le=64, strict=True)] | Literal["auto"] = "auto"
+    # Options a conversation replay does not use (its turns go from one process, each built
+    # from the reply before it): refused there, since they would set its trials apart for nothing.
+    unused_by_conversations: ClassVar[tuple[str, ...]] = ("client_processes",)
     # ``args`` whose flag names a secret (--hf-token, ...), set apart: never serialized, so never
     # stored, hashed into a trial id or printed; the launch passes them on.
     secret_args: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
@@ -380,6 +422,17 @@ class ServerOptions(BaseModel):
             if secrets:
                 data = {**data, "args": args, "secret_args": secrets}
         return data
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_userinfo(cls, url: str | None) -> str | None:
+        # A password in the URL would be shown wherever the server is named (its label, the
+        # server_url column, a failed request's error); the message does not quote the URL.
+        if url is not None and "@" in urlsplit(url).netloc:
+            raise ValueError("holds a user name or password (user:password@host), which sweeper would print "
+                             "wherever it names the server; give the URL without it, and the server's key "
+                             "in api_key_env (the name of an environment variable holding it)")
+        return url
 
     @model_validator(mode="after")
     def _one_way_in(self) -> ServerOptions:
@@ -427,9 +480,15 @@ class ServerOptions(BaseModel):
         engine = self.engine
         return engine.api_key if engine is not None else None
 
+    def secret_flag_values(self) -> tuple[str, ...]:
+        """The values of its secret flags (``args``' and a launch command's): no text that
+        sweeper writes may hold them, an error's included."""
+        command = self.launch.secret_values.values() if isinstance(self.launch, LaunchCommand) else ()
+        return (*self.secret_args.values(), *command)
+
     def actor_env(self) -> tuple[str, ...]:
         """Environment variables the trial's actor needs from the driver's environment: the
-        external server's key, which reaches the actor's node through Ray's runtime environment."""
+        external server's key, which reaches the actor's node as an argument of its load call."""
         return (self.api_key_env,) if self.api_key_env is not None else ()
 
     def speculates(self) -> bool:

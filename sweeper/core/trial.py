@@ -24,6 +24,7 @@ from sweeper.core.axes import (
 from sweeper.core.backends import BACKENDS
 from sweeper.core.capacity import LoadSearch, capacity_id
 from sweeper.core.configuration import Configuration
+from sweeper.core.secrets import SecretValues
 from sweeper.core.settings import (
     LAYER_GRANULARITIES,
     DatasetSettings,
@@ -237,6 +238,10 @@ class Trial:
             d["output_lengths"] = self.output_lengths
         if self.shared_prefix is not None:
             d["shared_prefix"] = self.shared_prefix.identity()
+            if self.serving is None and (self.batch_size or 0) < self.shared_prefix.num_prefixes:
+                # Offline calls smaller than num_prefixes deal the prefixes across calls; results
+                # from before sent only the first batch_size of them: measured again on resume.
+                d["prefixes_dealt_across_calls"] = True
         return d
 
     @property
@@ -360,6 +365,9 @@ class GroupLoad:
     # that node's sweeper cache. Told with each load rather than through the job's environment,
     # so it holds for a run in a process whose Ray driver was started by someone else.
     server_log_dir: str | None = None
+    # Values from the driver's environment the load needs (an external server's key,
+    # ``BackendSpec.actor_env``): an argument of the load call, never in a runtime environment.
+    secrets: SecretValues = SecretValues()
 
 
 def row_variant(backend: str, options_json: str | None, tensor_parallel: int | None = 1) -> str:

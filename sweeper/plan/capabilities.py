@@ -53,6 +53,84 @@ class NodeCapabilities:
         return self.libraries.get(library) is not None
 
 
+def _gpus(n: int) -> str:
+    return f"{n} GPU{'s' if n != 1 else ''}"
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """A kind of node a cluster's autoscaler may launch: its resources per node as its config
+    declares them (no node of it need be alive), and how many of it the config allows."""
+
+    name: str
+    gpus: int
+    cpus: int | None = None  # None: the config does not say
+    max_workers: int | None = None  # None: no bound known (a node shape the user declared)
+
+    def text(self) -> str:
+        parts = [_gpus(self.gpus)] + ([f"{self.cpus} CPU(s)"] if self.cpus is not None else [])
+        parts += [f"up to {self.max_workers}"] if self.max_workers is not None else []
+        return f"{self.name} ({', '.join(parts)})"
+
+
+# The node type a user declares with --gpus-per-node, for a cluster whose node types sweeper cannot read.
+DECLARED = "--gpus-per-node"
+
+
+@dataclass(frozen=True)
+class NodeTypes:
+    """The node types a cluster's autoscaler may launch, and where sweeper learnt them
+    (``sweeper.run.autoscaler``). Empty: a fixed cluster, or one whose types are unknown."""
+
+    types: tuple[NodeType, ...] = ()
+    source: str = ""  # "the autoscaler's config FILE" | "--gpus-per-node" | ...
+    max_workers: int | None = None  # the config's bound on all its workers together
+    # Types whose config declares no resources (a cloud provider fills them in at launch, from
+    # the instance type): their GPUs are unknown here, so they count for none.
+    unsized: tuple[str, ...] = ()
+
+    @property
+    def with_gpus(self) -> tuple[NodeType, ...]:
+        return tuple(t for t in self.types if t.gpus > 0)
+
+    @property
+    def widest(self) -> NodeType | None:
+        return max(self.with_gpus, key=lambda t: t.gpus, default=None)
+
+    def gpus(self) -> int:
+        """The most GPUs these nodes hold at once: the widest types first, within the config's
+        bounds (a type with none counts one node: how many the cloud gives is not known)."""
+        left = self.max_workers
+        total = 0
+        for t in sorted(self.with_gpus, key=lambda t: -t.gpus):
+            n = t.max_workers if t.max_workers is not None else 1
+            n = min(n, left) if left is not None else n
+            total += n * t.gpus
+            left = left - n if left is not None else None
+        return total
+
+    def declare(self, gpus_per_node: int) -> NodeTypes:
+        """These types and the one the user declares (``--gpus-per-node``)."""
+        source = f"{DECLARED} {gpus_per_node}"
+        # The declaration answers for the types the config leaves unsized.
+        return replace(self, types=(*self.types, NodeType("declared", gpus_per_node)), unsized=(),
+                       source=f"{self.source}; {source}" if self.source else source)
+
+    def text(self) -> str:
+        return f"{', '.join(t.text() for t in self.with_gpus)} (from {self.source})"
+
+    def notes(self) -> list[str]:
+        """What a plan says of them: the GPU nodes it waits for, and the types it could not size."""
+        notes = []
+        if self.with_gpus:
+            notes.append(f"GPU nodes the cluster's autoscaler launches on demand: {self.text()}; each group asks "
+                         "Ray for its GPUs and waits for such a node")
+        if self.unsized:
+            notes.append(f"node type(s) {', '.join(self.unsized)} declare no resources in {self.source} (their "
+                         f"provider fills them in at launch): counted without GPUs; {DECLARED} N declares them")
+        return notes
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What the nodes a sweep can use have installed; ``source`` says where that was learnt."""
@@ -61,20 +139,30 @@ class Capabilities:
     source: str  # "cluster (N nodes probed)" | "local environment"
     unanswered: tuple[str, ...] = ()  # node ids that did not answer the probe
     reused: bool = False  # this process's earlier answer for the same alive nodes (probe_cluster)
+    # The node types the cluster's autoscaler may launch: their GPUs are known, what they have
+    # installed is not (no node of them need be alive to answer the probe).
+    node_types: NodeTypes = NodeTypes()
 
     def candidates(self, device: str, num_gpus: int) -> tuple[tuple[NodeCapabilities, ...], str]:
         """Nodes a trial could be placed on, and how to name them in a reason."""
         if device == "cuda":
             fit = tuple(n for n in self.nodes if n.gpus >= num_gpus)
             if fit:
-                return fit, f"node with {num_gpus} GPU{'s' if num_gpus > 1 else ''}"
+                return fit, f"node with {_gpus(num_gpus)}"
         # No node fits (Ray will say so when it queues the trial): judge libraries on all.
         return self.nodes, "node"
 
+    def _on_nodes_to_come(self, device: str, num_gpus: int) -> bool:
+        """No alive node fits the trial but a node type the autoscaler launches does: it runs on
+        a node that is not up yet, whose libraries no probe has seen (the alive ones, a CPU-only
+        head, say nothing of them)."""
+        return (device == "cuda" and not any(n.gpus >= num_gpus for n in self.nodes)
+                and any(t.gpus >= num_gpus for t in self.node_types.types))
+
     def where_missing(self, library: str, device: str, num_gpus: int) -> str | None:
         """Why no node a trial could use has ``library`` (a clause for a skip reason), or None."""
-        if not self.nodes:
-            return None  # nothing answered: unknown is not a reason to skip
+        if not self.nodes or self._on_nodes_to_come(device, num_gpus):
+            return None  # nothing answered, or not up yet: unknown is not a reason to skip
         nodes, what = self.candidates(device, num_gpus)
         if any(n.has(library) for n in nodes):
             return None
@@ -86,19 +174,29 @@ class Capabilities:
         """Why a trial of ``num_gpus`` can never be placed, or None.
 
         A trial's GPUs are one node's (a tensor-parallel group spans no network), so a
-        trial wider than the widest node would wait forever. A cluster with no GPU node
-        at all gives no verdict: it is one that autoscales from zero (its GPU nodes come
-        with the demand), or the plan is for some other machine.
+        trial wider than the widest node, alive or of a type the autoscaler launches, would
+        wait forever. A cluster with no GPU node and no GPU node type known gives no verdict:
+        its node types may be unreadable here (its GPU nodes come with the demand), or the plan
+        is for some other machine.
         """
         if device != "cuda":
             return None
-        gpus = max((n.gpus for n in self.nodes), default=0)
-        if 0 < gpus < num_gpus:
-            where = "this machine has" if self.source == LOCAL else f"the widest node of the cluster ({self.source}) has"
-            return f"{num_gpus} GPUs per trial on one node, but {where} {gpus}"
-        return None
+        alive = max((n.gpus for n in self.nodes), default=0)
+        launched = self.node_types.widest
+        if not 0 < max(alive, launched.gpus if launched else 0) < num_gpus:
+            return None
+        where = []
+        if alive or launched is None:
+            where.append(f"this machine has {alive}" if self.source == LOCAL
+                         else f"the widest node of the cluster ({self.source}) has {alive}")
+        if launched is not None:
+            where.append(f"the widest node type its autoscaler launches ({launched.name}, from "
+                         f"{self.node_types.source}) has {launched.gpus}")
+        return f"{num_gpus} GPUs per trial on one node, but {' and '.join(where)}"
 
     def versions(self, library: str, device: str, num_gpus: int) -> list[str]:
+        if self._on_nodes_to_come(device, num_gpus):
+            return []  # unknown: not a reason to skip
         nodes, _ = self.candidates(device, num_gpus)
         return sorted({v for n in nodes if n.has(library) and (v := n.libraries[library]) is not None})
 

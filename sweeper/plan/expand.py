@@ -435,4 +435,5 @@ def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", chec
                 + repeated_conversation_warnings(p.trial for p in planned))
     if capabilities is not None:
         plan.notes.append(f"installed libraries checked in: {capabilities.source}")
+        plan.notes += capabilities.node_types.notes()
     return plan

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from sweeper.core.backends import BACKENDS
 from sweeper.core.capacity import LOAD_AXES
 from sweeper.core.schema import columns as schema_columns
+from sweeper.plan.field_errors import problems
 
 if TYPE_CHECKING:
     from sweeper.plan.spec import Sweep
@@ -79,7 +80,8 @@ def _check_dimension(sweep: Sweep, key: str, dim: Any) -> None:
             try:
                 options_type.model_validate({**variant, option: value})
             except ValidationError as exc:
-                msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
-                raise ValueError(f"search.space.{key}: {value!r}: {msg}") from None
+                # As the file's own problems are worded: a union's members as one message
+                # ("a valid integer, or 'auto'"), not the first member's alone.
+                raise ValueError(f"search.space.{key}: {value!r}: {problems(exc.errors())[0][1]}") from None
 
 

@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 
 from sweeper.core.errors import SweepFileError
+from sweeper.core.secrets import header_unsafe
 from sweeper.core.servers import ServerOptions
 from sweeper.plan.spec import Sweep
 
@@ -81,6 +82,8 @@ def check_servers(sweep: Sweep, sweep_path: str = "<sweep>") -> None:
                 raise SweepFileError(sweep_path, f"{where}.api_key_env",
                                      f"{options.api_key_env} is not set in this environment (the server's key is "
                                      "read from it here and passed on to the trial's actor)")
+            if (why := header_unsafe(key)) is not None:
+                raise SweepFileError(sweep_path, f"{where}.api_key_env", f"the key in {options.api_key_env}: {why}")
         try:
             models = served_models(options.base_url, api_key=key)
         except KeyRefused as exc:

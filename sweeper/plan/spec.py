@@ -50,6 +50,7 @@ from sweeper.core.settings import (
     SharedPrefix,
     SloSettings,
 )
+from sweeper.plan.field_errors import as_validation_error, message, problems
 from sweeper.plan.search_check import check_search
 from sweeper.plan.yaml_file import read_yaml
 
@@ -170,7 +171,7 @@ PREFIX_REPETITION = "prefix_repetition"
 def _dataset_kind(value: Any) -> str:
     # The branch is chosen by the value's shape, so that an error names only the branch meant
     # (a bad prefix_len, not also "should be a valid string"); the tags' brackets keep them
-    # out of the field path an error names (_field_path).
+    # out of the field path an error names (sweeper.plan.field_errors).
     return "dataset[generated]" if isinstance(value, (dict, GeneratedDataset)) else "dataset[named]"
 
 
@@ -515,31 +516,41 @@ class Sweep(_Strict):
 
     @model_validator(mode="after")
     def _backend_options_valid(self) -> Sweep:
+        # Every problem of every variant, each at its field: the file's problems are reported
+        # at once (a ValueError would stop at the first, and name no field).
+        found: list[tuple[tuple[Any, ...], str]] = []
         for backend in self.backends:
             if backend not in self.backend_options:
                 try:
                     BACKENDS[backend].options.model_validate({})
                 except ValidationError as exc:
-                    msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
-                    raise ValueError(f"backend_options.{backend}: required ({msg})") from None
+                    found.append((("backend_options", backend), f"required ({message(exc.errors()[0])})"))
         for backend, variants in self.backend_options.items():
             if backend not in BACKENDS:
-                raise ValueError(
-                    f"backend_options names unknown backend {backend!r}; known: {', '.join(sorted(BACKENDS))}"
-                )
+                found.append((("backend_options", backend),
+                              f"unknown backend {backend!r}; known: {', '.join(sorted(BACKENDS))}"))
+                continue
             if backend not in self.backends:
-                raise ValueError(f"backend_options.{backend}: {backend} is not among this sweep's backends "
-                                 f"({', '.join(self.backends)}); add it there or remove its options")
+                found.append((("backend_options", backend), f"{backend} is not among this sweep's backends "
+                                                            f"({', '.join(self.backends)}); add it there or remove "
+                                                            "its options"))
+                continue
             for i, options in enumerate(variants):
-                where = f"backend_options.{backend}" + (f"[{i}]" if len(variants) > 1 else "")
+                where = ("backend_options", backend, *([i] if len(variants) > 1 else []))
                 if not isinstance(options, dict):
-                    raise ValueError(f"{where}: expected a mapping of option names to values")
+                    found.append((where, "expected a mapping of option names to values"))
+                    continue
                 try:
                     BACKENDS[backend].options.model_validate(options)
                 except ValidationError as exc:
-                    err = exc.errors()[0]
-                    field = ".".join(str(p) for p in err["loc"])
-                    raise ValueError(f"{where}.{field}: {err['msg'].removeprefix('Value error, ')}") from None
+                    found += [((*where, *err["loc"]), message(err)) for err in exc.errors()]
+                if self.workload.conversations:
+                    unused = getattr(BACKENDS[backend].options, "unused_by_conversations", ())
+                    found += [((*where, key), "not used by conversations (each turn is sent from one process, "
+                                              "built from the reply before it): leave it out")
+                              for key in unused if key in options]
+        if found:
+            raise as_validation_error(type(self).__name__, found)
         return self
 
     @model_validator(mode="after")
@@ -554,40 +565,14 @@ class Sweep(_Strict):
         return [BACKENDS[backend].options.model_validate(v) for v in variants]
 
 
-def _field_path(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in ("function-after", "function-before") or "[" in str(part):
-            continue
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _problem(err: Any) -> tuple[str | None, str]:
-    field = _field_path(err["loc"]) or None
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    elif err["type"] == "missing":
-        msg = "required field is missing"
-    elif err["type"] == "too_short":
-        msg = "must not be empty (give at least one value)"
-    elif err["type"] == "finite_number":
-        msg = "must be a finite number"
-    return field, msg
-
-
 def parse_sweep(data: Any, path: str = "<sweep>") -> Sweep:
     if not isinstance(data, dict):
         raise SweepFileError(path, None, "expected a mapping of sweep fields at the top level")
     try:
         return Sweep.model_validate(data)
     except ValidationError as exc:
-        problems = [_problem(err) for err in exc.errors()]
-        raise SweepFileError(path, *problems[0], more=tuple(problems[1:])) from None
+        found = problems(exc.errors())
+        raise SweepFileError(path, *found[0], more=tuple(found[1:])) from None
 
 
 def load_sweep(path: str | Path) -> Sweep:

@@ -48,6 +48,46 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
+def _lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate of ``text`` as its escape (``\\ud800``), or None."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"\\u{ord(text[exc.start]):04x}"
+    return None
+
+
+def _check_unicode(data: Any, path: str) -> None:
+    """Refuse a lone surrogate (``"\\ud800"``, which a double-quoted YAML string may write), in a
+    value or a key: half of a UTF-16 pair, no character, which nothing downstream can encode (a
+    trial id's hash, JSON, a request) and would fail on with a ``UnicodeEncodeError``, far from
+    the file. Walks the loaded data (at most ``MAX_YAML_NODES`` values, aliases expanded); every
+    such value is one problem, in the file's order."""
+    found: list[tuple[str | None, str]] = []
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        children: list[tuple[str, Any]] = []
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str) and (bad := _lone_surrogate(key)):
+                    # Not descended into: its fields' names would hold the surrogate too.
+                    found.append((where or None, f"a key holds a lone surrogate {bad} (half of a UTF-16 pair, "
+                                                 "no character): not text"))
+                else:
+                    children.append((f"{where}.{key}" if where else str(key), item))
+        elif isinstance(value, list):
+            children = [(f"{where}[{i}]", item) for i, item in enumerate(value)]
+        elif isinstance(value, str) and (bad := _lone_surrogate(value)):
+            found.append((where or None, f"holds a lone surrogate {bad} (half of a UTF-16 pair, no character): "
+                                         "not text"))
+        stack.extend(reversed(children))
+    if found:
+        raise SweepFileError(path, *found[0], more=tuple(found[1:]))
+
+
 def _check_shape(node: yaml.Node, path: str) -> None:
     """Refuse a document nested too deep, expanding past ``MAX_YAML_NODES`` nodes once its
     aliases are expanded, or holding itself through an alias.
@@ -103,4 +143,5 @@ def read_yaml(path: str | Path) -> Any:
         raise SweepFileError(str(path), None, f"malformed YAML: {where}{problem}") from None
     except UnicodeDecodeError:
         raise SweepFileError(str(path), None, "not a text file") from None
+    _check_unicode(data, str(path))
     return data

@@ -10,12 +10,13 @@ setting) stay on disk and in ``superseded/``; nothing measured is ever deleted.
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sweeper.core.errors import ResultsError
+from sweeper.core.errors import ResultsError, first_line
 from sweeper.core.plan_record import PLAN_FILE
 from sweeper.core.schema import DERIVED, TABLES, arrow_schema
 from sweeper.run.shards import BATCH_FILES, TRIALS, ShardFiles, stem
@@ -48,7 +49,8 @@ class Aggregation:
         the same plan, every one of its trials still has its shard, and its files have the
         current schema, each table keeps its previous rows but those of trials written
         since (re-run or new) and adds theirs, reading only the new shards and one file
-        per table. Otherwise, and with ``full``, everything is rebuilt from the shards.
+        per table. Otherwise, and with ``full``, everything is rebuilt from the shards:
+        so too when a previous table does not read (footer or pages), said in one line.
         Damaged shards the index can tell (another size than written) are moved aside first.
         """
         if not self.files.shard_paths(TRIALS):
@@ -60,10 +62,16 @@ class Aggregation:
         changed = None if full else self._changed_since_aggregate(stored, current)
         counts = {}
         if changed is not None:
-            for kind in TABLES:
-                counts[kind] = self._aggregate_changes(kind, current, changed)
-            self.superseded = len(superseded)  # the plan is unchanged: so are the superseded tables
-            return counts
+            try:
+                for kind in TABLES:
+                    counts[kind] = self._aggregate_changes(kind, current, changed)
+            except _Unreadable as exc:
+                # Its footer read, a page of it did not: what was kept of it cannot be trusted,
+                # so every table is rebuilt from the shards (those updated already included).
+                self._say_unreadable(exc.path, exc.why)
+            else:
+                self.superseded = len(superseded)  # the plan is unchanged: so are the superseded tables
+                return counts
         for kind in TABLES:
             counts[kind] = self._aggregate(kind, current, posixpath.join(self.files.root, f"{kind}.parquet"))
             target = posixpath.join(self.files.root, "superseded", f"{kind}.parquet")
@@ -119,10 +127,21 @@ class Aggregation:
         plan = self.files.fs.get_file_info(posixpath.join(self.files.root, PLAN_FILE))
         if plan.mtime is not None and plan.mtime > since:
             return None
+        # A previous aggregate that does not read (cut short by a copy, damaged on disk) cannot be
+        # updated in place: everything is rebuilt from the shards, which hold every result.
+        schemas = {}
         for kind, target in zip(TABLES, targets, strict=True):
-            if pq.read_schema(target).remove_metadata() != arrow_schema(kind):
-                return None
-        previous = set(pq.read_table(targets[0], columns=["trial_id"]).column("trial_id").to_pylist())
+            try:
+                schemas[kind] = pq.read_schema(target).remove_metadata()
+            except (pa.ArrowInvalid, OSError) as exc:
+                self._say_unreadable(target, first_line(exc))
+        if len(schemas) < len(TABLES) or any(schemas[kind] != arrow_schema(kind) for kind in TABLES):
+            return None
+        try:
+            previous = set(pq.read_table(targets[0], columns=["trial_id"]).column("trial_id").to_pylist())
+        except (pa.ArrowInvalid, OSError) as exc:
+            self._say_unreadable(targets[0], first_line(exc))
+            return None
         if not previous <= current:
             return None  # a trial it holds lost its shard (quarantined, moved away): rebuild
         changed: set[str] = set()
@@ -145,7 +164,10 @@ class Aggregation:
         schema = arrow_schema(kind)
         rows = 0
         if kind == TRIALS:  # one row per trial: sorted whole, as a full aggregation sorts it
-            kept = pq.read_table(target, schema=schema)
+            try:
+                kept = pq.read_table(target, schema=schema)
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise _Unreadable(target, first_line(exc)) from None
             kept = kept.filter(pc.invert(pc.is_in(kept.column("trial_id"), value_set=drop)))
             table = pa.concat_tables([kept, self.files.read_shards(kind, trial_ids=fresh)]).combine_chunks()
             if table.num_rows:
@@ -154,7 +176,7 @@ class Aggregation:
             self.trials = table
             return int(table.num_rows)
         with self.files.atomic_output(target) as out, pq.ParquetWriter(out, schema) as writer:
-            for batch in pq.ParquetFile(target).iter_batches(batch_size=65_536):
+            for batch in _previous_batches(target):
                 batch = batch.filter(pc.invert(pc.is_in(batch.column("trial_id"), value_set=drop)))
                 if batch.num_rows:
                     writer.write_table(pa.Table.from_batches([batch], schema=schema))
@@ -166,9 +188,18 @@ class Aggregation:
 
     def up_to_date(self) -> bool:
         """Whether the aggregated tables already hold every shard and the current plan
-        (nothing written since the last aggregation): a resume with nothing to run skips it."""
+        (nothing written since the last aggregation) and each still reads (its footer): a
+        resume with nothing to run skips aggregating then, and only then."""
         target = self.files.fs.get_file_info(posixpath.join(self.files.root, f"{TRIALS}.parquet"))
         if target.type != pafs.FileType.File or target.mtime is None:
+            return False
+        # Newer than every shard is not enough: a table cut short or emptied since (a copy, a
+        # disk that filled under another writer) is newer still. Each aggregate's footer is
+        # read (a few KB each); one missing or unreadable is rebuilt, as a run with work would.
+        derived = [kind for kind in DERIVED if self.files.fs.get_file_info(
+            posixpath.join(self.files.root, f"{kind}.parquet")).type == pafs.FileType.File]
+        if not all(self._footer_reads(posixpath.join(self.files.root, f"{kind}.parquet"))
+                   for kind in (*TABLES, *derived)):
             return False
         newest = self.files.fs.get_file_info(posixpath.join(self.files.root, PLAN_FILE)).mtime
         for kind in (*TABLES, *DERIVED):
@@ -177,6 +208,34 @@ class Aggregation:
                 if info.mtime is not None and (newest is None or info.mtime > newest):
                     newest = info.mtime
         return newest is not None and newest <= target.mtime
+
+    def _footer_reads(self, path: str) -> bool:
+        try:
+            with self.files.fs.open_input_file(path) as f:
+                pq.read_metadata(f)
+            return True
+        except (pa.ArrowInvalid, OSError):
+            return False
+
+    def _say_unreadable(self, path: str, why: str) -> None:
+        self.files.on_quarantine(f"{path}: not a readable Parquet table ({why}): rebuilding it from the shards")
+
+
+class _Unreadable(Exception):
+    """A previous aggregate that an in-place update could not read: the update gives way to a rebuild."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+        self.path, self.why = path, why
+
+
+def _previous_batches(target: str) -> Iterator[pa.RecordBatch]:
+    """A previous aggregate's rows, a batch at a time; a read that fails is ``_Unreadable`` (the
+    caller's own writes, between the batches, raise as they are)."""
+    try:
+        yield from pq.ParquetFile(target).iter_batches(batch_size=65_536)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise _Unreadable(target, first_line(exc)) from None
 
 
 def aggregate_derived(files: ShardFiles, kind: str, planned: set[str] | None) -> int | None:

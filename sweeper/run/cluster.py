@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 from sweeper.core.errors import UserInputError
 from sweeper.core.settings import Device
+from sweeper.plan.capabilities import NodeTypes
 
 
 @dataclass(frozen=True)
 class ClusterInfo:
-    gpus: int
+    gpus: int  # alive now
     cpus: int
     nodes: int
     min_node_cpus: int
@@ -22,14 +23,38 @@ class ClusterInfo:
     # This call started the embedded local Ray, whose workers run this interpreter: what is
     # installed here is what they have. Otherwise the nodes are asked (a capability probe).
     embedded: bool = False
+    # What its autoscaler may launch (sweeper.run.autoscaler), or what --gpus-per-node declares.
+    node_types: NodeTypes = NodeTypes()
 
     @property
     def device(self) -> Device:
-        return "cuda" if self.gpus > 0 else "cpu"
+        # A cluster that can launch GPU nodes is a GPU cluster before any is up: its groups
+        # must ask Ray for GPUs, or the autoscaler never launches a GPU node for them (and the
+        # nodes it launches for their CPUs run them without their GPU).
+        return "cuda" if self.gpus > 0 or self.node_types.with_gpus else "cpu"
 
     @property
     def slots(self) -> int:
-        return self.gpus if self.gpus else self.nodes
+        """Groups that may run at once: its GPUs (those its node types can bring up, where more;
+        not added to the alive ones, which may be of those types) or, CPU-only, its nodes."""
+        if self.device == "cuda":
+            return max(self.gpus, self.node_types.gpus())
+        return self.nodes
+
+    @property
+    def awaits_nodes(self) -> bool:
+        """No GPU node is up yet: every group waits for one the autoscaler launches."""
+        return self.device == "cuda" and self.gpus == 0
+
+    def text(self) -> str:
+        """The cluster in a clause: what is up, and what its autoscaler launches on demand."""
+        text = f"{self.nodes} node(s) with {self.gpus} GPU(s), {self.cpus} CPU(s)"
+        if not self.node_types.with_gpus:
+            return text
+        text += f"; GPU nodes launched on demand: {self.node_types.text()}"
+        if self.awaits_nodes:
+            return text + "; waiting for the nodes the autoscaler launches for the groups"
+        return text
 
 
 # How long the head's port may take to answer before the address is reported unreachable.
@@ -244,7 +269,7 @@ def connect(address: str | None) -> ClusterInfo:
     A process whose Ray driver is already connected (a notebook's ``ray.init``, a caller that
     runs several sweeps) runs on that cluster, as one job; an ``address`` that names another
     cluster is refused. Nothing a run needs is set for the whole job: what an actor needs
-    travels with its load, or in the actor's own runtime environment.
+    travels with its load call.
     """
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     connected = connected_gcs()
@@ -286,12 +311,19 @@ def _join(address: str) -> None:
 
 
 def describe(*, embedded: bool) -> ClusterInfo:
-    """The connected cluster's nodes and resources."""
+    """The connected cluster's nodes and resources, and the node types its autoscaler may launch."""
     import ray
+
+    from sweeper.run.autoscaler import read_node_types
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     resources = ray.cluster_resources()
-    node_cpus = [int(n["Resources"].get("CPU", 0)) for n in nodes] or [1]
+    node_types = NodeTypes() if embedded else read_node_types(connected_gcs() or "")
+    # The nodes a CPU-only trial may run on: those with CPUs (a head of `CPU: 0` runs none),
+    # alive or of a type the autoscaler launches.
+    node_cpus = [c for n in nodes if (c := int(n["Resources"].get("CPU", 0))) > 0]
+    node_cpus += [t.cpus for t in node_types.types if t.cpus]
     return ClusterInfo(gpus=int(resources.get("GPU", 0)), cpus=int(resources.get("CPU", 0)),
-                       nodes=len(nodes), min_node_cpus=max(min(node_cpus), 1),
-                       node_ips=frozenset(str(n.get("NodeManagerAddress")) for n in nodes), embedded=embedded)
+                       nodes=len(nodes), min_node_cpus=min(node_cpus, default=1),
+                       node_ips=frozenset(str(n.get("NodeManagerAddress")) for n in nodes), embedded=embedded,
+                       node_types=node_types)

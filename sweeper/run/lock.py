@@ -78,9 +78,11 @@ class RunLock:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 holder = self._holder()
-                if holder is not None and not self._stale(holder):
+                if holder is None:
+                    continue  # gone since: try again
+                if not self._stale(holder):
                     raise DirectoryInUse(self._refusal(holder)) from None
-                self.took_over = holder or {}
+                self.took_over = holder
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.path)
                 continue
@@ -101,14 +103,24 @@ class RunLock:
             out.write(json.dumps({**self.me, "heartbeat_unix_s": time.time()}).encode())
 
     def _holder(self) -> dict[str, Any] | None:
+        """The lock's holder as it wrote itself, with the lock's age; None if the lock is gone.
+        A lock that does not read as a holder (caught between its creation and its first write,
+        or damaged) is a holder of no known name: judged by its age alone, never taken over
+        while fresh (its run may be starting this instant)."""
         try:
-            with self.store.fs.open_input_stream(self.path) as f:
-                holder = json.loads(f.read())
             age_s = time.time() - self._mtime_s()
-        except (OSError, ValueError):
-            return None  # vanished or half-written: treat as stale
-        if not isinstance(holder, dict):
+            with self.store.fs.open_input_stream(self.path) as f:
+                data = f.read()
+        except FileNotFoundError:
             return None
+        except OSError:
+            data = b""  # there, but unreadable to us (its permissions): judged by its age
+        try:
+            holder = json.loads(data)
+        except ValueError:
+            holder = None
+        if not isinstance(holder, dict) or not isinstance(holder.get("host"), str):
+            holder = {"unreadable": True}
         holder["age_s"] = age_s
         return holder
 
@@ -123,7 +135,21 @@ class RunLock:
             return not _pid_alive(holder["pid"])
         return float(holder.get("age_s", 0.0)) > STALE_AFTER_S
 
+    def took_over_text(self) -> str | None:
+        """What the run says of the stale lock it replaced (None: there was none)."""
+        held = self.took_over
+        if held is None:
+            return None
+        if held.get("unreadable"):
+            return (f"took over a stale lock of {self.store.uri} (unreadable, untouched for "
+                    f"{held['age_s']:.0f} s)")
+        return f"took over a stale lock of {self.store.uri} (pid {held.get('pid')} on {held.get('host')} is gone)"
+
     def _refusal(self, holder: dict[str, Any]) -> str:
+        if holder.get("unreadable"):
+            return (f"{self.store.uri} may be in use by another sweeper run: its lock {self.path} does not say "
+                    f"whose it is and was written {holder['age_s']:.0f} s ago (a run starting, or a damaged lock, "
+                    f"taken over once {STALE_AFTER_S:.0f} s old); remove it if no run is using the directory")
         return (f"{self.store.uri} is in use by another sweeper run (pid {holder.get('pid')} on "
                 f"{holder.get('host')}, since {holder.get('started_at')}); wait for it to finish, or "
                 f"remove {self.path} if that run is gone")

@@ -20,13 +20,14 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sweeper.core.settings import Device
 from sweeper.core.status import Status
 from sweeper.core.trial import Trial
+from sweeper.plan.capabilities import Capabilities, NodeTypes
 from sweeper.plan.expand import Plan, PlannedTrial, expand, make_plan
 from sweeper.plan.servers import check_energy_sites, check_servers
 from sweeper.plan.spec import Sweep, load_sweep
@@ -79,42 +80,72 @@ def stored_trials(output: str | None, observer: Observer) -> dict[str, StoredTri
 
 
 def plan_sweep(sweep_file: str | Path, device: Device | None = None, *, address: str | None = None,
-               output: str | None = None, retry_failed: bool = False, observer: Observer | None = None) -> PlanView:
+               output: str | None = None, retry_failed: bool = False, observer: Observer | None = None,
+               gpus_per_node: int | None = None) -> PlanView:
     """Expand a sweep into its plan for ``device`` (None: the cluster's, or this machine's).
 
-    With ``address`` the cluster's nodes say what is installed; without, this machine stands
-    in for the cluster. With ``output``, the view knows the trials already done there.
+    With ``address`` the cluster's nodes say what is installed, and its autoscaler's node types
+    (or ``gpus_per_node``) what GPU nodes it can launch; without, this machine stands in for the
+    cluster. With ``output``, the view knows the trials already done there.
     """
     from sweeper.plan.capabilities import local_capabilities, local_gpus
 
     observer = observer or Quiet()
+    check_gpus_per_node(gpus_per_node, joins_cluster=bool(address))
     sweep = load_sweep(sweep_file)
     if address:
         from sweeper.run.cluster import connect
 
-        found: Device = connect(address).device
-        plan = cluster_plan(sweep, device or found, str(sweep_file), expand(sweep, sweep_path=str(sweep_file)))
+        cluster = declared(connect(address), gpus_per_node)
+        plan = cluster_plan(sweep, device or cluster.device, str(sweep_file),
+                            expand(sweep, sweep_path=str(sweep_file)), cluster.node_types)
     else:
         gpus = local_gpus()
-        found = "cuda" if gpus else "cpu"
+        found: Device = "cuda" if gpus else "cpu"
         plan = make_plan(sweep, device or found, sweep_path=str(sweep_file), capabilities=local_capabilities(gpus))
         plan.notes[-1] += " (no --address: this machine stands in for the cluster)"
     return PlanView(sweep, plan, stored_trials(output, observer), retry_failed)
 
 
-def cluster_plan(sweep: Sweep, device: Device, sweep_path: str, expanded: tuple[list[Trial], int]) -> Plan:
-    """The sweep's plan on the connected cluster, judged by what its nodes have installed.
+def cluster_plan(sweep: Sweep, device: Device, sweep_path: str, expanded: tuple[list[Trial], int],
+                 node_types: NodeTypes | None = None) -> Plan:
+    """The sweep's plan on the connected cluster, judged by what its nodes have installed and
+    by the node types its autoscaler may launch (how wide a trial may be).
 
     This process's last answer for the same nodes is reused when the plan it gives skips no
     trial (a sweep run again, another sweep through the same driver); a plan that would skip
     one is made again from the nodes' answer now, since what was missing may be installed."""
     from sweeper.plan.capabilities import probe_cluster
 
-    capabilities = probe_cluster(reuse=True)
+    def probe(reuse: bool) -> Capabilities:
+        return replace(probe_cluster(reuse=reuse), node_types=node_types or NodeTypes())
+
+    capabilities = probe(reuse=True)
     plan = make_plan(sweep, device, sweep_path=sweep_path, capabilities=capabilities, expanded=expanded)
     if capabilities.reused and plan.skipped:
-        plan = make_plan(sweep, device, sweep_path=sweep_path, capabilities=probe_cluster(), expanded=expanded)
+        plan = make_plan(sweep, device, sweep_path=sweep_path, capabilities=probe(reuse=False), expanded=expanded)
     return plan
+
+
+def check_gpus_per_node(gpus_per_node: int | None, *, joins_cluster: bool) -> None:
+    """``gpus_per_node`` declares the GPU nodes of a cluster's autoscaler: a count of at least
+    one, for a cluster that is joined (not this machine, nor the embedded local Ray)."""
+    from sweeper.core.errors import UserInputError
+
+    if gpus_per_node is None:
+        return
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        raise UserInputError(f"--gpus-per-node {gpus_per_node}: expected a whole number of GPUs, at least 1")
+    if not joins_cluster:
+        raise UserInputError("--gpus-per-node declares the GPU nodes a cluster's autoscaler launches: it needs "
+                             "--address (the local Ray launches no node)")
+
+
+def declared(cluster: ClusterInfo, gpus_per_node: int | None) -> ClusterInfo:
+    """The cluster with the GPU nodes the user declares (``--gpus-per-node``) among its node types."""
+    if gpus_per_node is None:
+        return cluster
+    return replace(cluster, node_types=cluster.node_types.declare(gpus_per_node))
 
 
 # -- running -------------------------------------------------------------------------------
@@ -152,9 +183,8 @@ def open_run(sweep_file: str | Path, output: str | None = None,
     try:
         if low_space:
             observer.warn(low_space)
-        if lock.took_over is not None:
-            observer.say(f"sweeper: took over a stale lock of {store.uri} (pid {lock.took_over.get('pid')} on "
-                         f"{lock.took_over.get('host')} is gone)")
+        if (took_over := lock.took_over_text()) is not None:
+            observer.say(f"sweeper: {took_over}")
         yield setup
     finally:
         setup.close()
@@ -170,14 +200,18 @@ class RunResult:
 
 
 def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: str | None = None,
-              observer: Observer | None = None) -> RunResult:
+              observer: Observer | None = None, gpus_per_node: int | None = None) -> RunResult:
     """Run the sweep's missing trials on Ray (joining ``address``, else an embedded local Ray),
-    write each one's shards as it ends, then aggregate the tables.
+    write each one's shards as it ends, then aggregate the tables. ``gpus_per_node``: the GPUs
+    of the nodes the cluster's autoscaler launches, where sweeper cannot read its node types.
 
     Raises ``UserInputError`` (a cluster that cannot be joined, an energy site on no node of
     it) and ``ResultsWriteError`` (results that could not be written).
     """
     options, observer = options or RunOptions(), observer or Quiet()
+    from sweeper.run.cluster import connected_gcs
+
+    check_gpus_per_node(gpus_per_node, joins_cluster=bool(address) or connected_gcs() is not None)
     store, sweep = setup.store, setup.sweep
     # The store's first look lists the shard directories once: what is stored, and what a killed
     # run's writers left half-written, removed here under the run lock.
@@ -187,7 +221,7 @@ def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: st
         done = _nothing_to_run(setup, options.retry_failed, observer)
         if done is not None:
             return done
-    cluster = _join(address, observer)
+    cluster = declared(_join(address, observer), gpus_per_node)
     check_energy_sites(sweep, cluster.node_ips, setup.sweep_path)
     from sweeper.plan.capabilities import local_capabilities
 
@@ -196,12 +230,12 @@ def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: st
         plan = make_plan(sweep, cluster.device, sweep_path=setup.sweep_path,
                          capabilities=local_capabilities(cluster.gpus), expanded=setup.expanded)
     else:
-        plan = cluster_plan(sweep, cluster.device, setup.sweep_path, setup.expanded)
+        plan = cluster_plan(sweep, cluster.device, setup.sweep_path, setup.expanded, cluster.node_types)
     store.write_plan(sweep.name, [pt.trial.trial_id for pt in plan.trials], sweep.report)
     for warning in plan.warnings:
         observer.warn(warning)
-    observer.say(f"sweeper: {sweep.name}: {_work(plan)}, {len(plan.skipped)} skipped, on {cluster.nodes} node(s) "
-                 f"with {cluster.gpus} GPU(s), {cluster.cpus} CPU(s); results in {store.uri}")
+    observer.say(f"sweeper: {sweep.name}: {_work(plan)}, {len(plan.skipped)} skipped, on {cluster.text()}; "
+                 f"results in {store.uri}")
     search = None
     if sweep.search is not None:
         from sweeper.run.search import SearchRun

@@ -82,7 +82,8 @@ class ShardFiles:
         else:
             self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(root)
         self.local = isinstance(self.fs, pafs.LocalFileSystem)
-        # Told one line per shard moved aside (the CLI prints it); default: silent.
+        # Told one line per shard moved aside, and per damaged index or aggregated table rebuilt from
+        # the shards (the CLI prints it as a warning); default: silent.
         self.on_quarantine = on_quarantine or (lambda line: None)
         # Hidden temporary files a local listing of each kind's directory saw (shard_sizes): what
         # remove_stale_temporaries deletes without listing that directory again.

@@ -30,6 +30,7 @@ from sweeper.core.capacity import Capacity
 from sweeper.core.errors import SweeperError, first_line
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.results import Setup, TrialResult
+from sweeper.core.secrets import SecretValues
 from sweeper.core.stages import StageSpan
 from sweeper.core.status import Reason, failed_outcome, skipped_outcome
 from sweeper.core.trial import Trial
@@ -107,7 +108,7 @@ class SweepRun:
         self.recorder = Recorder(store)
         self.store = store
         self.summary = RunSummary(planned=len(plan.trials), slots=cluster.slots,
-                                  slot_unit="GPU(s)" if cluster.gpus else "node(s)")
+                                  slot_unit="GPU(s)" if cluster.device == "cuda" else "node(s)")
         # Who hears what happened: the accounting first, so that a view reads settled counts.
         self.listeners: tuple[Callable[[RunEvent], None], ...] = (self.summary.on_event, self.observer.on_event)
         self.groups: list[GroupRun] = []
@@ -219,17 +220,12 @@ class SweepRun:
         return start.todo
 
     def _resources(self, group: TrialGroup) -> dict[str, Any]:
-        # One GPU per group (tensor parallel: several) when there are GPUs; otherwise
-        # a whole node's CPUs, so no two measured trials share a device.
+        # One GPU per group (tensor parallel: several) when there are GPUs, or GPU nodes the
+        # autoscaler can launch (the request is what makes it launch one); otherwise a whole
+        # node's CPUs, so no two measured trials share a device.
         t = group.trials[0]
         extra = BACKENDS[t.backend].ray_resources(t.backend_options)
         placed: dict[str, Any] = {"resources": extra} if extra else {}
-        # Variables the actor needs from the driver's environment (an external server's key):
-        # in the actor's runtime environment, so they reach whichever node it lands on.
-        needed = {name: os.environ[name] for name in BACKENDS[t.backend].actor_env(t.backend_options)
-                  if name in os.environ}
-        if needed:
-            placed["runtime_env"] = {"env_vars": needed}
         if self.cluster.device == "cuda":
             return {"num_gpus": group.num_gpus, "num_cpus": 1, **placed}
         return {"num_gpus": 0, "num_cpus": self.cluster.min_node_cpus, **placed}
@@ -249,7 +245,12 @@ class SweepRun:
         self.calls[self.runner.call(g.actor, kind, trial)] = Call(g, kind, g.attempt)
 
     def _submit_load(self, g: GroupRun) -> None:
-        request = dataclasses.replace(g.group.load_request, server_log_dir=self.store.server_log_dir)
+        # Variables the actor needs from the driver's environment (an external server's key)
+        # go with the load call, so they reach whichever node it lands on and no log of Ray's.
+        t = g.group.trials[0]
+        secrets = SecretValues.of({name: os.environ[name] for name in BACKENDS[t.backend].actor_env(t.backend_options)
+                                   if name in os.environ})
+        request = dataclasses.replace(g.group.load_request, server_log_dir=self.store.server_log_dir, secrets=secrets)
         future = self.runner.call(g.actor, CallKind.LOAD, g.group.trials[0], request)
         self.calls[future] = Call(g, CallKind.LOAD, g.attempt)
 
@@ -391,6 +392,8 @@ class SweepRun:
         if any(g.state in (GroupState.HELD, GroupState.WAITING) for g in self.open):
             return False
         if self.cluster.device == "cuda":
+            # The GPUs alive at the start only: a split onto a node still to be launched would
+            # wait minutes for it, which the split's saving does not count.
             return sum(g.resources["num_gpus"] for g in self.open) < self.cluster.gpus
         return len(self.open) < self.cluster.slots
 

@@ -3,7 +3,9 @@
 ``shards/trials.index`` gets one JSON line per committed trial (its status, reason and
 each of its shards' size as written). A resume learns every stored status from that
 small file and the directory listing instead of parsing thousands of Parquet footers.
-The index is a cache the listing is checked against, never believed over it.
+The index is a cache the listing is checked against, never believed over it: a line cut
+short by a crash is skipped (its shard read instead), and a file that does not decode at
+all is rebuilt from the shards, with a warning.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class TrialIndex:
         # under the run lock, so nothing else changes the directory while it lives; a reader
         # that wants a fresh look opens a store of its own.
         self._view: dict[str, StoredTrial] | None = None
+        # The index file did not decode (``_read``): the scan replaces it with what the shards say
+        # instead of appending to it, so the next resume trusts the index again.
+        self._rebuild = False
 
     def record(self, trial_id: str, table: pa.Table) -> None:
         """Note a committed trial's status in ``shards/trials.index`` (one JSON line, appended),
@@ -73,15 +78,29 @@ class TrialIndex:
                 sizes[kind] = os.stat(posixpath.join(self.files.shard_dir(kind), f"{trial_id}.parquet")).st_size
         self._append([_Indexed(stored, sizes)])
 
+    @staticmethod
+    def _lines(entries: Iterable[_Indexed]) -> str:
+        return "".join(json.dumps({"trial_id": e.stored.trial_id, "status": e.stored.status,
+                                   "reason": e.stored.reason, "sizes": e.sizes}) + "\n"
+                       for e in entries)
+
     def _append(self, entries: Iterable[_Indexed]) -> None:
-        lines = "".join(json.dumps({"trial_id": e.stored.trial_id, "status": e.stored.status,
-                                    "reason": e.stored.reason, "sizes": e.sizes}) + "\n"
-                        for e in entries)
+        lines = self._lines(entries)
         if not self.files.local or not lines:
             return
         os.makedirs(posixpath.join(self.files.root, "shards"), exist_ok=True)
         with open(posixpath.join(self.files.root, "shards", INDEX_FILE), "a", encoding="utf-8") as f:
             f.write(lines)
+
+    def _replace(self, entries: Iterable[_Indexed]) -> None:
+        """The index rewritten whole from ``entries``: atomically, so a crash leaves the damaged
+        one (rebuilt again next time) or the new one, never a mix. A cache, not a result: the
+        shards it describes are untouched."""
+        if not self.files.local:
+            return
+        os.makedirs(posixpath.join(self.files.root, "shards"), exist_ok=True)
+        with self.files.atomic_output(posixpath.join(self.files.root, "shards", INDEX_FILE)) as out:
+            out.write(self._lines(entries).encode("utf-8"))
 
     def stored_trials(self) -> dict[str, StoredTrial]:
         """Each stored trial's status and reason: all a resume needs. Damaged shards are
@@ -124,7 +143,11 @@ class TrialIndex:
                 # recorded, so the next resume still knows its trial lacks it.
                 entries[i] = _Indexed(StoredTrial(i, s, r), {k: v[i] for k, v in sizes.items() if i in v})
                 fresh.add(i)
-            self._append(entries[i] for i in sorted(fresh))  # read once: the next resume finds them indexed
+            if not self._rebuild:
+                self._append(entries[i] for i in sorted(fresh))  # read once: the next resume finds them indexed
+        if self._rebuild:
+            self._replace(entries[i] for i in sorted(entries))
+            self._rebuild = False
         return entries, fresh
 
     def _damaged_tables(self, trial_id: str, entry: _Indexed, sizes: dict[str, dict[str, int]],
@@ -152,17 +175,27 @@ class TrialIndex:
     def _read(self) -> dict[str, _Indexed]:
         if not self.files.local:
             return {}
-        out: dict[str, _Indexed] = {}
+        path = posixpath.join(self.files.root, "shards", INDEX_FILE)
         try:
-            with open(posixpath.join(self.files.root, "shards", INDEX_FILE), encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        d = json.loads(line)
-                        sizes = {str(k): int(v) for k, v in (d.get("sizes") or {}).items()}
-                        out[d["trial_id"]] = _Indexed(StoredTrial(d["trial_id"], d["status"], d.get("reason")),
-                                                      sizes)
-                    except (ValueError, KeyError, TypeError, AttributeError):
-                        continue  # a line cut short by a crash: that shard is read instead
+            with open(path, "rb") as f:
+                data = f.read()
         except FileNotFoundError:
-            pass
+            return {}
+        try:
+            # Every line is ``json.dumps``' ASCII: bytes that are not even UTF-8 were put there by
+            # something else (a bad disk, a stray write), so no line of it is believed.
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self.files.on_quarantine(f"{path}: undecodable bytes at offset {exc.start}, not an index this "
+                                     "sweeper wrote: rebuilding it from the shards (every trials shard is read once)")
+            self._rebuild = True
+            return {}
+        out: dict[str, _Indexed] = {}
+        for line in text.splitlines():
+            try:
+                d = json.loads(line)
+                sizes = {str(k): int(v) for k, v in (d.get("sizes") or {}).items()}
+                out[d["trial_id"]] = _Indexed(StoredTrial(d["trial_id"], d["status"], d.get("reason")), sizes)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue  # a line cut short by a crash, or zero bytes after it: that shard is read instead
         return out

@@ -135,21 +135,93 @@ def results_copy(gpu_results, tmp_path) -> Path:
     return Path(shutil.copytree(gpu_results, tmp_path / "copy"))
 
 
+def _files(directory: Path) -> dict[Path, tuple[int, int]]:
+    """Every file under ``directory`` with its size and modification time: what a write changes."""
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob("*") if p.is_file()}
+
+
+# Every kind of statement that writes a file, or would let a later one: a COPY over the
+# aggregated tables (in place, in another format, in a new file), an export, a database
+# attached to write into, the settings that would turn file access back on, an extension.
+WRITES = [
+    "COPY (SELECT 1 AS x) TO '{dir}/trials.parquet' (FORMAT parquet)",
+    "COPY (SELECT 1 AS x) TO '{dir}/trials.parquet' (FORMAT parquet, USE_TMP_FILE false)",
+    "COPY (SELECT 1 AS x) TO '{dir}/timeline.parquet' (FORMAT csv, USE_TMP_FILE false)",
+    "COPY trials TO '{dir}/copy.parquet'",
+    "EXPORT DATABASE '{dir}/exported'",
+    "ATTACH '{dir}/other.db' AS other",
+    "ATTACH '{dir}/other.db' AS other; CREATE TABLE other.t AS SELECT 1 AS x; INSERT INTO other.t VALUES (2)",
+    "SET enable_external_access = true",
+    "RESET enable_external_access",
+    "SET lock_configuration = false",
+    "SET allowed_directories = ['{dir}']",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+]
+
+
+@pytest.mark.parametrize("explain", ["", "EXPLAIN ANALYZE "], ids=["plain", "explain-analyze"])
+@pytest.mark.parametrize("sql", WRITES)
+def test_the_query_connection_itself_can_write_no_file(results_copy, sql, explain):
+    """The defence is the connection's own configuration: each statement is run on it
+    directly, past ``run_query``'s statement check. ``EXPLAIN ANALYZE`` runs what it explains."""
+    import duckdb
+
+    from sweeper.analysis.query import connect
+
+    before = _files(results_copy)
+    con, _ = connect(results_copy)
+    try:
+        with pytest.raises(duckdb.Error):
+            for statement in sql.format(dir=results_copy).split("; "):
+                con.execute(explain + statement)
+        # ... and the connection is as locked down as before the attempt.
+        with pytest.raises(duckdb.Error):
+            con.execute(f"EXPLAIN ANALYZE COPY trials TO '{results_copy}/trials.parquet' (FORMAT parquet)")
+        assert con.execute("SELECT count(*) FROM trials").fetchone()[0] > 0
+    finally:
+        con.close()
+    assert _files(results_copy) == before  # nothing written, nothing added
+
+
+@pytest.mark.parametrize("sql", [
+    "EXPLAIN ANALYZE COPY (SELECT * FROM trials LIMIT 1) TO '{dir}/trials.parquet' (FORMAT parquet, USE_TMP_FILE false)",
+    "EXPLAIN ANALYZE COPY (SELECT 1 AS x) TO '{dir}/timeline.parquet' (FORMAT csv, USE_TMP_FILE false)",
+    "EXPLAIN COPY (SELECT 1 AS x) TO '{dir}/trials.parquet'",  # not even bound: the path is refused
+])
+def test_explain_analyze_of_a_copy_overwrites_nothing(results_copy, sql):
+    before = _files(results_copy)
+    r = run_cli("query", str(results_copy), sql.format(dir=results_copy))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "query failed: Permission Error" in r.stderr and "read-only" in r.stderr, r.stderr
+    assert _files(results_copy) == before
+
+
 @pytest.mark.parametrize(("sql", "expected"), [
     ("COPY (SELECT 1 AS x) TO '{dir}/requests.parquet'", "read-only: COPY statements are not allowed"),
     ("CREATE TABLE t AS SELECT 1", "read-only: CREATE statements are not allowed"),
     ("INSTALL httpfs", "read-only: LOAD statements are not allowed"),
     ("ATTACH '{dir}/other.db'", "read-only: ATTACH statements are not allowed"),
     ("SELECT 1; DROP VIEW trials", "read-only: DROP statements are not allowed"),
-    ("SELECT * FROM read_text('/etc/hostname')", "file system operations are disabled"),
-    ("SELECT * FROM read_parquet('{dir}/shards/trials/*.parquet')", "file system operations are disabled"),
+    ("SELECT * FROM read_text('/etc/hostname')", "Permission Error"),
+    ("SELECT * FROM read_parquet('{dir}/shards/trials/*.parquet')", "Permission Error"),
+    ("SELECT * FROM read_parquet('{dir}/trials.parquet')", "Permission Error"),  # only through the view
 ])
 def test_query_can_read_the_results_and_nothing_else(results_copy, sql, expected):
-    before = {p: p.stat().st_mtime_ns for p in results_copy.rglob("*") if p.is_file()}
+    before = _files(results_copy)
     r = run_cli("query", str(results_copy), sql.format(dir=results_copy))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and expected in r.stderr, r.stderr
-    assert {p: p.stat().st_mtime_ns for p in results_copy.rglob("*") if p.is_file()} == before  # nothing written
+    assert _files(results_copy) == before  # nothing written
+
+
+def test_reads_and_their_explanations_still_run(results_copy):
+    for sql in ("EXPLAIN SELECT count(*) FROM trials", "EXPLAIN ANALYZE SELECT count(*) FROM trials",
+                "SELECT count(*) AS n FROM trials t JOIN timeline USING (trial_id) WHERE t.status = 'ok'",
+                "DESCRIBE trials", "SUMMARIZE layers", "SELECT co2e_g_per_1k_tokens FROM trials LIMIT 1"):
+        r = run_cli("query", str(results_copy), sql, "--json")
+        assert r.returncode == 0 and json.loads(r.stdout), (sql, r.stderr)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "empty", "wrong-schema"])

@@ -159,3 +159,30 @@ def test_a_launched_engine_whose_server_packages_are_missing_is_skipped_with_its
         "pip install 'transformers[serving]'"}
     ready = make_plan(sweep, "cpu", capabilities=Capabilities((NodeCapabilities("n", "h", 0, have),), LOCAL))
     assert all(p.runnable for p in ready.trials)  # this environment has the extra (the tests need it)
+
+
+def test_a_base_url_with_a_user_or_password_is_refused_without_showing_it(write_sweep):
+    """`http://user:pw@host` passed validation, then failed as a DNS error that printed the
+    password: refused where the sweep is read, in one line naming the field, the URL unquoted
+    (the server's key goes in api_key_env)."""
+    from tests.conftest import run_cli
+
+    password = "pw-planted-41c9"
+    for url in (f"http://user:{password}@127.0.0.1:1/v1", f"https://{password}@server.example/v1"):
+        sweep = write_sweep(f"""
+name: userinfo
+models: [tiny-llama]
+backends: server
+backend_options:
+  server: {{base_url: "{url}", model: m}}
+precisions: bf16
+workload: {{mode: serving, input_len: 8, output_len: 4, request_rate: 2, num_prompts: 4}}
+""")
+        proc = run_cli("plan", str(sweep))
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "backend_options.server.base_url: holds a user name or password" in lines[0]
+        assert "api_key_env" in lines[0] and "Traceback" not in proc.stderr
+        assert password not in proc.stdout + proc.stderr
+    # The authority only: a path may hold an @.
+    assert ServerOptions(base_url="http://h:1/v1/a@b", model="m").base_url == "http://h:1/v1/a@b"

@@ -82,6 +82,50 @@ def test_the_cli_refuses_a_bad_dataset_on_one_line_with_exit_2(tmp_path):
     assert len(lines) == 1 and "p.jsonl record 2 field 'prompt': missing" in lines[0], proc.stderr
 
 
+DEEP = "[" * 100_000 + "]" * 100_000  # past the recursion json parses with (RecursionError)
+TURNS = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+
+
+@pytest.mark.parametrize(("name", "content", "replayed", "where", "problem"), [
+    # A lone surrogate as JSON writes it, an escape: json reads it, nothing can encode it.
+    ("p.jsonl", '{"prompt": "fine"}\n{"prompt": "half \\ud800 a pair"}\n', False,
+     "record 2 field 'prompt'", "lone surrogate \\ud800"),
+    ("p.jsonl", '{"prompt": "a", "completion": "b\\udfff"}\n', False, "record 1 field 'completion'",
+     "lone surrogate \\udfff"),
+    ("sg.json", '[{"conversations": [{"from": "human", "value": "\\ud800"}, {"from": "gpt", "value": "b"}]}]',
+     False, "record 1 field 'conversations.value'", "lone surrogate \\ud800"),
+    ("c.jsonl", json.dumps({"conversations": [*TURNS, {"role": "user", "content": "x"}]}).replace("x", "\\ud800"),
+     True, "record 1 field 'conversations.content'", "lone surrogate \\ud800"),
+    ("p.jsonl", '{"prompt": "fine"}\n{"prompt": ' + DEEP + "}\n", False, "record 2 field 'prompt'",
+     "nested 100,001 levels deep"),
+    ("sg.json", '[{"conversations": []},\n {"conversations": ' + DEEP + "}]", False,
+     "record 2 field 'conversations'", "nested 100,002 levels deep"),
+    ("c.jsonl", json.dumps({"conversations": TURNS}) + '\n{"conversations": ' + DEEP + "}\n", True,
+     "record 2 field 'conversations'", "nested 100,001 levels deep"),
+    ("c.jsonl", json.dumps({"conversations": [TURNS[0], {"role": ["assistant"], "content": "b"}]}) + "\n", True,
+     "record 1 field 'conversations.role'", "unknown role ['assistant']"),
+    ("sg.json", json.dumps([{"conversations": [{"from": {"who": "human"}, "value": "a"}]}]), True,
+     "record 1 field 'conversations.from'", "unknown role {'who': 'human'}"),
+], ids=["surrogate-prompt", "surrogate-completion", "surrogate-sharegpt", "surrogate-turn", "deep-prompt",
+        "deep-sharegpt", "deep-conversation", "role-list", "role-object"])
+def test_malformed_prompt_and_conversation_files_are_one_line_naming_the_record_and_field(
+        tmp_path, name, content, replayed, where, problem):
+    data = tmp_path / name
+    data.write_text(content)
+    workload = {"dataset": name, "output_len": 4}
+    if replayed:
+        workload |= {"mode": "serving", "request_rate": 1, "num_prompts": 2, "conversations": True}
+    top = {"batch_sizes": None} if replayed else {}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({k: v for k, v in sweep(workload, **top).items()
+                                                     if v is not None}))
+    proc = run_cli("plan", str(tmp_path / "s.yaml"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: {tmp_path / 's.yaml'}: workload.dataset: {data} {where}: "), lines[0]
+    assert problem in lines[0], lines[0]
+
+
 @pytest.mark.parametrize(("workload", "expected"), [
     ({"dataset": "bundled", "input_len": 8, "output_len": 4}, "input_len: the prompts of dataset 'bundled'"),
     ({"output_len": 4}, "input_len: required field is missing"),

@@ -106,3 +106,64 @@ def test_the_same_sweep_draws_the_same_prompts_in_another_process():
                            env={"PYTHONHASHSEED": "123", "PATH": "/usr/bin:/bin"})
     assert other.returncode == 0, other.stderr[-2000:]
     assert other.stdout.strip() == _digest(trial)
+
+
+class _Clock:
+    """Time that moves only when the noop backend sleeps: a window of exact calls, at once."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3])
+def test_offline_calls_smaller_than_num_prefixes_send_every_prefix_in_turn(batch_size):
+    # 8 prefixes: each call deals on from where the one before it stopped, so a batch of 1 or 2
+    # sends every prefix over the trial's calls (a deal from prefix 0 sent prefix 0, or 0-1, always).
+    from actors.backends.base import ModelSpec
+    from actors.backends.noop import NoopBackend
+    from actors.measure import measure_trial
+    from actors.telemetry import NullTelemetry
+
+    sweep = parse_sweep({"name": "p", "models": "tiny-llama", "backends": "noop", "precisions": "bf16",
+                         "batch_sizes": batch_size,
+                         "workload": {"dataset": {"prefix_repetition": {"prefix_len": 12, "suffix_len": 4,
+                                                                        "num_prefixes": 8}}, "output_len": 2},
+                         "backend_options": {"noop": {"step_s": 0.01}},
+                         "measure": {"warmup_iters": 2, "min_iters": 8, "min_duration_s": 0, "idle_s": 0}})
+    (trial,), _ = expand(sweep)
+    assert "(8 prefixes of 12)" in trial.label()
+    backend, clock = NoopBackend(), _Clock()
+    backend.clock, backend.sleep = clock, clock.sleep
+    load = backend.load(ModelSpec("synthetic", "tiny-llama", "bf16", trial.backend_options))
+    prefixes = {tuple(p): i for i, p in enumerate(prompt_source(trial, load.vocab_size).prefixes)}
+    sent: list[list[int]] = []
+    generate = backend.generate_batch
+    backend.generate_batch = lambda batch: sent.append(  # type: ignore[method-assign]
+        [prefixes[tuple(ids[:12])] for ids in batch.prompts]) or generate(batch)
+    row = measure_trial(backend, trial, load, NullTelemetry(reason="test"), clock=clock).row
+    measured = sent[-row["n_iterations"]:]
+    assert row["n_iterations"] >= 8 and all(len(set(call)) == batch_size for call in measured)
+    assert sorted({p for call in measured for p in call}) == list(range(8)), measured
+    # Over a cycle of 8 calls, every prefix equally often, batch_size times.
+    counts = np.bincount([p for call in measured[:8] for p in call], minlength=8)
+    assert counts.tolist() == [batch_size] * 8
+
+
+def test_offline_trials_that_deal_prefixes_across_calls_are_measured_again_on_resume():
+    # Results stored before the deal across calls sent fewer prefixes than their label says:
+    # those trials' ids change; a call that holds every prefix, and serving, keep theirs.
+    def trial(batch_size: int):
+        sweep = parse_sweep({"name": "p", "models": "tiny-llama", "backends": "noop", "precisions": "bf16",
+                             "batch_sizes": batch_size, "workload": {"dataset": {"prefix_repetition": {
+                                 "prefix_len": 12, "suffix_len": 4, "num_prefixes": 8}}, "output_len": 2}})
+        return expand(sweep)[0][0]
+
+    assert trial(2).identity()["prefixes_dealt_across_calls"] is True
+    assert "prefixes_dealt_across_calls" not in trial(8).identity()
+    assert "prefixes_dealt_across_calls" not in trial(16).identity()

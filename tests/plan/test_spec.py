@@ -147,6 +147,21 @@ def test_yaml_nested_too_deep_is_one_line_not_a_recursion_error(write_sweep):
     assert "nested more than 32 levels deep" in r.stderr
 
 
+def test_lone_surrogates_in_the_sweep_file_are_one_line_each_naming_the_field(write_sweep):
+    # YAML's double-quoted "\ud800" reads as half a UTF-16 pair, which no hash, JSON or request
+    # can encode: an engine flag's value failed on the trial id's hash, with a traceback.
+    path = write_sweep("name: b\nmodels: tiny-llama\nbackends: server\nprecisions: bf16\n"
+                       "workload: {mode: serving, request_rate: 1, num_prompts: 2, input_len: 4, output_len: 4}\n"
+                       'backend_options: {server: {launch: vllm, args: {served-model-name: "m\\udfff",'
+                       ' tokenizer: "\\ud800"}}}\n')
+    r = run_cli("plan", str(path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines() == [
+        f"error: {path}: backend_options.server.args.{flag}: holds a lone surrogate \\{escape} (half of a "
+        "UTF-16 pair, no character): not text" for flag, escape in [("served-model-name", "udfff"),
+                                                                    ("tokenizer", "ud800")]], r.stderr
+
+
 def _billion_laughs(levels: int = 9) -> str:
     lines = ["name: lol", "a0: &a0 [x, x, x, x, x, x, x, x, x]"]
     lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
@@ -182,6 +197,46 @@ def test_every_problem_of_a_sweep_file_at_once_one_per_line(write_sweep):
     assert [line.split(": ", 3)[2] for line in lines] == [
         "batch_sizes[0]", "workload.input_len[0]", "measure.min_iters", "colour"], lines
     assert all(line.startswith(f"error: {path}: ") for line in lines)
+
+
+SERVED = ("name: s\nmodels: tiny-llama\nprecisions: bf16\nbackends: server\n"
+          "workload: {mode: serving, request_rate: 1, num_prompts: 4, input_len: 8, output_len: 4}\n")
+
+
+def test_every_problem_of_every_option_variant_at_once_each_naming_its_field(write_sweep):
+    # client_processes is a count or auto: pydantic names the union's members in the error's
+    # location (client_processes.constrained-int) and tells of the first member only.
+    path = write_sweep(SERVED + "backend_options:\n  server:\n"
+                       "    - {launch: vllm, client_processes: many}\n"
+                       "    - {launch: vllm, client_processes: 0, stop_timeout_s: -1, colour: red}\n")
+    r = run_cli("plan", str(path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines == [f"error: {path}: {problem}" for problem in [
+        "backend_options.server[0].client_processes: Input should be a valid integer, or 'auto'",
+        "backend_options.server[1].stop_timeout_s: Input should be greater than 0",
+        "backend_options.server[1].client_processes: Input should be greater than or equal to 1, or 'auto'",
+        "backend_options.server[1].colour: unknown key"]], r.stderr
+
+
+def test_a_searched_option_s_bad_value_is_told_every_form_it_may_take(write_sweep):
+    path = write_sweep(SERVED + "backend_options: {server: {launch: vllm}}\n"
+                       "search: {objective: {minimize: energy_per_token_j}, budget: {trials: 4},\n"
+                       "         space: {backend_options.server.client_processes: [2, many]}}\n")
+    with pytest.raises(SweepFileError) as info:
+        load_sweep(path)
+    assert str(info.value) == (f"{path}: search.space.backend_options.server.client_processes: 'many': "
+                               "Input should be a valid integer, or 'auto'")
+
+
+def test_a_key_named_like_a_type_stays_in_the_field_it_names():
+    # A search range's "int" is a key of the file, though pydantic names an int union member so.
+    with pytest.raises(SweepFileError) as info:
+        parse_sweep({**MINIMAL, "backends": "noop", "search": {
+            "objective": {"minimize": "energy_per_token_j"}, "budget": {"trials": 4},
+            "space": {"backend_options.noop.max_batch": {"low": 1, "high": 4, "int": "maybe"}}}})
+    assert info.value.problems == (("search.space.backend_options.noop.max_batch.int",
+                                    "Input should be a valid boolean, unable to interpret input"),)
 
 
 def test_a_grid_past_the_limit_is_refused_with_its_size(write_sweep):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -134,6 +135,35 @@ def test_the_first_resume_after_a_truncated_shard_measures_its_trial_again(write
     assert "moved aside" not in again.stderr
 
 
+def test_a_resume_with_nothing_to_run_repairs_a_damaged_trials_table_and_index(write_sweep, tmp_path):
+    out = tmp_path / "out"
+    sweep = _sweep(write_sweep)
+    assert run_cli("run", str(sweep), "-o", str(out), "-q").returncode == 0
+    before = _rows(out)
+    trials = out / "trials.parquet"
+    whole = trials.read_bytes()
+    trials.write_bytes(whole[:len(whole) // 2])  # cut short, as an interrupted copy leaves it
+
+    # own_ray: without --address, as a user runs it, so the no-Ray shortcut is what is tried
+    r = run_cli("run", str(sweep), "-o", str(out), "-q", own_ray=True)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "3 trial(s) already ok; 0 to run (Ray not started)" in r.stderr
+    assert f"warning: {trials}: not a readable Parquet table" in r.stderr and "rebuilding it" in r.stderr
+    assert "sweeper aggregate" not in r.stderr and "Best configuration per model" in r.stderr
+    assert _rows(out) == before  # the same results, from the shards: nothing measured again
+
+    # Bytes that are not UTF-8 in the index: rebuilt from the shards, the resume goes on.
+    index = out / "shards" / "trials.index"
+    index.write_bytes(index.read_bytes() + b"\xff\xfe\n" + bytes(8))
+    r = run_cli("run", str(sweep), "-o", str(out), "-q", own_ray=True)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "3 trial(s) already ok; 0 to run (Ray not started)" in r.stderr
+    assert f"warning: {index}: undecodable bytes" in r.stderr
+    assert len(index.read_text(encoding="utf-8").splitlines()) == 3 and _rows(out) == before
+    again = run_cli("run", str(sweep), "-o", str(out), "-q", own_ray=True)
+    assert again.returncode == 0 and "warning" not in again.stderr, again.stderr
+
+
 def test_a_second_run_into_the_same_directory_is_refused_and_a_stale_lock_taken_over(write_sweep, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -170,6 +200,23 @@ def test_a_lock_not_refreshed_for_long_is_stale_on_any_host(tmp_path):
     (tmp_path / LOCK_FILE).write_text(json.dumps({"host": "elsewhere", "pid": 1, "started_at": "now"}))
     with pytest.raises(Exception, match="in use by another sweeper run .pid 1 on elsewhere"):
         RunLock(store).acquire()
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\x00", b'{"pid": 7', b"[1, 2]"])
+def test_a_lock_that_does_not_say_whose_it_is_is_judged_by_its_age(tmp_path, content):
+    """Caught between its creation and its first write (empty), or damaged: a run may be starting
+    this instant, so a fresh one is refused, never taken over; an old one is stale."""
+    store = ResultStore(str(tmp_path))
+    (tmp_path / LOCK_FILE).write_bytes(content)
+    with pytest.raises(Exception, match=r"may be in use by another sweeper run: its lock .* does not say whose"):
+        RunLock(store).acquire()
+    old = time.time() - 3600
+    os.utime(tmp_path / LOCK_FILE, (old, old))
+    lock = RunLock(store)
+    lock.acquire()
+    assert re.fullmatch(rf"took over a stale lock of {re.escape(store.uri)} \(unreadable, untouched for 36\d\d s\)",
+                        lock.took_over_text() or "")
+    lock.release()
 
 
 @pytest.mark.parametrize("make_output", [

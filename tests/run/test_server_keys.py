@@ -11,6 +11,7 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from pathlib import Path
+from secrets import token_hex
 
 import pyarrow.parquet as pq
 import pytest
@@ -20,7 +21,9 @@ from tests.actors.backends.test_server_backend import READY_S, launch
 from tests.conftest import run_cli
 from tests.fault_server import FAULT_SERVER
 
-EXTERNAL_KEY = "sk-planted-external-9f1c3e7a"  # the external server's key, in the driver's environment
+# The external server's key, in the driver's environment: fresh for each test session, so that
+# finding it in a file of Ray's shared temporary directory means this session leaked it.
+EXTERNAL_KEY = f"sk-planted-external-{token_hex(8)}"
 COMMAND_SECRET = "hf_planted_command_55d0b2"  # a secret flag's value in a launch command
 KEY_VARIABLE = "SWEEPER_TEST_SERVER_KEY"
 
@@ -77,10 +80,20 @@ def test_a_keyed_external_server_is_measured_and_no_secret_is_left_anywhere(tmp_
     assert "fault server args:" in log and f"key: {REDACTED}" in log and "key: None" not in log
     # Only the variable's name is kept of the external server's key.
     assert KEY_VARIABLE in next(r["backend_options"] for r in rows if r["server_command"] is None)
-    secrets = (EXTERNAL_KEY, COMMAND_SECRET)
-    leaks = {str(p): found for p in out.rglob("*") if p.is_file() and (found := _found_in(p, secrets))}
+    planted = (EXTERNAL_KEY, COMMAND_SECRET)
+    leaks = {str(p): found for p in out.rglob("*") if p.is_file() and (found := _found_in(p, planted))}
     assert leaks == {}
-    assert not [s for s in secrets if s in proc.stdout + proc.stderr]
+    assert not [s for s in planted if s in proc.stdout + proc.stderr]
+    # Nor in Ray's session logs (the runtime-env agent's log printed an actor's env_vars in clear).
+    logs = [p for p in _ray_temp_dir().glob("session_*/logs/**/*") if p.is_file()]
+    assert logs, f"no Ray session log under {_ray_temp_dir()}"
+    assert [str(p) for p in logs if EXTERNAL_KEY.encode() in p.read_bytes()] == []
+
+
+def _ray_temp_dir() -> Path:
+    from ray._common.utils import get_default_ray_temp_dir
+
+    return Path(get_default_ray_temp_dir())
 
 
 def _wait_answering(base_url: str, key: str) -> None:
@@ -151,6 +164,11 @@ def test_an_external_servers_key_is_checked_before_any_trial_starts(tmp_path, wr
             (keyed, {}, f"backend_options.server.api_key_env: {KEY_VARIABLE} is not set in this environment"),
             (keyed, {KEY_VARIABLE: "sk-wrong"}, "backend_options.server.api_key_env: GET "),
             (unkeyed, {}, "backend_options.server.base_url: GET "),
+            # Keys no HTTP header can carry: named as the key's fault before the server is asked.
+            (keyed, {KEY_VARIABLE: "sk-wrong\nline"}, f"api_key_env: the key in {KEY_VARIABLE}: it holds a line break"),
+            (keyed, {KEY_VARIABLE: "sk-wrong\n folded"}, "it holds a line break at character 9 of 16"),
+            (keyed, {KEY_VARIABLE: "sk-wrong-\u20ac"}, "it holds a non-ASCII character at character 10 of 10"),
+            (keyed, {KEY_VARIABLE: "sk-wrong-\u00e9"}, "it holds a non-ASCII character"),
         ]
         for sweep, extra, message in cases:  # `sweeper run` checks its servers before Ray starts
             proc = run_cli("run", str(sweep), "-o", str(tmp_path / "out"), env=extra, driver_env=True)
@@ -183,12 +201,19 @@ def test_secret_flags_are_kept_out_of_ids_labels_and_records():
         ServerOptions.model_validate({"launch": "vllm", "api_key_env": "K"})
 
 
-def test_the_actor_gets_the_keys_variable_through_its_runtime_environment(monkeypatch):
-    """On a cluster the actor may run on any node: the driver hands it the variable (never
-    the sweep file, never the results) in the actor's Ray runtime environment."""
+def test_the_actor_is_told_which_variable_holds_the_key(monkeypatch):
+    """On a cluster the actor may run on any node: the driver hands it the key (never the
+    sweep file, never the results, never a runtime environment) with its load call."""
     from sweeper.core.backends import BACKENDS
     from sweeper.core.servers import ServerOptions
 
     options = ServerOptions.model_validate({"base_url": "http://127.0.0.1:1", "model": "m", "api_key_env": KEY_VARIABLE})
     assert BACKENDS["server"].actor_env(options) == (KEY_VARIABLE,)
     assert BACKENDS["server"].actor_env(ServerOptions.model_validate({"launch": "vllm"})) == ()
+    # What goes with the load call shows the variable's name only, wherever it is printed.
+    from sweeper.core.secrets import SecretValues
+    from sweeper.core.trial import GroupLoad
+
+    load = GroupLoad(secrets=SecretValues.of({KEY_VARIABLE: EXTERNAL_KEY}))
+    assert load.secrets.get(KEY_VARIABLE) == EXTERNAL_KEY
+    assert EXTERNAL_KEY not in repr(load) and KEY_VARIABLE in repr(load)

@@ -195,6 +195,100 @@ def test_shards_the_index_lacks_or_knows_without_sizes_are_read_once_then_indexe
     assert set(ResultStore(str(tmp_path)).stored_trials()) == {"a"}  # b's trial stays aside: it runs again
 
 
+@pytest.mark.parametrize("damage", [
+    b"\xff\xfe\x00garbage\n",     # bytes no UTF-8 decoder takes, on a line of their own
+    b"\x80",                        # one stray byte where the next line would begin
+    "é".encode("latin-1"),          # text in another encoding
+], ids=["binary-line", "stray-byte", "latin-1"])
+def test_an_index_that_does_not_decode_is_rebuilt_from_the_shards_with_a_warning(tmp_path, monkeypatch, damage):
+    store = ResultStore(str(tmp_path))
+    _committed(store, "a", "b")
+    store.write_shard("trials", "c", [trial_row("c", status="failed", error="boom")])
+    index = tmp_path / "shards" / "trials.index"
+    lines = index.read_bytes().splitlines(keepends=True)
+    index.write_bytes(lines[0] + damage + b"".join(lines[1:]) + b"\x00" * 16)  # and a crash's zero bytes
+
+    told: list[str] = []
+    assert {k: v.status for k, v in ResultStore(str(tmp_path), on_quarantine=told.append).stored_trials().items()} \
+        == {"a": "ok", "b": "ok", "c": "failed"}
+    assert len(told) == 1 and "trials.index: undecodable bytes" in told[0] and "rebuilding it" in told[0], told
+    rebuilt = [json.loads(line) for line in index.read_text(encoding="utf-8").splitlines()]  # whole, and UTF-8
+    assert sorted(d["trial_id"] for d in rebuilt) == ["a", "b", "c"]
+    assert all(set(d["sizes"]) == ({"trials", "requests"} if d["trial_id"] != "c" else {"trials"}) for d in rebuilt)
+
+    # The next store believes the rebuilt index: no shard is read again, nothing is said.
+    from sweeper.run.shards import ShardFiles
+
+    monkeypatch.setattr(ShardFiles, "read_shards", lambda *a, **k: pytest.fail("a shard was read"))
+    again = ResultStore(str(tmp_path), on_quarantine=told.append)
+    assert set(again.stored_trials()) == {"a", "b", "c"} and len(told) == 1
+    monkeypatch.undo()
+    _committed(again, "d")  # and a trial committed after it is appended as usual
+    assert set(ResultStore(str(tmp_path)).stored_trials()) == {"a", "b", "c", "d"}
+    assert [json.loads(line)["trial_id"] for line in index.read_text().splitlines()][-1] == "d"
+
+
+def _zero_a_page(path, column: int) -> None:
+    """Zero the header of a column's first page: the footer still reads, that column does not."""
+    chunk = pq.read_metadata(path).row_group(0).column(column)
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start:start + 32] = bytes(32)
+    path.write_bytes(bytes(data))
+
+
+def _aggregated_store(tmp_path) -> dict[str, list[dict]]:
+    store = ResultStore(str(tmp_path))
+    _committed(store, "a", "b")
+    store.write_plan("s", ["a", "b"])
+    store.aggregate()
+    return {kind: pq.read_table(tmp_path / f"{kind}.parquet").to_pylist() for kind in TABLES}
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty", "remove"])
+@pytest.mark.parametrize("kind", ["trials", "requests"])
+def test_a_damaged_aggregate_is_not_up_to_date_and_the_next_aggregation_rebuilds_it(tmp_path, kind, damage):
+    """What a resume with nothing to run asks (``up_to_date``) before it skips aggregating."""
+    before = _aggregated_store(tmp_path)
+    target = tmp_path / f"{kind}.parquet"
+    assert ResultStore(str(tmp_path)).up_to_date()
+    if damage == "remove":
+        target.unlink()
+    else:
+        target.write_bytes(b"" if damage == "empty" else target.read_bytes()[:100])
+    told: list[str] = []
+    store = ResultStore(str(tmp_path), on_quarantine=told.append)
+    assert not store.up_to_date()
+    store.aggregate()
+    assert {k: pq.read_table(tmp_path / f"{k}.parquet").to_pylist() for k in TABLES} == before
+    if damage == "remove":
+        assert told == []  # nothing there to call damaged: it is simply written again
+    else:
+        assert len(told) == 1 and f"{target}: not a readable Parquet table" in told[0], told
+        assert "rebuilding it from the shards" in told[0]
+    assert ResultStore(str(tmp_path)).up_to_date()
+
+
+@pytest.mark.parametrize(("kind", "damage"), [("trials", "truncate"), ("trials", "page"), ("requests", "page")])
+def test_an_in_place_update_over_a_damaged_aggregate_rebuilds_every_table(tmp_path, kind, damage):
+    """A resume with work, the plan unchanged: the tables are updated in place from the shards
+    written since, unless the previous table does not read, footer or pages."""
+    _aggregated_store(tmp_path)
+    target = tmp_path / f"{kind}.parquet"
+    if damage == "page":  # the footer reads: found only as the rows are read
+        _zero_a_page(target, column=0 if kind == "trials" else 3)
+    else:
+        target.write_bytes(target.read_bytes()[:100])
+    told: list[str] = []
+    store = ResultStore(str(tmp_path), on_quarantine=told.append)
+    store.write_shard("trials", "b", [trial_row("b", status="failed", error="boom")])  # b ran again
+    assert store.aggregate() == {"trials": 2, "requests": 2, "timeline": 0, "layers": 0, "stages": 0}
+    assert {r["trial_id"]: r["status"] for r in pq.read_table(tmp_path / "trials.parquet").to_pylist()} == \
+        {"a": "ok", "b": "failed"}
+    assert sorted(pq.read_table(tmp_path / "requests.parquet").column("trial_id").to_pylist()) == ["a", "b"]
+    assert len(told) == 1 and f"{target}: not a readable Parquet table" in told[0], told
+
+
 def test_aggregate_writes_every_kind_readable_by_duckdb(tmp_path):
     store = ResultStore(str(tmp_path))
     for tid in ("a", "b"):
@@ -261,7 +355,7 @@ def test_schema_names_carry_units():
                    "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "spec_acceptance_rate",
                    "spec_tokens_per_step",
                    # conversations: a flag, how earlier replies were sent, counts of conversations and turns
-                   "conversations", "history", "n_conversations", "conversations_completed",
+                   "conversations", "history", "n_conversations", "conversations_completed", "conversations_cut",
                    "turns_per_conversation",
                    # serving: the share of requests' energy spent in their prefills (a ratio)
                    "request_prefill_share",

@@ -31,7 +31,15 @@ from actors.backends.speculation import SpeculationCounts
 from actors.backends.vllm import start as vllm_start
 from actors.serving.client import Follow
 from actors.serving.records import ServedRun, ServingRequest
-from sweeper.core.servers import RequestDialect, ServerEngine, ServerOptions, dtype_of, engine_args
+from sweeper.core.secrets import header_unsafe
+from sweeper.core.servers import (
+    RequestDialect,
+    ServerEngine,
+    ServerOptions,
+    Verbatim,
+    dtype_of,
+    engine_args,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +100,9 @@ class ServerBackend(Backend):
         # Sent with every request: the key a launched server was started with, or the external
         # server's (from the environment). Never written anywhere.
         self.headers: dict[str, str] = {}
+        # The secrets it holds (a launched server's secret flags' values and fresh key, an external
+        # server's key): the actor redacts them from every error it reports (secret_values).
+        self.held_secrets: list[str] = []
 
     # -- load ------------------------------------------------------------------------------
     def load(self, spec: ModelSpec) -> LoadInfo:
@@ -126,11 +137,14 @@ class ServerBackend(Backend):
         assert options.base_url is not None and options.model is not None  # the options' own check
         self.base_url, self.served_model = options.base_url.rstrip("/"), options.model
         if options.api_key_env is not None:
-            key = os.environ.get(options.api_key_env)
+            # From the driver's environment, with the load call; this node's own when run without one.
+            key = spec.secrets.get(options.api_key_env) or os.environ.get(options.api_key_env)
             if not key:
-                raise ServerError(f"backend_options.server.api_key_env: {options.api_key_env} is not set where the "
-                                  "requests are sent (this actor's node); the driver passes it on from its own "
-                                  "environment through Ray's runtime environment")
+                raise ServerError(f"backend_options.server.api_key_env: {options.api_key_env} is set neither in "
+                                  "the driver's environment nor where the requests are sent (this actor's node)")
+            self.held_secrets = [key]  # redacted from every error, as a launched server's are
+            if (why := header_unsafe(key)) is not None:
+                raise ServerError(f"backend_options.server.api_key_env: the key in {options.api_key_env}: {why}")
             self.headers = {"Authorization": f"Bearer {key}"}
         return _model_dir(spec)
 
@@ -184,6 +198,7 @@ class ServerBackend(Backend):
             assert options.launch is not None and not isinstance(options.launch, str)
             argv = options.launch.argv()
             secret_values = list(options.launch.secret_values.values())
+        self.held_secrets = secret_values  # the key below joins it
         fields = {"model": model_path, "served_model": served, "dtype": dtype_of(spec.precision),
                   "tensor_parallel": str(spec.tensor_parallel), "seed": str(spec.seed), "device": device}
         env = dict(os.environ)
@@ -197,7 +212,7 @@ class ServerBackend(Backend):
             if passing.env is not None:
                 env[passing.env] = key
             else:
-                argv += [str(passing.flag), key]
+                argv += [str(passing.flag), Verbatim(key)]
             self.headers = {"Authorization": f"Bearer {key}"}
         started_s = time.time()
         self.process = ServerProcess.launch(argv, log_path=server_log_dir(spec) / f"{spec.name}.log",
@@ -240,6 +255,9 @@ class ServerBackend(Backend):
         except (OSError, ValueError) as exc:
             log.debug("no speculation counters from %s/metrics: %s", self.base_url, exc)
             return None
+
+    def secret_values(self) -> tuple[str, ...]:
+        return tuple(self.held_secrets)
 
     def process_owner(self) -> int | None:
         # A launched server is this actor's child (in a session of its own); an external

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -29,6 +30,7 @@ from typing import IO
 
 from actors.backends.server.reaper import stop_group
 from sweeper.core.secrets import redact, redact_argv
+from sweeper.core.servers import fill_placeholders
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +128,16 @@ def resolve_program(argv: Sequence[str]) -> list[str]:
     return [shutil.which(first) or first, *rest]
 
 
+# A line that states an error: an exception's last line (``ValueError: ...``), argparse's
+# ``prog: error: ...``, a logger's ``ERROR`` record.
+_ERROR_LINE = re.compile(r"\b[A-Z]\w*(Error|Exception)\b|\berror\b|\bERROR\b|\bfatal\b", re.IGNORECASE)
+
+
 def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
-    """The last non-empty lines of a log, joined with `` | `` (one line in the run's output)."""
+    """What a failed server's log says, in one line of the run's output: its last non-empty
+    lines, joined with `` | ``, led by its last error line where that came before them (a
+    server that prints its help after the error, as ``vllm serve`` does for a bad value,
+    would otherwise be quoted by its help text)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -137,7 +147,9 @@ def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
         return ""
     # The header sweeper wrote (the command line, the pid) is not the server's own word.
     kept = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith(("$ ", "# pid "))]
-    return " | ".join(kept[-lines:])
+    tail = kept[-lines:]
+    errors = [ln for ln in kept[:len(kept) - len(tail)] if _ERROR_LINE.search(ln)]
+    return " | ".join(([errors[-1], "..."] if errors and not any(_ERROR_LINE.search(ln) for ln in tail) else []) + tail)
 
 
 def get_json(url: str, timeout_s: float = READY_REQUEST_TIMEOUT_S,
@@ -183,12 +195,17 @@ class ServerProcess:
                env: Mapping[str, str] | None = None, stop_timeout_s: float = 30.0,
                fields: Mapping[str, str] | None = None, secrets: Sequence[str] = (),
                headers: Mapping[str, str] | None = None) -> ServerProcess:
-        """Start ``argv`` (``{port}``, ``{host}`` and ``fields`` filled in) on a free port,
-        bound to ``host`` (loopback unless told otherwise). ``secrets`` (its key, secret flags'
-        values) never reach its log or its recorded command line."""
+        """Start ``argv`` (its placeholders ``{port}``, ``{host}`` and ``fields`` filled in; a
+        ``Verbatim`` word, a value, as given) on a free port, bound to ``host`` (loopback unless
+        told otherwise). ``secrets`` (its key, secret flags' values) never reach its log or its
+        recorded command line."""
         port = free_port(host)
         values = {**(fields or {}), "port": str(port), "host": host}
-        command = resolve_program([part.format(**values) for part in argv])
+        try:
+            filled = fill_placeholders(argv, values)
+        except ValueError as exc:
+            raise ServerError(str(exc)) from None
+        command = resolve_program(filled)
         shown = [redact(word, secrets) for word in redact_argv(command)]
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # The watchdog first, so that no server ever runs unwatched (reaper.py says why); it

@@ -104,7 +104,12 @@ class Conversations(Part):
 
     n_conversations: int | None = column(
         "conversations: conversations started (their first turns, by the arrival process)")
-    conversations_completed: int | None = column("conversations: conversations whose every turn completed")
+    conversations_completed: int | None = column(
+        "conversations: conversations whose every turn completed (a conversation cut at the model's context: "
+        "every turn kept; conversations_cut says how many were)")
+    conversations_cut: int | None = column(
+        "conversations: conversations of those started cut before the file's last turn, at the first whose "
+        "history and reply would outgrow the model's context")
     turns_per_conversation: float | None = column(
         "conversations: user turns per conversation, mean over those started")
     energy_per_conversation_j: float | None = column(

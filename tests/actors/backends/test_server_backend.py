@@ -171,6 +171,35 @@ def test_the_deadline_cuts_the_run_and_keeps_what_arrived(server):
     assert cut[2].error == NOT_SENT and cut[2].submit_s is None
 
 
+@pytest.mark.parametrize("server", [("--hold-after-tokens", "0",)], indirect=True)
+def test_a_hung_external_server_times_the_trial_out_with_its_requests_marked(server):
+    """A server that takes every request and answers none: the trial's time limit ends it as
+    ``timeout`` (re-run by --retry-failed) with a row per request, never as an exception."""
+    from actors.actor import TrialRunner
+    from sweeper.core.trial import GroupLoad
+    from sweeper.plan.expand import make_plan
+    from sweeper.plan.spec import parse_sweep
+
+    trial = make_plan(parse_sweep({
+        "name": "hung", "models": ["tiny-llama"], "backends": "server", "precisions": "fp32",
+        "backend_options": {"server": {"base_url": server.base_url, "model": "fault", "dialect": "vllm"}},
+        "workload": {"mode": "serving", "input_len": 8, "output_len": 4, "request_rate": 50, "num_prompts": 6},
+        "measure": {"warmup_iters": 1, "idle_s": 0, "timeout_s": 3},
+    }), "cpu").runnable[0]
+    runner = TrialRunner()
+    try:
+        assert runner.load(trial, GroupLoad()).ok
+        outcome = runner.run(trial)
+    finally:
+        runner.close()
+    row = outcome.row
+    assert (row["status"], row["reason"]) == ("failed", "timeout"), row.get("error")
+    assert "had not finished when the run's time limit" in row["error"]
+    marked = outcome.tables["requests"]
+    marked = marked.to_pylist() if hasattr(marked, "to_pylist") else marked
+    assert len(marked) == 6 and all(r["error"] in (NOT_SENT, UNFINISHED) for r in marked)
+
+
 @pytest.mark.parametrize("server", [("--token-s", "0.02",)], indirect=True)
 def test_max_concurrency_caps_requests_in_flight(server):
     import json
@@ -230,6 +259,20 @@ def test_a_server_that_exits_before_ready_says_why_in_one_line(tmp_path):
     assert "\n" not in text and str(proc.log_path) in text
     proc.stop(2.0)
     assert wait_gone(read_pids(pid_file, 2)) == []  # its child went with it
+
+
+def test_a_server_that_prints_its_help_after_the_error_is_quoted_by_its_error(tmp_path):
+    """``vllm serve`` given a bad value prints the error, then its help: the error line leads."""
+    message = "\n".join(["fault server: error: argument --max-model-len: invalid int value: 'lots'",
+                          *(f"  --option-{k} VALUE   what option {k} does" for k in range(12))])
+    proc = launch(tmp_path, "--exit-before-ready", "2", "--exit-message", message)
+    with pytest.raises(ServerError) as err:
+        proc.wait_ready(READY_S)
+    proc.stop(2.0)
+    text = str(err.value)
+    assert "\n" not in text
+    assert "): fault server: error: argument --max-model-len: invalid int value: 'lots' | ... | " in text
+    assert text.endswith("--option-11 VALUE   what option 11 does")
 
 
 def test_a_launch_port_is_kept_from_other_binds_but_open_to_its_server():

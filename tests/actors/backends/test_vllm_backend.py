@@ -61,7 +61,7 @@ def sweep(**patch):
     ({"enforce_eager": "sometimes"}, "backend_options.vllm.enforce_eager", "boolean"),
     ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "backend_options.vllm.max_num_batched_tokens",
      "at least max_num_seqs (64)"),
-    ({"tensor_parallel_size": 2}, "backend_options.vllm.tensor_parallel_size", "Extra inputs"),
+    ({"tensor_parallel_size": 2}, "backend_options.vllm.tensor_parallel_size", "unknown key"),
     ({"speculative": {"method": "eagle", "num_speculative_tokens": 4}}, "backend_options.vllm.speculative.method",
      "'ngram'"),
     ({"speculative": {"num_speculative_tokens": 0}}, "backend_options.vllm.speculative.num_speculative_tokens",

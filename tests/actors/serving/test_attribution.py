@@ -101,3 +101,30 @@ def test_a_request_that_never_ran_gets_nothing(monkeypatch):
     meter = meter_over(monkeypatch, PowerTrace(100.0), T0 + 0.7)
     energies = request_energies([A, never, B], T0, T0 + 0.7, meter.energies_between)
     assert energies[1] == 0.0 and sum(energies) == pytest.approx(70.0, abs=1e-3)
+
+
+def test_a_server_that_does_not_say_when_it_scheduled_splits_as_the_engine_that_does(monkeypatch):
+    """The same engine timing seen in-process (the engine's scheduling stamp) and through an
+    HTTP server (no stamp: the request's prefill begins when it was sent). Without queueing the
+    two are the same request, and so are their energies and their prefill parts; with the
+    server's first token taken for the prefill's start instead, the prompt was charged to the
+    first decode interval."""
+    from dataclasses import replace
+
+    from actors.serving.attribution import request_energy_split
+
+    meter = meter_over(monkeypatch, PowerTrace(100.0), T0 + 0.7)
+    in_process = request_energy_split([A, B], T0, T0 + 0.7, meter.energies_between)
+    # Sent as the engine took them (B: arrived at 0.25, sent and scheduled at 0.3).
+    served = [replace(A, scheduled_s=None), replace(B, scheduled_s=None)]
+    through_server = request_energy_split(served, T0, T0 + 0.7, meter.energies_between)
+    for here, there in zip(in_process, through_server, strict=True):
+        assert there.energy_j == pytest.approx(here.energy_j, abs=1e-6)
+        assert there.prefill_energy_j == pytest.approx(here.prefill_energy_j, abs=1e-6)
+    assert through_server[0].prefill_energy_j == pytest.approx(20.0, abs=1e-3)  # A's [0, 0.2] alone
+    # Where the server queued B (sent at 0.25, scheduled unseen at 0.3), its prefill segment holds
+    # the wait: its prefill part is the larger, and the two requests still sum to the run's energy.
+    queued_b = replace(B, submit_s=B.arrival_s, scheduled_s=None)
+    queued = request_energy_split([served[0], queued_b], T0, T0 + 0.7, meter.energies_between)
+    assert queued[1].prefill_energy_j > in_process[1].prefill_energy_j
+    assert sum(e.energy_j for e in queued) == pytest.approx(meter.energy_between(T0, T0 + 0.7), rel=1e-9)

@@ -157,6 +157,22 @@ def test_a_trial_records_every_turn_and_its_conversation_figures(tmp_path):
     assert row["offered_rate_req_s"] == pytest.approx(len(rows) / last_send_s, rel=1e-6)
 
 
+def test_a_conversation_cut_at_the_models_context_says_so(tmp_path):
+    """A context of 30 positions holds the 2-turn conversation whole (26 with its replies) and
+    the 3-turn one to its second turn (34 with the third): that one is cut, and said to be."""
+    from actors.workload import prompt_source
+
+    path = tmp_path / "chats.json"
+    path.write_text(json.dumps(CHATS))
+    trial = expand(parse_sweep(_sweep(path)))[0][0]
+    backend, clock = noop_backend(prefix_block=4)
+    load = backend.load(ModelSpec("synthetic", "tiny-llama", "fp32", trial.backend_options, serving=True))
+    source = prompt_source(trial, load.vocab_size, max_positions=30)
+    row = measure_serving_trial(backend, trial, load, NullTelemetry(reason="test"), clock=clock, source=source).row
+    assert row["n_conversations"] == 6 and row["conversations_cut"] == 3
+    assert row["conversations_completed"] == 6 and row["turns_per_conversation"] == pytest.approx(2.0)
+
+
 @pytest.mark.parametrize("bad, field", [
     ({"turn_gap_s": 1.0, "conversations": None}, "turn_gap_s"),
     ({"history": "reference", "conversations": False}, "history"),
@@ -175,6 +191,20 @@ def test_bad_conversation_settings_name_their_field(tmp_path, bad, field):
     with pytest.raises(SweepFileError) as info:
         expand(parse_sweep(data))
     assert len(info.value.problems) == 1 and field in str(info.value)
+
+
+def test_an_option_conversations_do_not_use_is_refused_rather_than_setting_trials_apart(tmp_path):
+    from sweeper.core.errors import SweepFileError
+
+    path = tmp_path / "chats.json"
+    path.write_text(json.dumps(CHATS))
+    data = {**_sweep(path), "backends": "server", "precisions": "fp32",
+            "backend_options": {"server": [{"launch": "vllm"}, {"launch": "vllm", "client_processes": 4}]}}
+    with pytest.raises(SweepFileError) as info:
+        parse_sweep(data)
+    assert list(info.value.problems) == [(
+        "backend_options.server[1].client_processes", "not used by conversations (each turn is sent from one "
+        "process, built from the reply before it): leave it out")]
 
 
 def test_conversations_need_serving_mode(tmp_path):
