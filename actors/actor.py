@@ -34,7 +34,7 @@ from sweeper.core.results import (
     Setup,
     TrialResult,
 )
-from sweeper.core.schema import RowError, check_rows
+from sweeper.core.schema import RowError, check_rows, records_table
 from sweeper.core.secrets import redact
 from sweeper.core.status import Reason, failed_outcome
 from sweeper.core.trial import GroupLoad, Trial
@@ -235,7 +235,10 @@ class TrialRunner:
                 self._sources = PromptSources(load_info.vocab_size, trial.model_ref.max_positions)
             measure = measure_trial if trial.serving is None else measure_serving_trial
             measured = measure(backend, trial, load_info, self.telemetry, source=self._sources.for_trial(trial))
-        except RowError as exc:  # parts that do not make one result (one given twice): where they meet
+            # Made here, in the process that recorded them: a record the schema cannot hold
+            # fails its own trial (below), with the reason, and the sweep goes on.
+            tables: dict[str, Any] = {"requests": records_table("requests", measured.requests)}
+        except RowError as exc:  # parts that do not make one result (one given twice), or a bad record
             log.error("trial %s: %s", trial.trial_id, self._redacted(trial, str(exc)))
             return self._failed(trial, Reason.INVALID_ROW, str(exc), started, setup, environment)
         except Exception as exc:
@@ -244,7 +247,6 @@ class TrialRunner:
                 self.backend.recover()
             return self._failed(trial, Reason.OOM if oom else Reason.EXCEPTION, _error_text(exc), started,
                                 setup, environment)
-        tables: dict[str, Any] = {"requests": measured.requests}
         if measured.timeline is not None:
             tables["timeline"] = measured.timeline
         # A serving run cut by its time limit says so itself (status failed, with what it measured).
@@ -267,7 +269,6 @@ class TrialRunner:
             # Checked here, in the process that built them: a row the schema cannot hold
             # fails its own trial, with the reason, and the sweep goes on.
             check_rows("trials", [result.row()])
-            check_rows("requests", tables["requests"])
         except RowError as exc:
             log.error("trial %s: %s", trial.trial_id, self._redacted(trial, str(exc)))
             return self._failed(trial, Reason.INVALID_ROW, str(exc), started, setup, environment)

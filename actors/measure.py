@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from actors.backends.base import Backend, Generation, LoadInfo
+from actors.backends.base import Backend, Generation, LoadInfo, RequestTiming
 from actors.backends.speculation import window_speculation
 from actors.convergence import ENERGY_SETTLE_S, WindowPrecision, window_precision
 from actors.method import Figures, Measurement, Window, measure, ratio, window_energy, window_memory
@@ -31,6 +31,7 @@ from sweeper.core.results import (
     Lengths,
     PerRequestEnergy,
     PhaseEnergy,
+    RequestRecord,
     Roofline,
     Speculation,
     Throughput,
@@ -75,30 +76,44 @@ def percentiles(name: str, values: Sequence[float], qs: Sequence[int] = (50, 90,
     return out
 
 
-def request_rows(generations: list[Generation], t0: float, input_len: int | None) -> list[dict[str, Any]]:
-    rows = []
-    for i, gen in enumerate(generations):
-        for j, r in enumerate(gen.requests):
-            ttft = r.t_first_token_s - r.t_start_s
-            e2e = r.t_end_s - r.t_start_s
-            rows.append({
-                "iteration": i, "request_index": j,
-                "input_len": r.prompt_tokens if r.prompt_tokens is not None else input_len,
-                "output_tokens": r.output_tokens, "t_start_s": r.t_start_s - t0,
-                "ttft_s": ttft, "e2e_s": e2e,
-                # vLLM's definition: the first token is prefill's, not decode's.
-                "tpot_s": (e2e - ttft) / (r.output_tokens - 1) if r.output_tokens > 1 else None,
-            })
-    return rows
+def _prompt_len(timing: RequestTiming, input_len: int | None) -> int | None:
+    """A sequence's prompt tokens: its own where the call had prompts of several lengths, else
+    the trial's common one."""
+    return timing.prompt_tokens if timing.prompt_tokens is not None else input_len
 
 
-def offline_latency(requests: list[dict[str, Any]]) -> Latency:
-    """Mean and percentiles of TTFT, TPOT and E2E over the offline window's request rows
-    (``request_rows``: every request of every generate call). A serving run's requests have
+def request_record(trial_id: str, iteration: int, index: int, timing: RequestTiming, t0_s: float,
+                   input_len: int | None, energy_j: float | None = None) -> RequestRecord:
+    """One sequence of generate call ``iteration`` as the requests table records it, times from
+    the window's start ``t0_s``; ``energy_j``: its share of the window's (None: not attributed)."""
+    ttft = timing.t_first_token_s - timing.t_start_s
+    e2e = timing.t_end_s - timing.t_start_s
+    n = timing.output_tokens
+    return RequestRecord(
+        trial_id=trial_id, iteration=iteration, request_index=index, input_len=_prompt_len(timing, input_len),
+        output_tokens=n, t_start_s=timing.t_start_s - t0_s, ttft_s=ttft, e2e_s=e2e,
+        # vLLM's definition: the first token is prefill's, not decode's.
+        tpot_s=(e2e - ttft) / (n - 1) if n > 1 else None, energy_j=energy_j)
+
+
+def request_records(trial_id: str, generations: list[Generation], t0_s: float, input_len: int | None,
+                    energies_j: Sequence[float] | None = None) -> list[RequestRecord]:
+    """The window's requests: every sequence of every generate call, in order, each with its
+    energy share where the window's energy was split (``request_energies``, in that order)."""
+    timings = [(i, j, r) for i, g in enumerate(generations) for j, r in enumerate(g.requests)]
+    energies: Sequence[float | None] = energies_j if energies_j is not None else [None] * len(timings)
+    return [request_record(trial_id, i, j, r, t0_s, input_len, e)
+            for (i, j, r), e in zip(timings, energies, strict=True)]
+
+
+def offline_latency(requests: Sequence[RequestRecord]) -> Latency:
+    """Mean and percentiles of TTFT, TPOT and E2E over the offline window's requests
+    (``request_records``: every request of every generate call). A serving run's requests have
     their own, ``actors.serving.stats.served_latency`` (completed ones only, ITL, queue)."""
-    tpot = [r["tpot_s"] for r in requests if r["tpot_s"] is not None]
-    return Latency(**percentiles("ttft", [r["ttft_s"] for r in requests]), **percentiles("tpot", tpot),
-                   **percentiles("e2e", [r["e2e_s"] for r in requests]))
+    tpot = [r.tpot_s for r in requests if r.tpot_s is not None]
+    return Latency(**percentiles("ttft", [r.ttft_s for r in requests if r.ttft_s is not None]),
+                   **percentiles("tpot", tpot),
+                   **percentiles("e2e", [r.e2e_s for r in requests if r.e2e_s is not None]))
 
 
 # A CV from fewer iterations says little about the next ones.
@@ -149,14 +164,14 @@ def reply_lengths(input_lens: Sequence[int], output_lens: Sequence[int], *, prom
                    prompt_pad_share=prompt_pad_share, decode_idle_slot_share=decode_idle_slot_share)
 
 
-def lengths(generations: list[Generation], requests: list[dict[str, Any]]) -> Lengths:
+def lengths(generations: list[Generation], requests: Sequence[RequestRecord]) -> Lengths:
     """How long prompts and replies were, and what a static batch of mixed lengths wasted:
     ``prompt_pad_share``, the padding share of the batches' prompt slots (every prompt is
     padded to its batch's longest), and ``decode_idle_slot_share``, the share of decode
     slots (sequences x steps, every call running until its longest reply is done) held by
     sequences whose reply had already ended."""
-    outputs = [r["output_tokens"] for r in requests]
-    inputs = [r["input_len"] for r in requests if r["input_len"] is not None]
+    outputs = [r.output_tokens for r in requests]
+    inputs = [r.input_len for r in requests if r.input_len is not None]
     prompt_slots = pad = decode_slots = idle = 0
     # An engine that batches continuously inside a call (vLLM) pads nothing and lets early
     # finishers leave: its calls have no such waste to report.
@@ -172,14 +187,16 @@ def lengths(generations: list[Generation], requests: list[dict[str, Any]]) -> Le
                          decode_idle_slot_share=idle / decode_slots if decode_slots else None)
 
 
-def request_energies(generations: list[Generation], requests: list[dict[str, Any]], energy_j: float,
+def request_energies(generations: list[Generation], input_len: int | None, energy_j: float,
                      call_energies_j: list[float]) -> list[float]:
-    """Each request's share of the window's energy (token_share, as in serving mode): a call's
-    energy split over its sequences by the tokens each processed (prompt + output); the
-    window's energy outside the calls (the host's time between them) split over every
-    sequence the same way. They add up to ``energy_j``."""
-    tokens = np.array([(r["input_len"] or 0) + r["output_tokens"] for r in requests], dtype=float)
-    out = np.zeros(len(requests))
+    """Each request's share of the window's energy (token_share, as in serving mode), in the
+    order of ``request_records``: a call's energy split over its sequences by the tokens each
+    processed (prompt + output); the window's energy outside the calls (the host's time
+    between them) split over every sequence the same way. They add up to ``energy_j``.
+    ``input_len``: the prompt length of a sequence that does not state its own."""
+    tokens = np.array([(_prompt_len(r, input_len) or 0) + r.output_tokens for g in generations for r in g.requests],
+                      dtype=float)
+    out = np.zeros(len(tokens))
     start = 0
     for g, e in zip(generations, call_energies_j, strict=True):
         n = len(g.requests)
@@ -255,18 +272,21 @@ class OfflineWindow(Window):
     def figures(self, handle: MeterReading, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
         trial, generations, varies = self.trial, self.generations, self.source.varies()
         t0, duration_s = self.t0_s, self.t1_s - self.t0_s
-        requests = request_rows(generations, t0, trial.input_len)
+        n_requests = sum(len(g.requests) for g in generations)
         output_tokens = sum(g.output_tokens for g in generations)
-        throughput = Throughput(
-            n_iterations=len(generations), n_requests=len(requests), duration_s=duration_s,
-            output_tokens=output_tokens, throughput_tok_s=output_tokens / duration_s,
-            requests_per_s=len(requests) / duration_s)
-        latency = offline_latency(requests)
         marks = [mark for g in generations for mark in g.marks]
         decode_tokens = sum(max(r.output_tokens - 1, 0) for g in generations for r in g.requests)
         report = telemetry.report(handle, marks=marks, iteration_bounds=[(g.t_start_s, g.t_end_s) for g in generations])
         energy, phases, host = window_energy_parts(report, idle_power_w=idle_power_w, output_tokens=output_tokens,
                                                    decode_tokens=decode_tokens)
+        request_energy, shares = self._request_energy(energy, n_requests, telemetry)
+        # Each request's record whole, its energy share in it, once the window's energy is split.
+        requests = request_records(trial.trial_id, generations, t0, trial.input_len, shares)
+        throughput = Throughput(
+            n_iterations=len(generations), n_requests=n_requests, duration_s=duration_s,
+            output_tokens=output_tokens, throughput_tok_s=output_tokens / duration_s,
+            requests_per_s=n_requests / duration_s)
+        latency = offline_latency(requests)
         noise = IterationNoise(iteration_energy_cv=report.iteration_energy_cv if report is not None else None,
                                iteration_throughput_cv=iteration_throughput_cv(generations))
         precision = window_precision(generations, telemetry)
@@ -278,27 +298,26 @@ class OfflineWindow(Window):
             self.prepared, throughput, lengths(generations, requests) if varies else None, latency,
             self.speculation, window_memory(report.window if report is not None else None,
                                             self.backend.peak_memory_bytes()),
-            energy, phases, host, self._request_energy(energy, requests, telemetry),
+            energy, phases, host, request_energy,
             precision.part(trial.measure.target_rel_ci, energy_expected=telemetry.active), noise,
             self._roofline(throughput, latency, telemetry),
         )
-        return Figures(parts=parts, requests=[{"trial_id": trial.trial_id, **r} for r in requests],
-                       verdict=verdict, t_zero_s=t0, t_end_s=self.t1_s, marks=marks)
+        return Figures(parts=parts, requests=requests, verdict=verdict, t_zero_s=t0, t_end_s=self.t1_s,
+                       marks=marks)
 
-    def _request_energy(self, energy: Energy, requests: list[dict[str, Any]],
-                        telemetry: TelemetryBase) -> PerRequestEnergy:
-        """The window's energy per request; with varied prompts or replies, each request's own
-        share (set on its request row) and their spread."""
-        mean_j = ratio(energy.energy_j, len(requests))
+    def _request_energy(self, energy: Energy, n_requests: int,
+                        telemetry: TelemetryBase) -> tuple[PerRequestEnergy, list[float] | None]:
+        """The window's energy per request; with varied prompts or replies, also each request's
+        own share (for its record, in the order of ``request_records``) and their spread."""
+        mean_j = ratio(energy.energy_j, n_requests)
         if energy.energy_j is None or not self.source.varies():
-            return PerRequestEnergy(energy_per_request_j=mean_j)
+            return PerRequestEnergy(energy_per_request_j=mean_j), None
         generations = self.generations
         calls = telemetry.energies_between([(g.t_start_s, g.t_end_s) for g in generations])
-        shares = request_energies(generations, requests, energy.energy_j, calls)
-        for r, e in zip(requests, shares, strict=True):
-            r["energy_j"] = e
+        shares = request_energies(generations, self.trial.input_len, energy.energy_j, calls)
         return PerRequestEnergy(energy_per_request_j=mean_j, energy_per_request_p50_j=_pct(shares, 50),
-                                energy_per_request_p90_j=_pct(shares, 90), request_energy_method="token_share")
+                                energy_per_request_p90_j=_pct(shares, 90),
+                                request_energy_method="token_share"), shares
 
     def _roofline(self, throughput: Throughput, latency: Latency, telemetry: TelemetryBase) -> Roofline | None:
         # The roofline's formulas take one prompt and one reply length: a dataset's or natural

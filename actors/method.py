@@ -26,7 +26,7 @@ from actors.stability import Verdict
 from actors.stages import stage
 from actors.telemetry.baseline import trial_baseline
 from actors.telemetry.occupancy import GpuOccupancy
-from sweeper.core.results import Energy, Memory, Outcome, Part, TrialResult
+from sweeper.core.results import Energy, Memory, Outcome, Part, RequestRecord, TrialResult
 from sweeper.core.status import Status
 from sweeper.core.trial import Trial
 
@@ -71,11 +71,11 @@ def window_memory(window: EnergyWindow | None, peak_memory_bytes: int | None) ->
 @dataclass
 class Measurement:
     """What a trial's measured window produced: the typed result parts its figures make (the
-    outcome: ok, or failed with what it measured), its requests and its timeline. The actor
-    adds the parts it knows itself (setup, environment, the later passes)."""
+    outcome: ok, or failed with what it measured), its requests (a record each, whole) and its
+    timeline. The actor adds the parts it knows itself (setup, environment, the later passes)."""
 
     result: TrialResult
-    requests: list[dict[str, Any]]
+    requests: list[RequestRecord]
     timeline: pa.Table | None  # the telemetry's samples over the trial, or None without GPUs
 
     @property
@@ -91,7 +91,7 @@ class Figures:
     ends, and its outcome (failed, with what it measured, where the run was cut short)."""
 
     parts: tuple[Part | None, ...]
-    requests: list[dict[str, Any]]
+    requests: list[RequestRecord]
     verdict: Verdict
     t_zero_s: float
     t_end_s: float

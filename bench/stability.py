@@ -161,7 +161,9 @@ def bare_loop(llm: Any, params: Any, vocab: int, batch: int, args: argparse.Name
 
 def sweeper_series(outcome: Any) -> dict[str, Any]:
     """The sweeper trial's own calls, from its requests table (one iteration = one call)."""
-    requests = outcome.tables.get("requests") or []
+    # An Arrow table (the requests schema), read here as rows.
+    table = outcome.tables.get("requests")
+    requests = table.to_pylist() if table is not None else []
     by_iter: dict[int, list[dict[str, Any]]] = {}
     for r in requests:
         by_iter.setdefault(r["iteration"], []).append(r)

@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from actors.serving import attribution, lateness
 from actors.serving.arrivals import run_offsets, serving_requests
 from actors.serving.attribution import RequestEnergy
 from actors.serving.conversations import ConversationScript, conversation_figures
-from actors.serving.records import ServedRun
+from actors.serving.records import ServedRequest, ServedRun
 from actors.serving.stats import (
     SteadyWindow,
     achieved_rate,
@@ -50,6 +50,7 @@ from sweeper.core.results import (
     Memory,
     Outcome,
     PerRequestEnergy,
+    RequestRecord,
     RunEnergy,
     ServingRun,
     Speculation,
@@ -141,7 +142,7 @@ class ServingWindow(Window):
                 # A server that held every request (hung, stalled, or still in its warm-up when
                 # the limit passed): the run timed out, with each request marked as it stood,
                 # not an exception. Nothing finished, so there is no figure to state.
-                return Figures(parts=(), requests=_request_rows(trial, run, None, None, self.script),
+                return Figures(parts=(), requests=_request_records(trial, run, None, None, self.script),
                                verdict=Verdict(), t_zero_s=run.t_start_s, t_end_s=self.t_end_s,
                                outcome=_outcome(run))
             raise RuntimeError(f"every request of the run failed: {run.failed[0].error}")
@@ -171,7 +172,7 @@ class ServingWindow(Window):
         )
         verdict = _verdict(throughput, steady, whole, client, energy, window, trial, telemetry, handle,
                            engine_window=engine_window)
-        return Figures(parts=parts, requests=_request_rows(trial, run, window, split, self.script),
+        return Figures(parts=parts, requests=_request_records(trial, run, window, split, self.script),
                        verdict=verdict, t_zero_s=run.t_start_s, t_end_s=self.t_end_s, marks=_marks(run, window),
                        outcome=_outcome(run))
 
@@ -326,32 +327,40 @@ def _verdict(throughput: Throughput, steady: SteadyState, whole: ServingRun, cli
     return verdict
 
 
-def _request_rows(trial: Trial, run: ServedRun, window: SteadyWindow | None,
-                  energies: list[RequestEnergy] | None, script: ConversationScript | None = None
-                  ) -> list[dict[str, Any]]:
+def _request_records(trial: Trial, run: ServedRun, window: SteadyWindow | None,
+                     energies: list[RequestEnergy] | None, script: ConversationScript | None = None
+                     ) -> list[RequestRecord]:
+    """The run's requests, one record each in the run's order, with its share of the run's
+    energy where it was split (``energies``, in the same order; None: not attributed)."""
     settings = trial.serving
     bounds = settings.slo.bounds_s() if settings is not None and settings.slo is not None else {}
-    t0 = run.t_start_s
+    split: list[RequestEnergy | None] = list(energies) if energies is not None else [None] * len(run.requests)
+    return [_request_record(trial.trial_id, r, run.t_start_s, window, bounds, e,
+                            script.turn_of(r.index) if script is not None else None)
+            for r, e in zip(run.requests, split, strict=True)]
+
+
+def _request_record(trial_id: str, r: ServedRequest, t0_s: float, window: SteadyWindow | None,
+                    bounds_s: dict[str, float], energy: RequestEnergy | None,
+                    turn_of: tuple[int, int] | None) -> RequestRecord:
+    """One served request as the requests table records it: times from the run's start
+    ``t0_s``; ``turn_of``: its conversation and turn (None outside conversations)."""
 
     def rel(t: float | None) -> float | None:
-        return None if t is None else t - t0
+        return None if t is None else t - t0_s
 
-    rows = []
-    for k, r in enumerate(run.requests):
-        conversation, turn = (script.turn_of(r.index) if script is not None else None) or (None, None)
-        rows.append({
-            "conversation_id": conversation, "turn": turn,
-            "trial_id": trial.trial_id, "request_index": r.index, "input_len": r.prompt_tokens,
-            "output_tokens": r.output_tokens, "arrival_s": rel(r.arrival_s), "t_start_s": rel(r.submit_s),
-            "send_lateness_s": r.send_lateness_s, "cached_tokens": r.cached_tokens,
-            "scheduled_s": rel(r.scheduled_s), "first_token_s": rel(r.first_token_s), "finish_s": rel(r.finish_s),
-            "ttft_s": r.ttft_s, "tpot_s": r.tpot_s, "e2e_s": r.e2e_s, "queue_s": r.queue_s,
-            "itl_s": r.itl_s if r.ok else None,
-            "in_window": (window is not None and r.finish_s is not None
-                          and window.t_start_s < r.finish_s <= window.t_end_s),
-            "meets_slo": meets(r, bounds) if bounds else None,
-            "energy_j": energies[k].energy_j if energies is not None else None,
-            "prefill_energy_j": energies[k].prefill_energy_j if energies is not None else None,
-            "error": r.error,
-        })
-    return rows
+    conversation, turn = turn_of if turn_of is not None else (None, None)
+    return RequestRecord(
+        trial_id=trial_id, request_index=r.index, conversation_id=conversation, turn=turn,
+        input_len=r.prompt_tokens, output_tokens=r.output_tokens, t_start_s=rel(r.submit_s),
+        ttft_s=r.ttft_s, tpot_s=r.tpot_s, e2e_s=r.e2e_s, arrival_s=rel(r.arrival_s),
+        send_lateness_s=r.send_lateness_s, cached_tokens=r.cached_tokens, scheduled_s=rel(r.scheduled_s),
+        first_token_s=rel(r.first_token_s), finish_s=rel(r.finish_s), queue_s=r.queue_s,
+        itl_s=r.itl_s if r.ok else None,
+        in_window=(window is not None and r.finish_s is not None
+                   and window.t_start_s < r.finish_s <= window.t_end_s),
+        meets_slo=meets(r, bounds_s) if bounds_s else None,
+        energy_j=energy.energy_j if energy is not None else None,
+        prefill_energy_j=energy.prefill_energy_j if energy is not None else None,
+        error=r.error,
+    )

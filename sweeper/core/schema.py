@@ -7,6 +7,7 @@ same columns and types, and ``docs/SCHEMA.md`` is generated from here.
 from __future__ import annotations
 
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -15,7 +16,7 @@ import pyarrow as pa
 
 from sweeper.core.capacity import Capacity
 from sweeper.core.configuration import Configuration
-from sweeper.core.results import Part, RowError, TrialResult
+from sweeper.core.results import Part, RequestRecord, RowError, TrialResult
 from sweeper.core.search import SearchPoint
 
 
@@ -67,45 +68,8 @@ def _part_columns(part: type[Part]) -> tuple[Column, ...]:
 _PARTS: tuple[type[Part], ...] = (Configuration, *TrialResult.part_types())
 _RESULT: tuple[Column, ...] = tuple(c for part in _PARTS for c in _part_columns(part))
 
-REQUESTS: tuple[Column, ...] = (
-    _c("trial_id", S, "trial the request belongs to"),
-    _c("iteration", I, "measured generate call (0-based); null in serving mode"),
-    _c("request_index", I, "sequence index within the batch; serving: the request's number in arrival order "
-                           "(conversations: numbered by conversation, then turn)"),
-    _c("conversation_id", I, "conversations: the conversation the request is a turn of (0-based, in the order "
-                             "the conversations arrived); null outside conversations"),
-    _c("turn", I, "conversations: the request's turn in its conversation (0-based); its prompt holds every "
-                  "earlier turn and reply"),
-    _c("input_len", I, "prompt tokens"),
-    _c("output_tokens", I, "generated tokens"),
-    _c("t_start_s", F, "request start, seconds from the start of the measured window; serving: when the client "
-                       "sent it (arrival_s + send_lateness_s, later still when max_concurrency held it back)"),
-    _c("ttft_s", F, "time to first generated token"),
-    _c("tpot_s", F, "time per output token after the first"),
-    _c("e2e_s", F, "end-to-end latency"),
-    # serving mode: times in seconds from the run's start
-    _c("arrival_s", F, "serving: when the request arrived (its place in the arrival process)"),
-    _c("send_lateness_s", F, "serving: how late the client sent it: t_start_s less when it was due (arrival_s, or "
-                             "the moment a slot came free where max_concurrency held it back); the client's own "
-                             "delay, never the engine's (null: never sent)"),
-    _c("cached_tokens", I, "serving: of its prompt tokens, those the engine took from its prefix cache (vLLM's "
-                           "num_cached_tokens; a server's usage.prompt_tokens_details.cached_tokens); null where "
-                           "the engine does not say"),
-    _c("scheduled_s", F, "serving: when the engine first scheduled it (null where the engine does not say)"),
-    _c("first_token_s", F, "serving: when its first token reached the client"),
-    _c("finish_s", F, "serving: when its last token reached the client"),
-    _c("queue_s", F, "serving: scheduled_s - t_start_s, time queued inside the engine"),
-    _c("itl_s", pa.list_(F), "serving: the gaps between its consecutive tokens (0 for tokens delivered together)"),
-    _c("in_window", B, "serving: it finished inside the trial's steady window"),
-    _c("meets_slo", B, "serving: it met every SLO bound (null without an slo)"),
-    _c("energy_j", F, "its share of the GPU energy (the trial's request_energy_method): a serving run's "
-                      "requests sum to its run_energy_j, an offline window's to its energy_j; null where "
-                      "not attributed (random prompts of one shape offline: energy_per_request_j says it)"),
-    _c("prefill_energy_j", F, "serving: of energy_j, the part spent in the request's prefill (from its scheduling, or "
-                              "where the engine does not say (an HTTP server) its sending, to its first token, by token share: the prompt tokens the engine computed against the "
-                              "tokens others processed beside it)"),
-    _c("error", S, "serving: why the request failed or did not finish; null if it completed"),
-)
+# A request's row is a typed record (sweeper.core.results.requests), made whole by its producer.
+REQUESTS: tuple[Column, ...] = _part_columns(RequestRecord)
 
 TIMELINE: tuple[Column, ...] = (
     _c("trial_id", S, "trial the sample belongs to"),
@@ -218,6 +182,29 @@ def to_table(kind: str, rows: list[dict[str, Any]] | pa.Table) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema)
 
 
+# The tables whose rows actors make as typed records: the type each one's schema comes from.
+RECORDS: dict[str, type[Part]] = {"requests": RequestRecord}
+
+
+def records_table(kind: str, records: Sequence[Part]) -> pa.Table:
+    """``kind``'s table from its typed records (``RECORDS``), in the schema's column order.
+    Actors make their tables with this, in the process that made the records, so a value a
+    column's type cannot hold is a ``RowError`` naming the column there (failing one trial,
+    with the reason) and never reaches the driver's writer."""
+    record_type = RECORDS[kind]
+    wrong = sorted({type(r).__name__ for r in records if type(r) is not record_type})
+    if wrong:
+        raise RowError(f"{kind}: rows are {record_type.__name__}s, not {', '.join(wrong)}")
+    schema = arrow_schema(kind)
+    arrays = []
+    for field in schema:
+        try:
+            arrays.append(pa.array([getattr(r, field.name) for r in records], type=field.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            raise RowError(f"{kind}.{field.name}: not a {field.type} ({exc})") from None
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
 def check_rows(kind: str, rows: list[dict[str, Any]]) -> None:
     """Raise ``RowError`` naming the first column of ``rows`` that ``kind``'s schema does not
     know, or whose values its type cannot hold. Actors check their rows with this before
@@ -247,10 +234,11 @@ def schema_markdown() -> str:
 
 if __name__ == "__main__":  # python -m sweeper.core.schema > docs/SCHEMA.md
     print("# Result tables\n")
-    print("Generated from `sweeper/core/schema.py` and, for the trials table's results, the typed parts "
-          "in `sweeper/core/results/` that actors send (`python -m sweeper.core.schema > docs/SCHEMA.md`); "
-          "a test keeps the two in step. Units are in the column names: `_s` seconds, `_j` joules, "
-          "`_w` watts, `_bytes` bytes, `_mj` millijoules, `_mhz` MHz, `_c` degrees Celsius, `_pct` per cent.\n")
+    print("Generated from `sweeper/core/schema.py` and, for the trials table's results and the requests "
+          "table, the typed parts and records in `sweeper/core/results/` that actors send "
+          "(`python -m sweeper.core.schema > docs/SCHEMA.md`); a test keeps the two in step. Units are in "
+          "the column names: `_s` seconds, `_j` joules, `_w` watts, `_bytes` bytes, `_mj` millijoules, "
+          "`_mhz` MHz, `_c` degrees Celsius, `_pct` per cent.\n")
     print("Per-GPU figures (`gpu_energy_j`, `gpu_avg_power_w`, `gpu_peak_power_w`, `gpu_peak_memory_bytes`, "
           "`gpu_idle_power_w`) are list columns of the trials table, one element per GPU in the order of "
           "`gpu_uuids`, not a child table: a trial holds the GPUs of one node (a handful), so its row stays "

@@ -13,10 +13,12 @@ from actors.stability import Verdict
 from actors.stages import StageClock
 from actors.telemetry import NullTelemetry
 from actors.workload import PromptSources
-from sweeper.core.results import Throughput
+from sweeper.core.results import RequestRecord, Throughput
 from sweeper.plan.expand import expand
 from sweeper.plan.spec import parse_sweep
 from tests.actors.test_measure import FakeClock
+
+REQUEST = RequestRecord(trial_id="t", request_index=0, output_tokens=1)
 
 
 def trials(**overrides):
@@ -47,7 +49,7 @@ class Scripted(Window):
         assert handle.duration_s == pytest.approx(2.0)  # the telemetry window was held around run() alone
         verdict = Verdict()
         verdict.flag("planted")
-        return Figures(parts=(Throughput(duration_s=handle.duration_s),), requests=[{"trial_id": "t"}],
+        return Figures(parts=(Throughput(duration_s=handle.duration_s),), requests=[REQUEST],
                        verdict=verdict, t_zero_s=handle.t_start_s, t_end_s=handle.t_end_s)
 
 
@@ -62,7 +64,7 @@ def test_the_skeleton_runs_every_step_in_order_with_the_window_inside_the_energy
     # The window's verdict and the skeleton's columns land in one row; no GPU, no timeline.
     assert measured.row["unstable"] is True and measured.row["unstable_reason"] == "planted"
     assert measured.row["noisy_host"] is None  # the window judged no process noise
-    assert measured.requests == [{"trial_id": "t"}] and measured.timeline is None
+    assert measured.requests == [REQUEST] and measured.timeline is None
     # The stages the skeleton times: the measured window's 2 s in "measure".
     spans = {s.stage: s.duration_s for s in stages.take()}
     assert spans.get("measure") == pytest.approx(2.0)

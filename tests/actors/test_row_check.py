@@ -33,17 +33,25 @@ def test_check_rows_names_the_column_and_the_problem():
         check_rows("requests", [{"output_tokens": 3}, {"output_tokens": "three"}])
 
 
-def _twice(parts):
-    return (*parts, Energy(energy_j=1.0))  # one figure computed, and sent, twice
+def _twice(figures):
+    # One figure computed, and sent, twice.
+    return dataclasses.replace(figures, parts=(*figures.parts, Energy(energy_j=1.0)))
 
 
-def _wrong_type(parts):
-    return tuple(Throughput(throughput_tok_s="fast") if isinstance(p, Throughput) else p for p in parts)
+def _wrong_type(figures):
+    return dataclasses.replace(figures, parts=tuple(Throughput(throughput_tok_s="fast") if isinstance(p, Throughput)
+                                                    else p for p in figures.parts))
+
+
+def _bad_request(figures):
+    first, *rest = figures.requests
+    return dataclasses.replace(figures, requests=[dataclasses.replace(first, output_tokens="three"), *rest])
 
 
 @pytest.mark.parametrize(("plant", "message"), [
     (_twice, "Energy given twice"),
     (_wrong_type, "trials.throughput_tok_s"),  # a value the schema cannot hold
+    (_bad_request, "requests.output_tokens"),  # in a request's record: its table is made in the actor
 ])
 def test_a_bad_result_fails_its_trial_and_the_next_trial_runs(monkeypatch, plant, message):
     first, second, third = group()
@@ -54,9 +62,8 @@ def test_a_bad_result_fails_its_trial_and_the_next_trial_runs(monkeypatch, plant
         real = OfflineWindow.figures
 
         def planting(self, *args, **kwargs):
-            # As a window whose producers made these parts would: they meet in the method's skeleton.
-            figures = real(self, *args, **kwargs)
-            return dataclasses.replace(figures, parts=plant(figures.parts))
+            # As a window whose producers made these would: they meet in the method's skeleton.
+            return plant(real(self, *args, **kwargs))
 
         monkeypatch.setattr(OfflineWindow, "figures", planting)
         bad = runner.run(second)

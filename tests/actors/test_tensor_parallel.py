@@ -55,7 +55,7 @@ def _run(workload: dict) -> dict:
         runner.close()
     assert outcome.row["status"] == "ok", outcome.row.get("error")
     timeline = outcome.tables["timeline"].to_pylist()
-    return {**outcome.row, "_requests": outcome.tables["requests"], "_timeline": timeline}
+    return {**outcome.row, "_requests": outcome.tables["requests"].to_pylist(), "_timeline": timeline}
 
 
 def _per_gpu_figures_hold(row: dict, fake: FakeNvml) -> None:

@@ -9,7 +9,7 @@ import pytest
 from actors.backends.base import Generation, ModelSpec, PromptBatch, RequestTiming
 from actors.backends.noop import NoopBackend, simulated_reply_len
 from actors.backends.transformers.eager import reply_lengths
-from actors.measure import lengths, measure_trial, request_energies, request_rows
+from actors.measure import lengths, measure_trial, request_energies, request_records
 from actors.serving.measure import measure_serving_trial
 from actors.telemetry import NullTelemetry
 from sweeper.plan.expand import expand
@@ -36,13 +36,13 @@ def run(trial, serving: bool = False):
 
 def test_natural_replies_vary_and_the_batch_waits_for_its_longest():
     m = run(trial_of({"output_len": "natural", "max_output_len": 32, "num_prompts": 16}, batch_sizes=4))
-    outputs = [r["output_tokens"] for r in m.requests]
+    outputs = [r.output_tokens for r in m.requests]
     assert len(set(outputs)) > 3 and max(outputs) <= 32 and min(outputs) >= 1
     row = m.row
     assert row["output_tokens"] == sum(outputs)  # per-token figures divide by tokens produced
     assert row["output_len_mean"] == pytest.approx(np.mean(outputs))
     assert 0 < row["decode_idle_slot_share"] < 1 and 0 < row["prompt_pad_share"] < 1
-    assert len({r["input_len"] for r in m.requests}) > 3
+    assert len({r.input_len for r in m.requests}) > 3
     # Iterations differ in work by design: their CV is recorded, and judges nothing (not even
     # noisy_host); the window is judged by its interval alone.
     assert row["iteration_throughput_cv"] > 0.05 and row["noisy_host"] is None
@@ -54,7 +54,7 @@ def test_reference_lengths_are_the_bundled_set_s():
     from sweeper.core.datasets import BUNDLED_FILE, read_records
 
     stated = {r.output_len for r in read_records(BUNDLED_FILE)}
-    assert {r["output_tokens"] for r in m.requests} <= stated
+    assert {r.output_tokens for r in m.requests} <= stated
 
 
 def test_the_waste_of_a_static_batch_by_hand():
@@ -63,14 +63,14 @@ def test_the_waste_of_a_static_batch_by_hand():
         return Generation(0.0, 1.0, reqs)
 
     gens = [gen([4, 2], [3, 1]), gen([5, 5], [2, 2])]
-    got = lengths(gens, request_rows(gens, 0.0, None))
+    got = lengths(gens, request_records("t", gens, 0.0, None))
     # prompts padded to 4 and 5: 2 pads of 18 slots; replies run 3 and 2 steps: 2 idle of 10 slots.
     assert got.prompt_pad_share == pytest.approx(2 / 18)
     assert got.decode_idle_slot_share == pytest.approx(2 / 10)
     assert got.output_len_mean == 2.0 and got.input_len_mean == 4.0
     # An engine that batches continuously inside the call (vLLM) pads nothing: no waste to report.
     continuous = [Generation(g.t_start_s, g.t_end_s, g.requests, static_batch=False) for g in gens]
-    got = lengths(continuous, request_rows(continuous, 0.0, None))
+    got = lengths(continuous, request_records("t", continuous, 0.0, None))
     assert got.prompt_pad_share is None and got.decode_idle_slot_share is None
 
 
@@ -79,8 +79,7 @@ def test_request_energies_split_each_call_by_tokens_and_sum_to_the_window():
         return Generation(0.0, 1.0, tuple(RequestTiming(0.0, 0.1, 1.0, o, p) for p, o in zip(prompts, outputs,
                                                                                             strict=True)))
     gens = [gen([3, 1], [1, 3]), gen([6, 2], [2, 2])]
-    rows = request_rows(gens, 0.0, None)
-    energies = request_energies(gens, rows, energy_j=30.0, call_energies_j=[8.0, 16.0])
+    energies = request_energies(gens, None, energy_j=30.0, call_energies_j=[8.0, 16.0])
     assert sum(energies) == pytest.approx(30.0)
     # call 1: 4 and 4 tokens -> 4 J each; call 2: 8 and 4 tokens -> 32/3 and 16/3; the 6 J between
     # calls by tokens over all 20: 1.2, 1.2, 2.4, 1.2.
@@ -91,7 +90,7 @@ def test_serving_requests_end_at_their_simulated_eos():
     trial = trial_of({"mode": "serving", "output_len": "natural", "max_output_len": 24, "num_prompts": 30,
                       "request_rate": 50})
     m = run(trial, serving=True)
-    outputs = [r["output_tokens"] for r in m.requests]
+    outputs = [r.output_tokens for r in m.requests]
     assert len(set(outputs)) > 5 and max(outputs) <= 24
     assert m.row["output_len_mean"] == pytest.approx(np.mean(outputs))
 

@@ -10,6 +10,9 @@ have fails where it is built. A trial's result is a ``TrialResult`` of parts; ``
 flattens it, the one place a trials row is made from them. Every column is nullable: a
 part that does not apply (serving figures of an offline trial) stays empty.
 
+A row of the requests table is declared the same way, whole: ``RequestRecord`` (``requests``),
+one per measured request, from which the requests schema is generated.
+
 The parts are declared by topic (``part``: what a part is; ``run``, ``window``, ``serving``,
 ``energy``, ``trust``, ``passes``) and put together in ``trial_result``; everything is
 imported from here."""
@@ -27,6 +30,7 @@ from sweeper.core.results.energy import (
 )
 from sweeper.core.results.part import ColumnSpec, Part, RowError, column
 from sweeper.core.results.passes import Fidelity, LayerPass, Perplexity
+from sweeper.core.results.requests import RequestRecord
 from sweeper.core.results.run import Compile, Environment, Outcome, Setup
 from sweeper.core.results.serving import (
            ClientTimeliness,
@@ -42,5 +46,5 @@ from sweeper.core.results.window import Latency, Lengths, Memory, Roofline, Spec
 __all__ = ["Baseline", "ClientTimeliness", "ColumnSpec", "Compile", "Conversations", "Energy", "Environment",
            "Fidelity", "HostEnergy", "Intervals", "IterationNoise", "Latency", "LayerPass", "Lengths",
            "Memory", "Occupancy", "Outcome", "Part", "PerRequestEnergy", "Perplexity", "PhaseEnergy",
-           "PrefixCacheUse", "Roofline", "RowError", "RunEnergy", "ServingRun", "Setup", "Speculation",
-           "Stability", "SteadyState", "Throughput", "TrialResult", "column"]
+           "PrefixCacheUse", "RequestRecord", "Roofline", "RowError", "RunEnergy", "ServingRun", "Setup",
+           "Speculation", "Stability", "SteadyState", "Throughput", "TrialResult", "column"]

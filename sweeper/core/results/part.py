@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -13,8 +14,12 @@ class RowError(ValueError):
     """A row its table's schema cannot hold: the column, and why."""
 
 
-def column(doc: str) -> Any:
-    """A column of a part: null unless the producer sets it; ``doc`` is its meaning."""
+def column(doc: str, *, required: bool = False) -> Any:
+    """A column of a part: null unless the producer sets it; ``doc`` is its meaning.
+    ``required``: one every row has, which the producer must give (no default; its field is
+    declared without None, in a ``kw_only`` dataclass so it may follow the optional ones)."""
+    if required:
+        return field(metadata={"doc": doc})
     return field(default=None, metadata={"doc": doc})
 
 
@@ -29,7 +34,8 @@ class ColumnSpec:
 
 @dataclass(frozen=True)
 class Part:
-    """A set of columns that one producer computes together."""
+    """A set of columns that one producer computes together (a trial's part; or a whole row of
+    its own table, as ``RequestRecord`` is)."""
 
     @classmethod
     @cache
@@ -60,6 +66,8 @@ P = TypeVar("P", bound="Part")
 
 
 def _not_none(hint: Any) -> Any:
+    if typing.get_origin(hint) not in (typing.Union, types.UnionType):
+        return hint  # a required column: its type as declared
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if len(args) != 1:
         raise TypeError(f"a column's type is one type or None, not {hint}")

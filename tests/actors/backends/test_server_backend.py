@@ -542,7 +542,7 @@ def test_an_energy_site_meters_the_named_gpus_and_lists_their_processes(tmp_path
                    if uuid == other)
     assert row["gpu_processes"] == f"{os.getpid()} {Path(f'/proc/{os.getpid()}/comm').read_text().strip()}"
     assert row["energy_exclusive"] is None  # whose processes they are is not known for an external server
-    requests = outcome.tables["requests"]
+    requests = outcome.tables["requests"].to_pylist()
     assert sum(r["energy_j"] for r in requests) == pytest.approx(row["run_energy_j"], rel=1e-9)
 
 
@@ -586,7 +586,7 @@ def test_a_servers_prefix_cache_hits_are_each_requests_and_the_trials_hit_rate(t
         }, "cpu")
     finally:
         server.stop(2.0)
-    row, requests = outcome.row, outcome.tables["requests"]
+    row, requests = outcome.row, outcome.tables["requests"].to_pylist()
     assert row["status"] == "ok", row.get("error")
     cached = [r["cached_tokens"] for r in requests]
     # A prefix's two 16-token blocks are held once a request with it has arrived; a suffix never is.

@@ -23,7 +23,7 @@ from actors.backends.vllm.backend import (
     engine_kwargs,
     generation_from_outputs,
 )
-from actors.measure import request_rows
+from actors.measure import request_records
 from sweeper.core.backends import BACKENDS, VllmOptions
 from sweeper.core.errors import SweepFileError
 from sweeper.plan.capabilities import (
@@ -330,9 +330,9 @@ def test_engine_clock_stamps_become_request_timings_and_phase_marks():
         (100.0, 100.20, 100.80, 4), (100.0, 100.25, 100.90, 4)]
     # Prefill lasts until the whole batch has its first token; decode is the rest.
     assert gen.marks == (("prefill", 100.0, 100.25), ("decode", 100.25, 101.0))
-    rows = request_rows([gen], t0=100.0, input_len=8)
-    assert rows[0]["ttft_s"] == pytest.approx(0.20) and rows[0]["e2e_s"] == pytest.approx(0.80)
-    assert rows[1]["tpot_s"] == pytest.approx((0.90 - 0.25) / 3)  # vLLM's TPOT: (e2e - ttft) / (n - 1)
+    rows = request_records("t", [gen], t0_s=100.0, input_len=8)
+    assert rows[0].ttft_s == pytest.approx(0.20) and rows[0].e2e_s == pytest.approx(0.80)
+    assert rows[1].tpot_s == pytest.approx((0.90 - 0.25) / 3)  # vLLM's TPOT: (e2e - ttft) / (n - 1)
 
 
 def test_stamps_on_another_clock_fall_back_to_latencies():

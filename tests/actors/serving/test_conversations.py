@@ -137,23 +137,23 @@ def test_a_trial_records_every_turn_and_its_conversation_figures(tmp_path):
     load = backend.load(ModelSpec("synthetic", "tiny-llama", "fp32", trial.backend_options, serving=True))
     measured = measure_serving_trial(backend, trial, load, NullTelemetry(reason="test"), clock=clock)
     row, rows = measured.row, measured.requests
-    turns = sorted((r["conversation_id"], r["turn"]) for r in rows)
+    turns = sorted((r.conversation_id, r.turn) for r in rows)
     # 6 conversations of the two in the file (cycled): 3 and 2 user turns.
     assert len({c for c, _ in turns}) == 6 and len(rows) == 3 * 3 + 3 * 2
     assert row["n_conversations"] == 6 and row["conversations_completed"] == 6
     assert row["turns_per_conversation"] == pytest.approx(2.5)
     by_turn = {}
     for r in rows:
-        by_turn.setdefault(r["turn"], []).append(r["input_len"])
+        by_turn.setdefault(r.turn, []).append(r.input_len)
     assert min(by_turn[1]) > max(by_turn[0]) or np.mean(by_turn[1]) > np.mean(by_turn[0])
     # Later turns resend their history: the simulated prefix cache holds it.
-    later = [r for r in rows if r["turn"] > 0]
-    assert all(r["cached_tokens"] > 0 for r in later)
+    later = [r for r in rows if r.turn > 0]
+    assert all(r.cached_tokens > 0 for r in later)
     assert row["prefix_cache_hit_rate"] > 0
     assert row["last_turn_ttft_s"] is not None and row["conversation_s"] > 0.25
     # Offered: every turn over the span of the sends, which runs past the first turns' schedule.
-    last_send_s = max(r["arrival_s"] for r in rows)
-    assert last_send_s > max(r["arrival_s"] for r in rows if r["turn"] == 0)
+    last_send_s = max(r.arrival_s for r in rows)
+    assert last_send_s > max(r.arrival_s for r in rows if r.turn == 0)
     assert row["offered_rate_req_s"] == pytest.approx(len(rows) / last_send_s, rel=1e-6)
 
 

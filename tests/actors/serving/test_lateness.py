@@ -96,7 +96,7 @@ def test_a_client_that_keeps_its_schedule_is_not_flagged():
     assert row["send_lateness_max_s"] == 0.0 and row["steady_send_lateness_p99_s"] == 0.0
     assert row["client_behind"] is False and row["unstable"] is False
     assert row["send_lateness_bound_s"] == pytest.approx(max(0.005, 0.1 * row["ttft_p50_s"]))
-    assert all(r["send_lateness_s"] == 0.0 for r in requests)
+    assert all(r.send_lateness_s == 0.0 for r in requests)
 
 
 def test_a_client_too_slow_for_the_rate_is_flagged_and_the_window_leaves_it_out():
@@ -107,12 +107,12 @@ def test_a_client_too_slow_for_the_rate_is_flagged_and_the_window_leaves_it_out(
     assert "client behind: send lateness p99" in row["unstable_reason"]
     assert row["send_lateness_p99_s"] > row["send_lateness_bound_s"]
     # Nothing of the steady window is a stretch where the client was behind.
-    late = [r for r in requests if r["send_lateness_s"] > row["send_lateness_bound_s"]]
+    late = [r for r in requests if r.send_lateness_s > row["send_lateness_bound_s"]]
     assert late
     if row["window_start_s"] is not None:
         for r in late:
-            due = r["t_start_s"] - r["send_lateness_s"]
-            assert r["t_start_s"] <= row["window_start_s"] or due >= row["window_end_s"]
+            due = r.t_start_s - r.send_lateness_s
+            assert r.t_start_s <= row["window_start_s"] or due >= row["window_end_s"]
 
 
 def test_slots_are_due_when_the_slot_they_take_came_free():

@@ -13,7 +13,8 @@ from actors.backends.noop import NoopBackend
 from actors.serving.measure import measure_serving_trial
 from actors.serving.records import ServingRequest
 from actors.telemetry import NullTelemetry
-from sweeper.core.schema import REQUESTS, trials_columns
+from sweeper.core.results import RequestRecord
+from sweeper.core.schema import trials_columns
 from sweeper.plan.expand import expand
 from sweeper.plan.spec import parse_sweep
 from tests.fake_nvml import FakeClock
@@ -79,7 +80,7 @@ def test_a_run_past_its_deadline_records_what_it_has_and_returns():
 
 
 def measure(rate, noop_options=None, measure_options=None, backend_class=NoopBackend,
-            **workload) -> tuple[dict, list[dict]]:
+            **workload) -> tuple[dict, list[RequestRecord]]:
     sweep = sweep_of(rate, noop_options, **workload)
     if measure_options:
         sweep = sweep.model_copy(update={"measure": sweep.measure.model_copy(update=measure_options)})
@@ -122,11 +123,11 @@ def test_a_serving_row_fills_every_serving_column_and_leaves_energy_null_on_cpu(
     for energy in ("energy_j", "energy_per_token_j", "energy_per_request_j", "run_energy_j"):
         assert row[energy] is None  # not measured is not zero
     assert set(row) <= {c.name for c in trials_columns()}
-    assert len(requests) == 100 and set(requests[0]) <= {c.name for c in REQUESTS}
-    good = sum(r["meets_slo"] for r in requests)
+    assert len(requests) == 100 and all(isinstance(r, RequestRecord) for r in requests)
+    good = sum(r.meets_slo for r in requests)
     assert row["slo_attainment"] == pytest.approx(good / 100)
     assert row["goodput_req_s"] == pytest.approx(good / row["run_duration_s"])
-    assert all(len(r["itl_s"]) == 9 for r in requests)
+    assert all(len(r.itl_s) == 9 for r in requests)
 
 
 def test_a_run_cut_by_the_time_limit_fails_with_what_it_measured():
@@ -136,7 +137,7 @@ def test_a_run_cut_by_the_time_limit_fails_with_what_it_measured():
     assert row["status"] == "failed" and row["reason"] == "timeout"
     assert "requests had not finished when the run's time limit" in row["error"]
     assert 0 < row["n_failed_requests"] < 100 and row["ttft_p50_s"] is not None
-    assert {r["error"] for r in requests if r["error"]} <= {"unfinished: the run's time limit passed",
+    assert {r.error for r in requests if r.error} <= {"unfinished: the run's time limit passed",
                                                            "not sent: the run's time limit passed"}
 
 
@@ -149,9 +150,9 @@ def test_the_simulated_prefix_cache_holds_shared_prefixes_and_shortens_their_pre
     slow = {"step_s": 0.005, "prefill_s": 0.1}
     cold, cold_requests = measure(2.0, slow, **shared)
     warm, warm_requests = measure(2.0, {**slow, "prefix_block": 16}, **shared)
-    assert {r["cached_tokens"] for r in cold_requests} == {None} and cold["prefix_cache_hit_rate"] is None
+    assert {r.cached_tokens for r in cold_requests} == {None} and cold["prefix_cache_hit_rate"] is None
     # Warm-up sent the same prefixes: every measured prompt finds its two 16-token blocks held.
-    assert {r["cached_tokens"] for r in warm_requests} == {32}
+    assert {r.cached_tokens for r in warm_requests} == {32}
     assert warm["prefix_cache_hit_rate"] == pytest.approx(32 / 40)
     # One request every 0.5 s, each done in under 0.15 s: each is admitted alone on arrival, its
     # prefill 0.1 s cold and 0.1 x 8/40 = 0.02 s with its prefix cached.
