@@ -9,16 +9,18 @@ figures that serving trials share.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from actors.backends.base import Backend, Generation, LoadInfo, RequestTiming
+from actors.backends.base import Backend, Generation, LoadInfo, PromptBatch, RequestTiming
 from actors.backends.speculation import window_speculation
 from actors.convergence import ENERGY_SETTLE_S, WindowPrecision, window_precision
 from actors.method import Figures, Measurement, Window, measure, ratio, window_energy, window_memory
+from actors.quality.accuracy import offline_replies, score
 from actors.stability import Verdict
 from actors.telemetry.telemetry import MIN_STABILITY_BLOCK_S
 from actors.workload import PromptSource, prompt_source
@@ -253,7 +255,7 @@ class OfflineWindow(Window):
         t0 = self.t0_s = clock()
         checked_s = t0
         while True:
-            generations.append(backend.generate_batch(self.source.batch(len(generations), self.batch_size)))
+            generations.append(backend.generate_batch(self._batch(len(generations))))
             now = clock()
             if len(generations) < m.min_iters or now - t0 < m.min_duration_s:
                 continue
@@ -269,6 +271,11 @@ class OfflineWindow(Window):
         self.t1_s = clock()
         self.speculation = window_speculation(counted, backend.speculation_counts())
 
+    def _batch(self, iteration: int) -> PromptBatch:
+        batch = self.source.batch(iteration, self.batch_size)
+        # A scored trial's measured calls return their replies (read after the window).
+        return dataclasses.replace(batch, keep_replies=True) if self.trial.scoring is not None else batch
+
     def figures(self, handle: MeterReading, telemetry: TelemetryBase, idle_power_w: float | None) -> Figures:
         trial, generations, varies = self.trial, self.generations, self.source.varies()
         t0, duration_s = self.t0_s, self.t1_s - self.t0_s
@@ -282,6 +289,10 @@ class OfflineWindow(Window):
         request_energy, shares = self._request_energy(energy, n_requests, telemetry)
         # Each request's record whole, its energy share in it, once the window's energy is split.
         requests = request_records(trial.trial_id, generations, t0, trial.input_len, shares)
+        accuracy = None
+        if trial.scoring is not None:
+            requests, accuracy = score(requests, offline_replies(self.source, generations, self.batch_size),
+                                       trial.scoring)
         throughput = Throughput(
             n_iterations=len(generations), n_requests=n_requests, duration_s=duration_s,
             output_tokens=output_tokens, throughput_tok_s=output_tokens / duration_s,
@@ -300,7 +311,7 @@ class OfflineWindow(Window):
                                             self.backend.peak_memory_bytes()),
             energy, phases, host, request_energy,
             precision.part(trial.measure.target_rel_ci, energy_expected=telemetry.active), noise,
-            self._roofline(throughput, latency, telemetry),
+            self._roofline(throughput, latency, telemetry), accuracy,
         )
         return Figures(parts=parts, requests=requests, verdict=verdict, t_zero_s=t0, t_end_s=self.t1_s,
                        marks=marks)

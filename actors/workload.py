@@ -20,7 +20,7 @@ its cap (natural lengths: the reply ends at EOS), or its record's reference leng
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,9 @@ from sweeper.core.datasets import (
     read_records,
     sha256_of,
 )
+from sweeper.core.scoring import Reference
 from sweeper.core.settings import ConversationSettings, DatasetSettings, SharedPrefix
+from sweeper.core.tasks import records_sha256, task_records
 from sweeper.core.trial import Trial
 
 __all__ = ["BYTES_PER_TOKEN_FALLBACK", "ConversationSource", "DatasetSource", "NoPromptsLeft", "Prompt", "PromptSource", "PromptSources",
@@ -71,6 +73,8 @@ class Prompt:
     output_len: int  # tokens to generate: exact, or the cap when the reply ends at EOS
     # A dataset prompt's own text, before any chat template: what a chat endpoint is sent.
     text: str | None = None
+    # Its reference answer, where the dataset gives one (a scored trial judges the reply by it).
+    reference: Reference | None = None
 
 
 class PromptSource(ABC):
@@ -152,18 +156,24 @@ class SharedPrefixSource(RandomSource):
 
 
 class DatasetSource(PromptSource):
-    def __init__(self, prompts: list[Prompt], stop_at_eos: bool):
+    def __init__(self, prompts: list[Prompt], stop_at_eos: bool, decode: Callable[[Sequence[int]], str] | None = None):
         if not prompts:
             raise ValueError("a dataset source needs prompts")
         self.prompts, self.stop_at_eos = prompts, stop_at_eos
+        # A reply's token ids as text (the model's tokenizer), for scoring; None: no tokenizer.
+        self.decode = decode
 
     def _take(self, start: int, count: int) -> list[Prompt]:
         n = len(self.prompts)
         return [self.prompts[(start + j) % n] for j in range(count)]
 
-    def batch(self, iteration: int, batch_size: int) -> PromptBatch:
+    def taken(self, iteration: int, batch_size: int) -> list[Prompt]:
+        """The prompts of offline generate call ``iteration``, in the batch's order."""
         # Warm-up (negative iterations) takes the sample's tail, measured calls its head onward.
-        chosen = self._take(iteration * batch_size, batch_size)
+        return self._take(iteration * batch_size, batch_size)
+
+    def batch(self, iteration: int, batch_size: int) -> PromptBatch:
+        chosen = self.taken(iteration, batch_size)
         return PromptBatch(tuple(p.ids for p in chosen), tuple(p.output_len for p in chosen), self.stop_at_eos)
 
     def requests(self, count: int, stream: int) -> list[Prompt]:
@@ -221,7 +231,18 @@ def prompt_source(trial: Trial, vocab_size: int, max_positions: int | None = Non
     prompts = dataset_prompts(trial.prompts, tokenizer, vocab_size, trial.seed,
                               output_lengths=trial.output_lengths, cap=trial.output_len,
                               max_positions=max_positions)
-    return DatasetSource(prompts, trial.stops_at_eos)
+    return DatasetSource(prompts, trial.stops_at_eos, _decoder(tokenizer))
+
+
+def _decoder(tokenizer: Any) -> Callable[[Sequence[int]], str] | None:
+    """A reply's ids as its text, special tokens (its EOS) left out; None without a tokenizer."""
+    if tokenizer is None:
+        return None
+
+    def decode(ids: Sequence[int]) -> str:
+        return str(tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    return decode
 
 
 class PromptSources:
@@ -267,8 +288,7 @@ def _tokenizer(trial: Trial) -> Any:
 def dataset_prompts(settings: DatasetSettings, tokenizer: Any, vocab_size: int, seed: int, *,
                     output_lengths: str, cap: int, max_positions: int | None = None) -> list[Prompt]:
     """The file's prompts as token ids: tokenized, kept within the length bounds, sampled."""
-    path = _checked_file(settings)
-    records = read_records(path, settings.format)
+    records = dataset_records(settings)
     rng = np.random.default_rng([seed, 2**22])
     kept: list[Prompt] = []
     for index in rng.permutation(len(records)):
@@ -283,7 +303,7 @@ def dataset_prompts(settings: DatasetSettings, tokenizer: Any, vocab_size: int, 
             output_len = min(cap, _reference_len(record, tokenizer))
         if max_positions is not None and len(ids) + output_len > max_positions:
             continue
-        kept.append(Prompt(ids, output_len, record.prompt))
+        kept.append(Prompt(ids, output_len, record.prompt, reference_of(record)))
         if settings.num_prompts is not None and len(kept) == settings.num_prompts:
             break
     if not kept:
@@ -325,6 +345,23 @@ def conversation_source(settings: DatasetSettings, tokenizer: Any, vocab_size: i
         raise NoPromptsLeft(f"dataset {settings.name}: none of its {len(records)} conversations has a first turn "
                             f"within the length bounds and the model's context")
     return ConversationSource(kept, encoder, settings.conversations, stop_at_eos)
+
+
+def dataset_records(settings: DatasetSettings) -> list[PromptRecord]:
+    """The dataset's records: a generated task's made again from its settings (and checked to be
+    the ones the plan made), else the file's, read."""
+    if settings.task is None:
+        return read_records(_checked_file(settings), settings.format)
+    records = task_records(settings.task)
+    if records_sha256(records) != settings.sha256:
+        raise ValueError(f"dataset {settings.name}: this node's sweeper makes other records from {settings.task} "
+                         f"than the plan's (sha256 {settings.sha256[:12]}...): run one sweeper version on every node")
+    return records
+
+
+def reference_of(record: PromptRecord) -> Reference | None:
+    """A record's reference answer, for scoring (None: it has none)."""
+    return Reference(record.answer, record.choices) if record.answer is not None else None
 
 
 def _within(n: int, low: int | None, high: int | None) -> bool:

@@ -56,6 +56,7 @@
 #               preparing weights on the host (1 and 4 threads), and materialising 8B's weights
 #   stability_bench  bench stability: bare LLM.generate loops (plain, with an NVML thread, after idle)
 #               against sweeper's vLLM path on one engine: where per-iteration noise comes from
+#   spec_launch bench/spec_launch_gpu.yaml: speculation through `launch: vllm` (`args: {speculative-config: ...}`)
 #   typed_rows  bench/typed_rows_gpu.yaml + typed_rows_serving_gpu.yaml: every kind of row built from
 #               typed parts on a GPU, and which GPU columns came out null (issue #40)
 #   stability_sweep  bench/stability_gpu.yaml: 10 fixed-shape 1B trials (transformers bf16/int8/nf4,
@@ -322,6 +323,11 @@ for kind in ('trials', 'requests', 'timeline'):
                           | tee "$OUT/long8b_run.log" | tail -30
                       (cd "$RESULTS" && tar czf "$OUT/long8b.tgz" long8b/trials.parquet long8b/requests.parquet \
                           long8b/stages.parquet) ;;
+        spec_launch)  # GUIDE's speculation recipe through a launched vllm serve, beside the same server without it
+                      timeout -s INT -k 30 "${STEP_TIMEOUT_S:-540}" python3 -m sweeper run bench/spec_launch_gpu.yaml \
+                          -o "$RESULTS/spec_launch" -q 2>&1 | tee "$OUT/spec_launch_run.log" | tail -20
+                      cp "$RESULTS/spec_launch/trials.parquet" "$OUT/spec_launch_trials.parquet"
+                      cp -r "$RESULTS/spec_launch/servers" "$OUT/spec_launch_servers" 2>/dev/null || true ;;
         typed_rows)   # every kind of row built from typed parts on the GPU: which GPU columns came out null
                       python3 -m sweeper run bench/typed_rows_gpu.yaml -o "$RESULTS/typed" 2>&1 \
                           | tee "$OUT/typed_rows_run.log" | tail -25

@@ -66,6 +66,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-requests", default=None, help="append each request's JSON body to this file")
     p.add_argument("--api-key", default=None, help="answer 401 to /v1 requests without 'Authorization: Bearer KEY'")
     p.add_argument("--api-key-env", default=None, help="the same, the key read from this environment variable")
+    p.add_argument("--answers", default=None,
+                   help="a JSONL file of {\"prompt\", \"answer\"} records: a prompt found there is answered "
+                        "'The answer is ANSWER.' and its reply ends (finish_reason stop), so a scored trial's "
+                        "accuracy is known exactly")
+    p.add_argument("--wrong-every", type=int, default=None,
+                   help="with --answers: the records numbered K, 2K, ... (1-based, in the file) get ANSWER + 1")
+    p.add_argument("--ramble-every", type=int, default=None,
+                   help="with --answers: the records numbered K, 2K, ... (1-based) get max_tokens words and no "
+                        "answer (a reply the output length cuts)")
     return p
 
 
@@ -78,6 +87,23 @@ class Faults:
         self.max_in_flight = 0
         # The noop engine's prefix cache (actors.backends.noop.PrefixCache), where asked for.
         self.prefix_cache = _prefix_cache(args.prefix_block) if args.prefix_block else None
+        self.answers = _answers(args) if args.answers else {}
+
+
+def _answers(args: argparse.Namespace) -> dict[str, str | None]:
+    """Each prompt of ``--answers`` and the reply it gets: the answer, a wrong one, or None (ramble)."""
+    replies: dict[str, str | None] = {}
+    lines = [line for line in Path(args.answers).read_text().splitlines() if line.strip()]
+    for number, line in enumerate(lines, start=1):
+        record = json.loads(line)
+        answer = str(record["answer"])
+        if args.ramble_every and number % args.ramble_every == 0:
+            replies[record["prompt"]] = None
+        elif args.wrong_every and number % args.wrong_every == 0:
+            replies[record["prompt"]] = f"The answer is {int(answer) + 1}."
+        else:
+            replies[record["prompt"]] = f"The answer is {answer}."
+    return replies
 
 
 def _prefix_cache(block_tokens: int) -> Any:
@@ -138,6 +164,11 @@ async def completions(request: Any) -> Any:
     prompt = body.get("prompt") if not chat else body["messages"][-1]["content"]
     prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
     tokens = int(body.get("max_tokens", 16))
+    # A prompt of --answers: its reply's words (None: max_tokens words, cut by the length).
+    answer = f.answers.get(prompt) if isinstance(prompt, str) else None
+    words = answer.split() if answer is not None else None
+    if words is not None:
+        tokens = min(tokens, len(words))
     continuous = a.continuous_usage and (body.get("stream_options") or {}).get("continuous_usage_stats")
     # Looked up as the request arrives (its prefill), so concurrent requests see each other's blocks.
     cached = f.prefix_cache.admit(prompt) if f.prefix_cache is not None and isinstance(prompt, list) else None
@@ -159,7 +190,8 @@ async def completions(request: Any) -> Any:
                 await response.write(b'data: {"error": {"message": "engine failed on purpose"}}\n\n')
                 return response
             k = min(a.tokens_per_chunk, tokens - sent)
-            text = " ".join(f"w{sent + i}" for i in range(k))
+            text = " ".join(f"w{sent + i}" if words is None else words[sent + i] for i in range(k))
+            text = text if sent == 0 or words is None else " " + text  # an answer's words, spaced
             sent += k
             chunks += 1
             usage = ({"prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}
@@ -170,7 +202,7 @@ async def completions(request: Any) -> Any:
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}
         if cached is not None:
             usage["prompt_tokens_details"] = {"cached_tokens": cached}
-        await response.write(sse_event(a.model, "", chat, usage, finish="length"))
+        await response.write(sse_event(a.model, "", chat, usage, finish="stop" if words is not None else "length"))
         if not a.no_done:
             await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

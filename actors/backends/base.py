@@ -30,6 +30,9 @@ class RequestTiming:
     t_end_s: float
     output_tokens: int
     prompt_tokens: int | None = None  # None: the batch's common prompt length
+    # The reply's token ids, where the batch asked for them (``PromptBatch.keep_replies``: a
+    # scored trial); None otherwise, so that a long window holds no replies it never reads.
+    reply_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class PromptBatch:
     prompts: tuple[np.ndarray, ...]  # (tokens,) int64 each
     output_lens: tuple[int, ...]
     stop_at_eos: bool = False
+    # Return each reply's token ids (``RequestTiming.reply_ids``): a scored trial judges them.
+    keep_replies: bool = False
 
     @classmethod
     def uniform(cls, prompt_ids: np.ndarray, output_len: int) -> PromptBatch:

@@ -24,6 +24,7 @@ from actors.backends.base import Backend, LoadInfo
 from actors.backends.speculation import window_speculation
 from actors.measure import reply_lengths
 from actors.method import Figures, Measurement, Window, measure, ratio, window_energy, window_memory
+from actors.quality.accuracy import score, served_replies
 from actors.serving import attribution, lateness
 from actors.serving.arrivals import run_offsets, serving_requests
 from actors.serving.attribution import RequestEnergy
@@ -95,6 +96,8 @@ class ServingWindow(Window):
         self.script = source.script(run_offsets(self.settings, request_rate=self.rate, seed=trial.seed).tolist()) \
             if isinstance(source, ConversationSource) else None
         self.measured = self.script.first if self.script is not None else self._requests(stream=0)
+        if trial.scoring is not None:  # the measured run's replies are kept, to be judged after it
+            self.measured = [dataclasses.replace(r, keeps_reply=True) for r in self.measured]
         self.last_arrival_s = max(r.arrival_offset_s for r in self.measured)
         self.served: ServedRun | None = None
         self.t_end_s = self.started_s
@@ -172,7 +175,11 @@ class ServingWindow(Window):
         )
         verdict = _verdict(throughput, steady, whole, client, energy, window, trial, telemetry, handle,
                            engine_window=engine_window)
-        return Figures(parts=parts, requests=_request_records(trial, run, window, split, self.script),
+        requests = _request_records(trial, run, window, split, self.script)
+        accuracy = None
+        if trial.scoring is not None:
+            requests, accuracy = score(requests, served_replies(self.source, run.requests), trial.scoring)
+        return Figures(parts=(*parts, accuracy), requests=requests,
                        verdict=verdict, t_zero_s=run.t_start_s, t_end_s=self.t_end_s, marks=_marks(run, window),
                        outcome=_outcome(run))
 

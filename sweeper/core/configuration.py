@@ -16,12 +16,14 @@ class Configuration(Part):
 
     dataset: str | None = column(
         "prompt source: random (token ids of input_len), prefix_repetition (random token ids after shared "
-        "prefixes), bundled (sweeper's prompt set) or a prompt file as written in the sweep file")
+        "prefixes), bundled (sweeper's prompt set), a generated task (arithmetic) or a prompt file as written in "
+        "the sweep file")
     prefix_len: int | None = column(
         "prefix_repetition: tokens of each shared prefix, the first of input_len (null: no shared "
         "prefixes)")
     num_prefixes: int | None = column("prefix_repetition: distinct prefixes the prompts share, dealt evenly")
-    dataset_sha256: str | None = column("the prompt file's content hash (null: random prompts)")
+    dataset_sha256: str | None = column(
+        "the prompt file's content hash, or a generated task's records' (null: random prompts)")
     min_input_len: int | None = column("dataset prompts shorter than this (tokens) were left out")
     max_input_len: int | None = column("dataset prompts longer than this (tokens) were left out")
     chat: bool | None = column("dataset prompts were wrapped in the model's chat template")
@@ -62,6 +64,9 @@ class Configuration(Part):
         "layer-profiling granularity (block | submodule | leaf); null: no profiling pass")
     fidelity: str | None = column(
         "fidelity-pass settings (reference precision, prompts), canonical JSON; null: no fidelity pass")
+    scoring: str | None = column(
+        "how each measured reply was judged against its prompt's answer (method, pattern, tolerance), "
+        "canonical JSON; null: not scored (docs/GUIDE.md, Accuracy beside energy)")
     mode: str | None = column(
         "offline (static batches of generate calls) | serving (requests arriving at request_rate, batched "
         "by the engine); null: a row from before serving mode (offline)")

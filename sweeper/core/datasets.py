@@ -18,7 +18,14 @@ the user turn before it (the file's reference reply); a user turn may go unanswe
 user turns alone is replayed with the model's own replies).
 
 The dataset ``bundled`` is sweeper's own prompt set (``sweeper/data/prompts.jsonl``,
-CC0, described in ``sweeper/data/PROMPTS-LICENSE.md``).
+CC0, described in ``sweeper/data/PROMPTS-LICENSE.md``); the generated tasks (``arithmetic``)
+are made from their settings rather than read (``sweeper.core.tasks``).
+
+Reference answers, for ``scoring`` (``sweeper.core.scoring``): a JSONL record may carry its
+answer, ``{"prompt": ..., "answer": "42"}``; GSM8K's ``{"question": ..., "answer": "... #### 42"}``
+(``question`` stands for ``prompt``; the answer is what follows the last ``####``); or multiple
+choice, ``{"question": ..., "choices": [...], "answer": "B" | 1}`` (a letter, or the choice's
+0-based index), whose prompt is the question with its choices lettered below it.
 
 Every problem of a file is a ``DatasetError`` naming the file, the record and the
 field; the plan turns it into one line and exit code 2 before anything runs.
@@ -68,6 +75,8 @@ class PromptRecord:
     prompt: str
     output_len: int | None = None  # the reference reply's length in tokens, when the file states it
     reference: str | None = None  # the reference reply's text, when the file has one
+    answer: str | None = None  # the reference answer (a choice's letter for multiple choice), for scoring
+    choices: tuple[str, ...] | None = None  # multiple choice: the choices, lettered A, B, ... in the prompt
 
 
 @dataclass(frozen=True)
@@ -156,12 +165,14 @@ def _jsonl(where: str, text: str) -> list[PromptRecord]:
 
 
 def _record(where: str, number: int, obj: dict) -> PromptRecord:
-    prompt = obj.get("prompt")
+    # GSM8K's and multiple-choice sets name the prompt "question".
+    key = "prompt" if "prompt" in obj or "question" not in obj else "question"
+    prompt = obj.get(key)
     if prompt is None:
         raise DatasetError(where, "missing", number, "prompt")
     if not isinstance(prompt, str) or not prompt.strip():
-        raise DatasetError(where, "must be non-empty text", number, "prompt")
-    _check_unicode(where, number, "prompt", prompt)
+        raise DatasetError(where, "must be non-empty text", number, key)
+    _check_unicode(where, number, key, prompt)
     output_len = obj.get("output_len")
     if output_len is not None and (isinstance(output_len, bool) or not isinstance(output_len, int)
                                    or output_len <= 0):
@@ -172,7 +183,61 @@ def _record(where: str, number: int, obj: dict) -> PromptRecord:
         raise DatasetError(where, "must be text", number, "completion")
     if reference is not None:
         _check_unicode(where, number, "completion", reference)
-    return PromptRecord(prompt, output_len, reference)
+    choices = _choices(where, number, obj.get("choices"))
+    answer = _answer(where, number, obj.get("answer"), choices)
+    if choices is not None:
+        prompt = prompt.rstrip() + "\n" + "".join(f"{LETTERS[i]}. {c}\n" for i, c in enumerate(choices)) + "Answer:"
+    return PromptRecord(prompt, output_len, reference, answer, choices)
+
+
+# The letters that name a multiple-choice record's choices, in order.
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+# GSM8K's answers end with the final answer after this marker (its working before it).
+FINAL_ANSWER_MARK = "####"
+
+
+def _choices(where: str, number: int, value: object) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if (not isinstance(value, list) or not 2 <= len(value) <= len(LETTERS)
+            or not all(isinstance(c, str) and c.strip() for c in value)):
+        raise DatasetError(where, f"must be a list of 2 to {len(LETTERS)} non-empty texts", number, "choices")
+    return tuple(_check_unicode(where, number, "choices", c) for c in value)
+
+
+def _answer(where: str, number: int, value: object, choices: tuple[str, ...] | None) -> str | None:
+    """The record's reference answer as text: a GSM8K answer's part after ``####``; for
+    multiple choice, the letter of the choice (given as its letter, 0-based index or text)."""
+    if value is None:
+        if choices is not None:
+            raise DatasetError(where, "missing: a multiple-choice record needs its answer (a letter or an index)",
+                               number, "answer")
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise DatasetError(where, f"must be text or a number, not {_shown(value)}", number, "answer")
+    if choices is not None:
+        return _choice_letter(where, number, value, choices)
+    text = str(value)
+    if isinstance(value, str):
+        _check_unicode(where, number, "answer", text)
+        if FINAL_ANSWER_MARK in text:
+            text = text.rsplit(FINAL_ANSWER_MARK, 1)[1]
+    if not text.strip():
+        raise DatasetError(where, "must not be empty" + (f" after {FINAL_ANSWER_MARK}" if isinstance(value, str)
+                                                        and FINAL_ANSWER_MARK in value else ""), number, "answer")
+    return text.strip()
+
+
+def _choice_letter(where: str, number: int, value: str | int | float, choices: tuple[str, ...]) -> str:
+    letters = LETTERS[:len(choices)]
+    if isinstance(value, int) and 0 <= value < len(choices):
+        return letters[value]
+    if isinstance(value, str) and value.strip().upper() in letters and len(value.strip()) == 1:
+        return value.strip().upper()
+    if isinstance(value, str) and value in choices:
+        return letters[choices.index(value)]
+    raise DatasetError(where, f"{_shown(value)} names none of the {len(choices)} choices (a letter "
+                              f"{letters[0]}-{letters[-1]}, a 0-based index or a choice's text)", number, "answer")
 
 
 def _sharegpt(where: str, text: str) -> list[PromptRecord]:

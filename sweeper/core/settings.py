@@ -319,8 +319,9 @@ class DatasetSettings(Settings):
     within the length bounds and draws ``num_prompts`` of them with the trial's seed.
     """
 
-    name: str = Field(description="'bundled' (the prompt set shipped with sweeper) or the file as written")
-    path: str = Field(description="the file read, absolute (not part of trial ids: moving it re-runs nothing)")
+    name: str = Field(description="'bundled' (the prompt set shipped with sweeper), a task's name or the file as written")
+    path: str = Field(description="the file read, absolute (not part of trial ids: moving it re-runs nothing); "
+                                  "'' for a generated task")
     format: DatasetFormat
     sha256: str = Field(description="the file's content hash: an edited file is a different workload")
     records: int = Field(ge=1, description="prompt records in the file")
@@ -330,6 +331,10 @@ class DatasetSettings(Settings):
     chat: bool = Field(False, description="wrap each prompt in the model's chat template (as a user turn)")
     conversations: ConversationSettings | None = Field(
         None, description="replay each record as a conversation, turn by turn (null: its first turn as one prompt)")
+    # A generated task (sweeper.core.tasks) is made again on each actor from these settings: no
+    # file travels; ``sha256`` is then its records' hash, which the actor's must equal.
+    task: str | None = Field(None, description="a generated task and its settings as canonical JSON "
+                                               "({\"arithmetic\": {...}}); null: a file")
 
     def identity(self) -> dict[str, object]:
         return self.model_dump(mode="json", exclude={"path", "records"}, exclude_none=True)

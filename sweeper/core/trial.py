@@ -24,6 +24,7 @@ from sweeper.core.axes import (
 from sweeper.core.backends import BACKENDS
 from sweeper.core.capacity import LoadSearch, capacity_id
 from sweeper.core.configuration import Configuration
+from sweeper.core.scoring import ScoringSettings
 from sweeper.core.secrets import SecretValues
 from sweeper.core.settings import (
     LAYER_GRANULARITIES,
@@ -69,6 +70,8 @@ class Trial:
     output_lengths: OutputLengths = "fixed"
     # Random prompts that share prefixes (the prefix_repetition dataset), or None.
     shared_prefix: SharedPrefix | None = None
+    # How each measured reply is judged against its prompt's answer, or None: not scored.
+    scoring: ScoringSettings | None = None
     # Where the trial came from, beside what it measures (none of it is part of its id: a probe
     # at a load measures what a grid trial at that load does, and one result stands for both).
     # A capacity search's probe: the search, and the probe's step in it (0: the range's low).
@@ -88,7 +91,7 @@ class Trial:
            layer_profile: LayerGranularity | None = None, fidelity: FidelitySettings | None = None,
            serving: ServingSettings | None = None, prompts: DatasetSettings | None = None,
            output_lengths: OutputLengths = "fixed", shared_prefix: SharedPrefix | None = None,
-           **values: Any) -> Trial:
+           scoring: ScoringSettings | None = None, **values: Any) -> Trial:
         """A trial from one value per axis by name (axes left out take their default)."""
         items = []
         for axis in AXES:
@@ -102,7 +105,8 @@ class Trial:
             raise TypeError(f"not an axis: {', '.join(values)}")
         return cls(sweep=sweep, point=AxisPoint(tuple(items)), dataset=dataset, seed=seed,
                    measure=measure or MeasureSettings(), layer_profile=layer_profile, fidelity=fidelity,
-                   serving=serving, prompts=prompts, output_lengths=output_lengths, shared_prefix=shared_prefix)
+                   serving=serving, prompts=prompts, output_lengths=output_lengths, shared_prefix=shared_prefix,
+                   scoring=scoring)
 
     @property
     def capacity_id(self) -> str | None:
@@ -236,6 +240,8 @@ class Trial:
             d["prompts"] = self.prompts.identity()
         if self.output_lengths != "fixed":
             d["output_lengths"] = self.output_lengths
+        if self.scoring is not None:
+            d["scoring"] = self.scoring.canonical_json()
         if self.shared_prefix is not None:
             d["shared_prefix"] = self.shared_prefix.identity()
             if self.serving is None and (self.batch_size or 0) < self.shared_prefix.num_prefixes:
@@ -286,6 +292,7 @@ class Trial:
         return Configuration(
             dataset=self.dataset, seed=self.seed, layer_profile=self.layer_profile,
             fidelity=self.fidelity.canonical_json() if self.fidelity is not None else None,
+            scoring=self.scoring.canonical_json() if self.scoring is not None else None,
             mode=self.mode, output_lengths=self.output_lengths,
             prefix_len=prefix.prefix_len if prefix is not None else None,
             num_prefixes=prefix.num_prefixes if prefix is not None else None,

@@ -27,6 +27,7 @@ from sweeper.core.datasets import (
 from sweeper.core.errors import ModelResolutionError, SweepFileError
 from sweeper.core.precisions import PRECISIONS
 from sweeper.core.settings import DatasetSettings, Device
+from sweeper.core.tasks import records_sha256, task_json, task_records
 from sweeper.core.trial import GroupLoad, Trial
 from sweeper.plan.capabilities import Capabilities
 from sweeper.plan.models import resolve_model
@@ -212,7 +213,7 @@ def expand(sweep: Sweep, *, sweep_path: str = "<sweep>", check_hub: bool = True)
             dataset=sweep.workload.dataset_name, seed=sweep.workload.seed, measure=sweep.measure,
             layer_profile=layer_profile, fidelity=sweep.fidelity, serving=serving, prompts=prompts,
             output_lengths=sweep.workload.output_lengths, shared_prefix=sweep.workload.shared_prefix,
-            load_search=load_search, probe_step=0 if load_search is not None else None,
+            scoring=sweep.scoring, load_search=load_search, probe_step=0 if load_search is not None else None,
         ))
     return trials, excluded
 
@@ -246,6 +247,8 @@ def dataset_settings(sweep: Sweep, sweep_path: str = "<sweep>",
     w = sweep.workload
     if w.random_tokens:
         return None
+    if w.task is not None:
+        return _task_settings(sweep, sweep_path)
     base = Path(sweep_path).parent if sweep_path != "<sweep>" else None
     path = dataset_path(w.dataset_name, base)
     try:
@@ -255,6 +258,7 @@ def dataset_settings(sweep: Sweep, sweep_path: str = "<sweep>",
             PromptRecord(c.turns[0].user, None, c.turns[0].reference) for c in conversations]
     except DatasetError as exc:
         raise SweepFileError(sweep_path, "workload.dataset", str(exc)) from None
+    _check_answers(sweep, sweep_path, str(path), records)
     if conversations is not None and w.history == "reference":
         unanswered = next((i for i, c in enumerate(conversations, 1)
                            if any(t.reference is None for t in c.turns[:-1])), None)
@@ -282,6 +286,29 @@ def dataset_settings(sweep: Sweep, sweep_path: str = "<sweep>",
                            records=len(records), num_prompts=w.num_prompts, min_input_len=w.min_input_len,
                            max_input_len=w.max_input_len, chat=bool(w.chat),
                            conversations=w.conversation_settings())
+
+
+def _task_settings(sweep: Sweep, sweep_path: str) -> DatasetSettings:
+    """A generated task's prompts (``sweeper.core.tasks``), made now to check and hash them."""
+    w = sweep.workload
+    assert w.task is not None
+    spec = task_json(w.task.task, w.task.settings)
+    records = task_records(spec)
+    _check_answers(sweep, sweep_path, w.task.task, records)
+    return DatasetSettings(name=w.task.task, path="", format="jsonl", sha256=records_sha256(records),
+                           records=len(records), num_prompts=w.num_prompts, min_input_len=w.min_input_len,
+                           max_input_len=w.max_input_len, chat=bool(w.chat), task=spec)
+
+
+def _check_answers(sweep: Sweep, sweep_path: str, where: str, records: list[PromptRecord]) -> None:
+    """A scored sweep's prompts each have a reference answer (the first without one is named)."""
+    if sweep.scoring is None:
+        return
+    missing = next((i for i, r in enumerate(records, 1) if r.answer is None), None)
+    if missing is not None:
+        raise SweepFileError(sweep_path, "workload.dataset", str(DatasetError(
+            where, f"has no reference answer, which scoring: {sweep.scoring.method} judges replies against (give "
+            "each record an \"answer\")", missing, "answer")))
 
 
 def _without_reference(records: list[PromptRecord]) -> int | None:
@@ -350,7 +377,9 @@ def _registry_reason(trial: Trial, device: Device) -> str | None:
                                             varied_outputs=trial.output_lengths != "fixed",
                                             stops_at_eos=trial.stops_at_eos,
                                             synthetic_model=trial.model_source == "synthetic")
-            or (backend.unsupported_serving(options) if trial.serving is not None else None))
+            or (backend.unsupported_serving(options) if trial.serving is not None else None)
+            or (f"scoring: backend {backend.name} runs no model, so its replies hold no answer to judge"
+                if trial.scoring is not None and not backend.runs_model else None))
 
 
 def _installed_reason(trial: Trial, device: Device, capabilities: Capabilities) -> str | None:
@@ -433,6 +462,11 @@ def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", chec
                 warnings=steady_window_warnings(p.trial for p in planned if p.runnable)
                 + speculation_warnings(p.trial for p in planned)
                 + repeated_conversation_warnings(p.trial for p in planned))
+    if sweep.scoring is not None:
+        # Every backend decodes greedily (temperature 0, no sampling): a scored reply is the
+        # model's most likely one, and the same on every repeat.
+        plan.notes.append(f"scoring: every measured reply judged by {sweep.scoring.describe()} against its "
+                          "prompt's answer; replies decoded greedily (temperature 0)")
     if capabilities is not None:
         plan.notes.append(f"installed libraries checked in: {capabilities.source}")
         plan.notes += capabilities.node_types.notes()

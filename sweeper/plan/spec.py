@@ -35,6 +35,7 @@ from sweeper.core.capacity import LOAD_AXES, LoadSearch
 from sweeper.core.datasets import RANDOM
 from sweeper.core.errors import SweepFileError
 from sweeper.core.precisions import PRECISIONS
+from sweeper.core.scoring import ScoringSettings
 from sweeper.core.search import SearchSettings
 from sweeper.core.settings import (
     MAX_SECONDS,
@@ -50,6 +51,7 @@ from sweeper.core.settings import (
     SharedPrefix,
     SloSettings,
 )
+from sweeper.core.tasks import TASKS
 from sweeper.plan.field_errors import as_validation_error, message, problems
 from sweeper.plan.search_check import check_search
 from sweeper.plan.yaml_file import read_yaml
@@ -168,16 +170,44 @@ class GeneratedDataset(_Strict):
 PREFIX_REPETITION = "prefix_repetition"
 
 
+class TaskDataset(_Strict):
+    """A task sweeper generates as text, with answers (``sweeper.core.tasks``): its name alone
+    (``arithmetic``: its default settings) or ``{arithmetic: {size: ..., difficulty: ...}}``."""
+
+    task: str
+    settings: Any  # the task's own settings model, validated
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_the_file(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = {value: {}}
+        if not isinstance(value, dict) or "task" in value:
+            return value
+        ((name, given),) = value.items()  # _dataset_kind chose this branch for one task's key
+        try:
+            settings = TASKS[name].settings.model_validate({} if given is None else given)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(k) for k in err["loc"])
+            raise ValueError(f"{name}{'.' + where if where else ''}: {message(err)}") from None
+        return {"task": name, "settings": settings}
+
+
 def _dataset_kind(value: Any) -> str:
     # The branch is chosen by the value's shape, so that an error names only the branch meant
     # (a bad prefix_len, not also "should be a valid string"); the tags' brackets keep them
     # out of the field path an error names (sweeper.plan.field_errors).
+    if isinstance(value, TaskDataset) or (isinstance(value, str) and value in TASKS) or (
+            isinstance(value, dict) and len(value) == 1 and next(iter(value)) in TASKS):
+        return "dataset[task]"
     return "dataset[generated]" if isinstance(value, (dict, GeneratedDataset)) else "dataset[named]"
 
 
 DatasetChoice = Annotated[
     Annotated[Annotated[str, Field(min_length=1)], Tag("dataset[named]")]
-    | Annotated[GeneratedDataset, Tag("dataset[generated]")],
+    | Annotated[GeneratedDataset, Tag("dataset[generated]")]
+    | Annotated[TaskDataset, Tag("dataset[task]")],
     Discriminator(_dataset_kind),
 ]
 
@@ -188,6 +218,7 @@ class Workload(_Strict):
     mode: Literal["offline", "serving"] = "offline"
     # random: random token ids of exactly input_len; bundled: sweeper's own prompt set;
     # {prefix_repetition: {...}}: random prompts that share prefixes (exact lengths);
+    # arithmetic or {arithmetic: {...}}: a generated task with answers (sweeper.core.tasks);
     # otherwise a prompt file (.jsonl or ShareGPT .json, sweeper.core.datasets).
     dataset: DatasetChoice = "random"
     # Prompt tokens per sequence (random prompts only: a dataset's prompts have their own lengths).
@@ -256,8 +287,15 @@ class Workload(_Strict):
 
     @property
     def dataset_name(self) -> str:
-        """``random``, ``prefix_repetition``, ``bundled`` or the prompt file as written."""
+        """``random``, ``prefix_repetition``, ``bundled``, a task's name or the prompt file as written."""
+        if isinstance(self.dataset, TaskDataset):
+            return self.dataset.task
         return PREFIX_REPETITION if isinstance(self.dataset, GeneratedDataset) else self.dataset
+
+    @property
+    def task(self) -> TaskDataset | None:
+        """The generated task the prompts are, or None (random prompts or a file)."""
+        return self.dataset if isinstance(self.dataset, TaskDataset) else None
 
     @property
     def shared_prefix(self) -> SharedPrefix | None:
@@ -424,6 +462,9 @@ class Sweep(_Strict):
     report: ReportSettings = ReportSettings()
     # A search over the axes and ranges of options instead of the whole grid (sweeper.run.search).
     search: SearchSettings | None = None
+    # Each measured reply judged against its prompt's reference answer (sweeper.core.scoring):
+    # accuracy and energy per correct answer beside the trial's energy.
+    scoring: ScoringSettings | None = None
 
     _dedupe = field_validator("models", "backends", "precisions", "batch_sizes",
                               "tensor_parallel")(_dedupe)
@@ -551,6 +592,23 @@ class Sweep(_Strict):
                               for key in unused if key in options]
         if found:
             raise as_validation_error(type(self).__name__, found)
+        return self
+
+    @model_validator(mode="after")
+    def _scoring_fits(self) -> Sweep:
+        w = self.workload
+        if self.scoring is None:
+            return self
+        if w.random_tokens:
+            raise ValueError("scoring: judges replies against the prompts' reference answers, and random prompts "
+                             "have none; set workload.dataset to a prompt file with an \"answer\" per record, "
+                             "or to arithmetic")
+        if w.conversations:
+            raise ValueError("scoring: scores one reply per prompt; conversations are not scored (score their "
+                             "first turns as a plain prompt file)")
+        if w.output_lengths != "natural":
+            raise ValueError("scoring: a reply is judged where the model ended it; set workload.output_len: natural "
+                             "(with max_output_len, the longest a reply may run)")
         return self
 
     @model_validator(mode="after")

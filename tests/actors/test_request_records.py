@@ -26,6 +26,8 @@ OFFLINE_ONLY = frozenset({"iteration"})
 # Set only for a request that failed: this trial's all complete (test_serving_trial's time limit
 # test reads the column where requests are cut).
 FAILED_ONLY = frozenset({"error"})
+# Set only in a scored trial (the sweep file's scoring: tests/actors/test_accuracy.py fills them).
+SCORED_ONLY = frozenset({"correct", "extracted_answer", "truncated"})
 
 
 def _actor_trial(sweep: dict):
@@ -74,7 +76,7 @@ def test_an_offline_trial_fills_every_column_of_its_mode(monkeypatch):
                                       "workload": {"dataset": "bundled", "output_len": "natural",
                                                    "max_output_len": 16, "num_prompts": 8}})
     _holds_the_type(table)
-    assert _filled(table) == {f.name for f in fields(RequestRecord)} - SERVING_ONLY
+    assert _filled(table) == {f.name for f in fields(RequestRecord)} - SERVING_ONLY - SCORED_ONLY
     assert set(table.column("trial_id").to_pylist()) == {trial.trial_id}
     # Each request's share is in its record as made: they add up to the window's energy.
     assert sum(table.column("energy_j").to_pylist()) == pytest.approx(row["energy_j"], rel=1e-9)
@@ -89,7 +91,7 @@ def test_a_serving_trial_fills_every_column_of_its_mode(monkeypatch, tmp_path):
         "workload": {"mode": "serving", "dataset": str(chats), "conversations": True, "output_len": 4,
                      "request_rate": 20, "num_prompts": 12, "slo": {"ttft_ms": 1000}}})
     _holds_the_type(table)
-    assert _filled(table) == {f.name for f in fields(RequestRecord)} - OFFLINE_ONLY - FAILED_ONLY
+    assert _filled(table) == {f.name for f in fields(RequestRecord)} - OFFLINE_ONLY - FAILED_ONLY - SCORED_ONLY
     assert set(table.column("trial_id").to_pylist()) == {trial.trial_id}
     assert sum(table.column("energy_j").to_pylist()) == pytest.approx(row["run_energy_j"], rel=1e-9)
 

@@ -364,13 +364,16 @@ def test_schema_names_carry_units():
                    "energy_exclusive", "energy_unmetered_reason",
                    # searches: ids, steps, the target share of requests within the SLO, parameters (JSON)
                    "capacity_id", "probe_step", "slo_attainment_target", "search_id", "search_step",
-                   "search_params"}
+                   "search_params",
+                   # scoring: the method (JSON), counts of replies, a share and its interval
+                   "scoring", "n_scored", "n_correct", "n_truncated", "accuracy", "accuracy_ci95_low",
+                   "accuracy_ci95_high"}
     for col in TRIALS:
         # rates and per-token quantities carry their unit before the "per"
         if (col.name in unitless_ok or col.name.endswith("_version")
                 or "_flop" in col.name or "_bytes_per_" in col.name):
             continue
-        assert col.name.rsplit("_", 1)[-1] in {"s", "j", "w", "bytes"}, col.name
+        assert col.name.rsplit("_", 1)[-1] in {"s", "j", "kj", "w", "bytes"}, col.name
 
 
 def test_the_next_run_removes_temporaries_a_killed_run_left(tmp_path):

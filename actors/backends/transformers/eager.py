@@ -255,8 +255,9 @@ class TransformersBackend(Backend):
             if new.shape[1] != n:
                 raise RuntimeError(f"generate produced {new.shape[1]} tokens, expected {n}")
             lengths = list(batch.output_lens)
-        requests = tuple(RequestTiming(t_start, steps.t_first, t_end, k, len(p))
-                         for p, k in zip(batch.prompts, lengths, strict=True))
+        requests = tuple(RequestTiming(t_start, steps.t_first, t_end, k, len(p),
+                                       tuple(int(t) for t in new[i, :k]) if batch.keep_replies else None)
+                         for i, (p, k) in enumerate(zip(batch.prompts, lengths, strict=True)))
         return Generation(t_start_s=t_start, t_end_s=t_end, requests=requests,
                           marks=(("prefill", t_start, steps.t_first), ("decode", steps.t_first, t_end)))
 

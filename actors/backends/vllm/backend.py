@@ -189,7 +189,8 @@ def capability_problem(precision: str, capabilities: Sequence[tuple[str, tuple[i
 
 
 def request_timing(output: Any, *, t_start_s: float, t_end_s: float, output_len: int,
-                   wall_minus_monotonic_s: float, stop_at_eos: bool = False) -> tuple[RequestTiming, str]:
+                   wall_minus_monotonic_s: float, stop_at_eos: bool = False,
+                   keep_reply: bool = False) -> tuple[RequestTiming, str]:
     """One ``RequestOutput`` as a ``RequestTiming`` on this process's monotonic clock.
 
     Returns the timing and how it was placed on the clock: ``engine_clock``
@@ -198,6 +199,7 @@ def request_timing(output: Any, *, t_start_s: float, t_end_s: float, output_len:
     first-to-last interval). ``wall_minus_monotonic_s`` converts the former.
     """
     tokens = len(output.outputs[0].token_ids)
+    reply = tuple(int(t) for t in output.outputs[0].token_ids) if keep_reply else None
     if tokens > output_len or (tokens != output_len and not stop_at_eos):
         raise RuntimeError(f"vLLM request {output.request_id} produced {tokens} tokens, expected {output_len}")
     prompt = getattr(output, "prompt_token_ids", None)
@@ -211,7 +213,7 @@ def request_timing(output: Any, *, t_start_s: float, t_end_s: float, output_len:
     lo, hi = t_start_s - CLOCK_TOLERANCE_S, t_end_s + CLOCK_TOLERANCE_S
     if 0.0 < first <= last and lo <= first and last <= hi:
         return RequestTiming(t_start_s, min(max(first, t_start_s), t_end_s),
-                             min(max(last, t_start_s), t_end_s), tokens, prompt_tokens), "engine_clock"
+                             min(max(last, t_start_s), t_end_s), tokens, prompt_tokens, reply), "engine_clock"
     latency = float(getattr(m, "first_token_latency", 0.0) or 0.0)
     arrival = float(getattr(m, "arrival_time", 0.0) or 0.0)
     if latency <= 0.0 or arrival <= 0.0:
@@ -219,19 +221,20 @@ def request_timing(output: Any, *, t_start_s: float, t_end_s: float, output_len:
                                f"(first_token_ts={first}, first_token_latency={latency})")
     t_first = min(max(arrival - wall_minus_monotonic_s + latency, t_start_s), t_end_s)
     t_last = t_first + (last - first) if 0.0 < first <= last else t_end_s
-    return RequestTiming(t_start_s, t_first, min(max(t_last, t_first), t_end_s), tokens, prompt_tokens), "latency"
+    return RequestTiming(t_start_s, t_first, min(max(t_last, t_first), t_end_s), tokens, prompt_tokens,
+                         reply), "latency"
 
 
 def generation_from_outputs(outputs: Sequence[Any], *, t_start_s: float, t_end_s: float,
                             output_len: int | Sequence[int], wall_minus_monotonic_s: float,
-                            stop_at_eos: bool = False) -> tuple[Generation, set[str]]:
+                            stop_at_eos: bool = False, keep_replies: bool = False) -> tuple[Generation, set[str]]:
     """The ``Generation`` of one ``LLM.generate`` call, and the clock placements used.
     ``output_len``: every request's, or one per request in order."""
     if not outputs:
         raise RuntimeError("vLLM returned no outputs")
     lens = [output_len] * len(outputs) if isinstance(output_len, int) else list(output_len)
     timed = [request_timing(o, t_start_s=t_start_s, t_end_s=t_end_s, output_len=n, stop_at_eos=stop_at_eos,
-                            wall_minus_monotonic_s=wall_minus_monotonic_s)
+                            wall_minus_monotonic_s=wall_minus_monotonic_s, keep_reply=keep_replies)
              for o, n in zip(outputs, lens, strict=True)]
     requests = tuple(t for t, _ in timed)
     prefill_end = max(r.t_first_token_s for r in requests)
@@ -409,7 +412,7 @@ class VllmBackend(Backend):
         t_end = self.clock()
         generation, _ = generation_from_outputs(outputs, t_start_s=t_start, t_end_s=t_end,
                                                 output_len=batch.output_lens, stop_at_eos=batch.stop_at_eos,
-                                                wall_minus_monotonic_s=offset)
+                                                wall_minus_monotonic_s=offset, keep_replies=batch.keep_replies)
         return generation
 
     def generate(self, prompt_ids: np.ndarray, output_len: int) -> Generation:

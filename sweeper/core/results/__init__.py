@@ -14,11 +14,12 @@ A row of the requests table is declared the same way, whole: ``RequestRecord`` (
 one per measured request, from which the requests schema is generated.
 
 The parts are declared by topic (``part``: what a part is; ``run``, ``window``, ``serving``,
-``energy``, ``trust``, ``passes``) and put together in ``trial_result``; everything is
+``energy``, ``trust``, ``passes``, ``accuracy``) and put together in ``trial_result``; everything is
 imported from here."""
 
 from __future__ import annotations
 
+from sweeper.core.results.accuracy import Accuracy
 from sweeper.core.results.energy import (
            Baseline,
            Energy,
@@ -43,7 +44,7 @@ from sweeper.core.results.trial_result import TrialResult
 from sweeper.core.results.trust import Intervals, IterationNoise, Stability
 from sweeper.core.results.window import Latency, Lengths, Memory, Roofline, Speculation, Throughput
 
-__all__ = ["Baseline", "ClientTimeliness", "ColumnSpec", "Compile", "Conversations", "Energy", "Environment",
+__all__ = ["Accuracy", "Baseline", "ClientTimeliness", "ColumnSpec", "Compile", "Conversations", "Energy", "Environment",
            "Fidelity", "HostEnergy", "Intervals", "IterationNoise", "Latency", "LayerPass", "Lengths",
            "Memory", "Occupancy", "Outcome", "Part", "PerRequestEnergy", "Perplexity", "PhaseEnergy",
            "PrefixCacheUse", "RequestRecord", "Roofline", "RowError", "RunEnergy", "ServingRun", "Setup",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any
 
+from sweeper.core.results.accuracy import Accuracy
 from sweeper.core.results.energy import (
     Baseline,
     Energy,
@@ -83,6 +84,7 @@ class TrialResult:
     roofline: Roofline = Roofline()
     fidelity: Fidelity = Fidelity()
     perplexity: Perplexity = Perplexity()
+    accuracy: Accuracy = Accuracy()
     environment: Environment = Environment()
 
     @staticmethod

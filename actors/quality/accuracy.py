@@ -1,0 +1,113 @@
+"""Scoring a trial's measured replies against their prompts' answers (the sweep file's ``scoring``).
+
+The replies are the measured window's own (offline: every sequence of every measured generate
+call; serving: every completed request of the measured run), so the accuracy is that of the
+very work whose energy the trial reports: no second pass, no other decoding. Each judged
+request's record says so (``correct``, ``extracted_answer``, ``truncated``); the trial's
+``Accuracy`` part sums them, with energy per correct answer over the judged requests' own
+energy shares (``RequestRecord.energy_j``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from actors.backends.base import Generation
+from actors.serving.records import ServedRequest
+from actors.workload import DatasetSource, Prompt, PromptSource
+from sweeper.core.results import Accuracy, RequestRecord
+from sweeper.core.scoring import Reference, ScoringSettings, judge, wilson_interval
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One measured reply to judge: its text, its prompt's answer, and whether it reached its
+    output length (the cap of a reply that ends where the model ends it)."""
+
+    text: str
+    reference: Reference
+    cut: bool
+
+
+def _text(ids: Sequence[int] | None, text: str | None, decode: Callable[[Sequence[int]], str] | None) -> str:
+    """A reply's text: as the server streamed it, else its ids decoded (no tokens: empty)."""
+    if text is not None:
+        return text
+    if not ids:
+        return ""
+    if decode is None:
+        raise ValueError("scoring: the reply came as token ids and the model has no tokenizer to read them")
+    return decode(ids)
+
+
+def _dataset(source: PromptSource) -> DatasetSource:
+    if not isinstance(source, DatasetSource):
+        raise ValueError("scoring: the trial's prompts are no dataset with answers")  # the sweep file's check
+    return source
+
+
+def offline_replies(source: PromptSource, generations: Sequence[Generation], batch_size: int) -> list[Reply | None]:
+    """The window's replies in the order of its request records (``actors.measure.request_records``):
+    call by call, each call's sequences in its batch's order; None for a prompt without an answer."""
+    dataset = _dataset(source)
+    replies: list[Reply | None] = []
+    for i, generation in enumerate(generations):
+        prompts = dataset.taken(i, batch_size)
+        for prompt, timing in zip(prompts, generation.requests, strict=True):
+            replies.append(_reply(prompt, timing.reply_ids, None, timing.output_tokens, dataset.decode))
+    return replies
+
+
+def served_replies(source: PromptSource, requests: Sequence[ServedRequest]) -> list[Reply | None]:
+    """A serving run's replies in its requests' order (None: failed, or a prompt without an answer).
+    The run's requests are ``source.requests(n, 0)`` by index (``actors.serving.arrivals``)."""
+    dataset = _dataset(source)
+    prompts = dataset.requests(len(requests), 0)
+    return [_reply(prompts[r.index], r.reply_ids, r.reply_text, r.output_tokens, dataset.decode) if r.ok else None
+            for r in requests]
+
+
+def _reply(prompt: Prompt, ids: Sequence[int] | None, text: str | None, tokens: int,
+           decode: Callable[[Sequence[int]], str] | None) -> Reply | None:
+    if prompt.reference is None:
+        return None
+    return Reply(_text(ids, text, decode), prompt.reference, cut=tokens >= prompt.output_len)
+
+
+def score(records: Sequence[RequestRecord], replies: Sequence[Reply | None],
+          settings: ScoringSettings) -> tuple[list[RequestRecord], Accuracy]:
+    """Each record with its reply's judgement (records and replies in one order), and the trial's
+    accuracy over them."""
+    judged = []
+    for record, reply in zip(records, replies, strict=True):
+        if reply is None:
+            judged.append(record)
+            continue
+        j = judge(reply.text, reply.reference, settings, cut=reply.cut)
+        judged.append(dataclasses.replace(record, correct=j.correct, extracted_answer=j.extracted,
+                                          truncated=j.truncated))
+    return judged, accuracy_of([r for r in judged if r.correct is not None])
+
+
+def accuracy_of(scored: Sequence[RequestRecord]) -> Accuracy:
+    """The trial's figures over its judged requests. Energy per correct answer divides the judged
+    requests' own energy (their shares of the window's, ``energy_j``) by the correct ones: the
+    cost of the answers, wrong ones included, per answer that was right."""
+    n = len(scored)
+    if n == 0:
+        return Accuracy(n_scored=0, n_correct=0, n_truncated=0)
+    correct = sum(1 for r in scored if r.correct)
+    interval = wilson_interval(correct, n)
+    assert interval is not None
+    energies = [r.energy_j for r in scored]
+    energy_j = sum(e for e in energies if e is not None) if all(e is not None for e in energies) else None
+    return Accuracy(
+        n_scored=n, n_correct=correct, accuracy=correct / n,
+        accuracy_ci95_low=interval[0], accuracy_ci95_high=interval[1],
+        n_truncated=sum(1 for r in scored if r.truncated),
+        # Null, not infinite, with no correct answer: no answer was bought at any price.
+        energy_per_correct_j=energy_j / correct if energy_j is not None and correct else None,
+        correct_per_kj=correct / (energy_j / 1000.0) if energy_j else None,
+    )

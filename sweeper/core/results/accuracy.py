@@ -1,0 +1,29 @@
+"""Accuracy beside energy: a scored trial's replies judged against their answers, and what each
+correct answer cost (``sweeper.core.scoring``; the actor's ``actors.quality.accuracy``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sweeper.core.results.part import Part, column
+
+
+@dataclass(frozen=True)
+class Accuracy(Part):
+    """The measured replies scored (null throughout for a trial without ``scoring``)."""
+
+    n_scored: int | None = column(
+        "replies judged: every completed request of the measured window (serving: of the measured run) whose "
+        "prompt has a reference answer")
+    n_correct: int | None = column("of them, those judged right")
+    accuracy: float | None = column("n_correct / n_scored (replies cut by the output length count as wrong)")
+    accuracy_ci95_low: float | None = column(
+        "the Wilson 95 % score interval's lower end for accuracy (over the n_scored replies, as independent "
+        "draws; docs/METHOD.md)")
+    accuracy_ci95_high: float | None = column("the Wilson 95 % score interval's upper end for accuracy")
+    n_truncated: int | None = column(
+        "scored replies cut by the output length (max_output_len) before the model ended them: counted wrong")
+    energy_per_correct_j: float | None = column(
+        "the GPU energy of the scored requests (their energy_j summed) / n_correct; null with no correct "
+        "answer or where requests' energies are not attributed (no GPU)")
+    correct_per_kj: float | None = column("n_correct per kJ of the scored requests' GPU energy (1000 / energy_per_correct_j)")

@@ -1,0 +1,82 @@
+"""Scored trials end to end: replies whose correctness is known exactly (an OpenAI-compatible
+server that answers a known share of the arithmetic task right, serving mode), and the bundled
+real model scoring the task offline (any accuracy: its columns must agree with each other)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sweeper.core.arithmetic import ArithmeticSettings, arithmetic_records
+from sweeper.core.scoring import wilson_interval
+from tests.actors.backends.test_server_backend import READY_S, launch, run_one_trial
+
+TASK = {"size": 8, "difficulty": 2, "seed": 3}
+
+
+def test_a_served_trial_s_accuracy_is_the_share_the_server_answered_right(tmp_path, smollm2_dir):
+    """Of the task's 8 problems the server answers 2 wrong (records 3 and 6: the answer + 1) and
+    rambles on 2 until the output length cuts them (records 4 and 8): 4 right, 2 truncated."""
+    records = arithmetic_records(ArithmeticSettings(**TASK))
+    assert len({r.prompt for r in records}) == len(records)
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("".join(json.dumps({"prompt": r.prompt, "answer": r.answer}) + "\n" for r in records))
+    server = launch(tmp_path, "--answers", str(answers), "--wrong-every", "3", "--ramble-every", "4")
+    try:
+        server.wait_ready(READY_S)
+        outcome = run_one_trial({
+            "name": "scored", "models": ["smollm2-135m"], "backends": "server", "precisions": "bf16",
+            "backend_options": {"server": {"base_url": server.base_url, "model": "fault", "dialect": "openai"}},
+            "workload": {"mode": "serving", "dataset": {"arithmetic": TASK}, "output_len": "natural",
+                         "max_output_len": 12, "request_rate": 50, "num_prompts": 8},
+            "scoring": "numeric",
+            "measure": {"warmup_iters": 1, "idle_s": 0.3, "min_window_s": 0.05},
+        }, "cpu")
+    finally:
+        server.stop(2.0)
+    row, requests = outcome.row, outcome.tables["requests"].to_pylist()
+    assert row["status"] == "ok", row.get("error")
+    assert (row["n_scored"], row["n_correct"], row["n_truncated"]) == (8, 4, 2)
+    assert row["accuracy"] == 0.5
+    assert (row["accuracy_ci95_low"], row["accuracy_ci95_high"]) == pytest.approx(wilson_interval(4, 8))
+    assert row["energy_per_correct_j"] is None and row["correct_per_kj"] is None  # no GPU metered
+    by_answer = {r.prompt: r.answer for r in records}
+    assert len(requests) == 8 and all(r["correct"] is not None for r in requests)
+    truncated = [r for r in requests if r["truncated"]]
+    assert len(truncated) == 2 and all(r["output_tokens"] == 12 and not r["correct"] for r in truncated)
+    wrong = [r for r in requests if not r["correct"] and not r["truncated"]]
+    assert len(wrong) == 2 and all(r["extracted_answer"] is not None for r in wrong)
+    right = [r for r in requests if r["correct"]]
+    assert sorted(r["extracted_answer"] for r in right) == sorted(
+        a for i, a in enumerate(by_answer.values(), 1) if i % 3 and i % 4)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("bundled-model")
+def test_the_bundled_model_scores_the_bundled_task_offline(smollm2_dir):
+    """The real model on the CPU, offline: whatever it answers, every measured reply is judged and
+    the trial's columns agree with its requests'."""
+    from tests.actors.backends.test_server_backend import plan_one, run_trial
+
+    trial = plan_one({
+        "name": "bundled-scored", "models": ["smollm2-135m"], "backends": "transformers", "precisions": "fp32",
+        "batch_sizes": 4, "workload": {"dataset": {"arithmetic": {"size": 8, "seed": 1}}, "chat": True,
+                                       "output_len": "natural", "max_output_len": 12},
+        "scoring": "numeric",
+        "measure": {"warmup_iters": 0, "idle_s": 0, "min_iters": 2, "min_duration_s": 0, "min_window_s": 0},
+    }, "cpu")
+    outcome = run_trial(trial)
+    row, requests = outcome.row, outcome.tables["requests"].to_pylist()
+    assert row["status"] == "ok", row.get("error")
+    assert row["n_scored"] == row["n_requests"] == len(requests) >= 8
+    assert 0.0 <= row["accuracy"] <= 1.0
+    assert row["accuracy_ci95_low"] <= row["accuracy"] <= row["accuracy_ci95_high"]
+    assert row["n_correct"] == sum(r["correct"] for r in requests)
+    assert row["n_truncated"] == sum(r["truncated"] for r in requests)
+    assert all(r["truncated"] == (r["output_tokens"] >= 12) for r in requests)
+    assert not any(r["correct"] and r["truncated"] for r in requests)
+    # The replies were read (a backend that returned no reply ids would leave every one empty): of
+    # 8+ replies to "Reply with the final number only.", some hold a number, right or wrong.
+    assert any(r["extracted_answer"] is not None for r in requests)
+    assert row["energy_per_correct_j"] is None and row["correct_per_kj"] is None  # the CPU: no GPU energy

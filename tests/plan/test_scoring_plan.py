@@ -1,0 +1,115 @@
+"""Scoring in the sweep file and the plan: the arithmetic task, answers required, bad input on
+one line with exit 2, identity."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from sweeper.core.arithmetic import ArithmeticSettings, arithmetic_records
+from sweeper.core.errors import SweepFileError
+from sweeper.plan.expand import expand, make_plan
+from sweeper.plan.spec import parse_sweep
+from tests.conftest import run_cli
+
+SCORED = {"output_len": "natural", "max_output_len": 16}
+
+
+def sweep(workload: dict, **top) -> dict:
+    return {"name": "s", "models": "smollm2-135m", "backends": "transformers", "precisions": "fp32",
+            "batch_sizes": 2, "workload": workload, **top}
+
+
+_START = re.compile(r"^(\w+) has (\d+) (\w+)\.$")
+_STEPS = [(re.compile(r"^Then \w+ buys (\d+) more\.$"), lambda v, b: v + b),
+          (re.compile(r"^Then \w+ gives away (\d+)\.$"), lambda v, b: v - b),
+          (re.compile(r"^Then \w+ gets more until \w+ has (\d+) times as many\.$"), lambda v, b: v * b),
+          (re.compile(r"^Then \w+ shares them equally among (\d+) friends and keeps one share\.$"),
+           lambda v, b: v / b)]
+
+
+def solve(problem: str) -> tuple[float, int]:
+    """A problem's answer worked out from its words alone, and its steps."""
+    sentences = re.split(r"(?<=\.) (?=[A-Z])", problem.split(" How many")[0])
+    value = float(_START.match(sentences[0]).group(2))
+    for sentence in sentences[1:]:
+        pattern, op = next((p, op) for p, op in _STEPS if p.match(sentence))
+        value = op(value, int(pattern.match(sentence).group(1)))
+    return value, len(sentences) - 1
+
+
+@pytest.mark.parametrize("difficulty", [1, 2, 3])
+def test_arithmetic_problems_have_exact_whole_answers_and_their_difficulty_s_steps(difficulty):
+    records = arithmetic_records(ArithmeticSettings(size=200, difficulty=difficulty, seed=7))
+    assert len(records) == 200 and len({r.prompt for r in records}) > 150
+    for r in records:
+        value, steps = solve(r.prompt)
+        assert value == int(r.answer) >= 0 and steps == difficulty, r.prompt
+        assert r.prompt.endswith("Reply with the final number only.")
+    assert records == arithmetic_records(ArithmeticSettings(size=200, difficulty=difficulty, seed=7))
+    assert records != arithmetic_records(ArithmeticSettings(size=200, difficulty=difficulty, seed=8))
+
+
+def test_a_task_is_named_alone_or_with_its_settings_and_joins_the_trial_s_identity():
+    default = expand(parse_sweep(sweep({"dataset": "arithmetic", **SCORED}, scoring="numeric")))[0][0]
+    sized = expand(parse_sweep(sweep({"dataset": {"arithmetic": {"size": 20, "difficulty": 2}}, **SCORED},
+                                     scoring="numeric")))[0][0]
+    assert default.prompts.records == 100 and sized.prompts.records == 20
+    assert json.loads(sized.prompts.task) == {"arithmetic": {"size": 20, "difficulty": 2, "seed": 0}}
+    assert default.dataset == sized.dataset == "arithmetic" and default.trial_id != sized.trial_id
+    assert default.configuration().scoring == '{"method":"numeric"}'
+    unscored = expand(parse_sweep(sweep({"dataset": "arithmetic", **SCORED})))[0][0]
+    assert unscored.scoring is None and unscored.trial_id != default.trial_id
+    assert "scoring" not in unscored.identity()
+    tolerant = expand(parse_sweep(sweep({"dataset": "arithmetic", **SCORED},
+                                        scoring={"method": "numeric", "tolerance": 0.5})))[0][0]
+    assert tolerant.trial_id != default.trial_id
+
+
+def test_the_plan_says_replies_are_scored_greedily_and_skips_a_backend_that_runs_no_model():
+    plan = make_plan(parse_sweep(sweep({"dataset": "arithmetic", **SCORED}, scoring="numeric")), "cpu")
+    assert any("numeric (tolerance 1e-06)" in n and "greedily (temperature 0)" in n for n in plan.notes), plan.notes
+    noop = make_plan(parse_sweep(sweep({"dataset": "arithmetic", **SCORED}, scoring="numeric", backends="noop",
+                                       precisions="bf16")), "cpu")
+    assert noop.runnable == [] and "runs no model" in noop.skipped[0].skip_reason
+
+
+@pytest.mark.parametrize(("workload", "top", "field", "problem"), [
+    ({"input_len": 8, "output_len": 4}, {}, "scoring", "random prompts have none"),
+    ({"dataset": "arithmetic", "output_len": 8}, {}, "scoring", "set workload.output_len: natural"),
+    ({"dataset": {"arithmetic": {"difficulty": 9}}, **SCORED}, {}, "workload.dataset",
+     "arithmetic.difficulty: Input should be less than or equal to 3"),
+    ({"dataset": {"arithmetic": {"sizes": 9}}, **SCORED}, {}, "workload.dataset", "arithmetic.sizes"),
+    ({"dataset": "arithmetic", **SCORED}, {"scoring": {"method": "regex"}}, "scoring",
+     "pattern: required by method regex"),
+    ({"dataset": "arithmetic", **SCORED}, {"scoring": "fuzzy"}, "scoring.method", "unknown scoring method 'fuzzy'"),
+])
+def test_bad_scoring_input_names_its_field(workload, top, field, problem):
+    with pytest.raises(SweepFileError) as err:
+        expand(parse_sweep(sweep(workload, **{"scoring": "numeric", **top})))
+    message = str(err.value)
+    assert message.startswith(f"<sweep>: {field}: ") and problem in message and "\n" not in message, message
+
+
+def test_conversations_are_not_scored():
+    with pytest.raises(SweepFileError, match="conversations are not scored"):
+        parse_sweep({**sweep({"mode": "serving", "dataset": "c.jsonl", "conversations": True, "request_rate": 1,
+                              "num_prompts": 2, **SCORED}, scoring="exact"), "batch_sizes": None})
+
+
+def test_a_prompt_file_without_answers_under_scoring_is_one_line_naming_the_file_and_field_with_exit_2(tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": "2 + 2?", "answer": "4"}\n{"prompt": "no answer here"}\n')
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(sweep({"dataset": "p.jsonl", **SCORED}, scoring="numeric")))
+    proc = run_cli("plan", str(tmp_path / "s.yaml"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: {tmp_path / 's.yaml'}: workload.dataset: {data} record 2 field 'answer': "
+                               "has no reference answer"), lines[0]
+    # The same file unscored plans: answers are only needed to score.
+    (tmp_path / "u.yaml").write_text(yaml.safe_dump(sweep({"dataset": "p.jsonl", **SCORED})))
+    assert run_cli("plan", str(tmp_path / "u.yaml")).returncode == 0
