@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import sys
@@ -230,12 +231,19 @@ def connected_gcs() -> str | None:
         return ""
 
 
+@functools.cache
+def _host_name_addresses() -> frozenset[str]:
+    """What this machine's host name resolves to, asked once a process: a name the resolver
+    does not know costs its whole timeout (10 s and more) at every ask."""
+    with contextlib.suppress(OSError):
+        return frozenset(socket.gethostbyname_ex(socket.gethostname())[2])
+    return frozenset()
+
+
 def _own_addresses() -> set[str]:
     """The addresses this machine is known by: its host name's, and the one Ray's nodes here
     advertise (the address of its default route, which the host name need not resolve to)."""
-    own = {"127.0.0.1", "::1"}
-    with contextlib.suppress(OSError):
-        own |= set(socket.gethostbyname_ex(socket.gethostname())[2])
+    own = {"127.0.0.1", "::1"} | _host_name_addresses()
     ray = sys.modules.get("ray")
     if ray is not None:
         with contextlib.suppress(Exception):

@@ -68,6 +68,80 @@ def test_ray_validation_rejects_a_broken_cluster_yaml(cluster_config):
         _validate(bad)
 
 
+# -- docs/cluster-onprem.yaml: the same fleet on machines of your own (Ray's local provider) --
+
+
+@pytest.fixture(scope="module")
+def onprem_config() -> dict:
+    return yaml.safe_load((ROOT / "docs" / "cluster-onprem.yaml").read_text())
+
+
+def test_the_onprem_cluster_yaml_passes_ray_validation_and_brings_up_every_listed_host(onprem_config):
+    prepared = _validate(onprem_config)
+    provider = prepared["provider"]
+    assert provider["type"] == "local" and provider["head_ip"] not in provider["worker_ips"]
+    # One node type, Ray's own for on-prem clusters: every listed worker is brought up and kept.
+    (name, node_type), = prepared["available_node_types"].items()
+    assert prepared["head_node_type"] == name
+    assert node_type["min_workers"] == node_type["max_workers"] == len(provider["worker_ips"]) == prepared["max_workers"]
+    assert {"ssh_user", "ssh_private_key"} <= prepared["auth"].keys()
+
+
+def test_the_onprem_cluster_yaml_starts_and_syncs_as_cluster_yaml_does(onprem_config, cluster_config):
+    """Token authentication on every node, the dashboard on the head's loopback, the same
+    checkout, token mount and setup commands as the AWS file: one way of running, two fleets."""
+    for key in ("setup_commands", "file_mounts"):
+        assert onprem_config[key] == cluster_config[key], key
+    starts = [c for key in ("head_start_ray_commands", "worker_start_ray_commands")
+              for c in onprem_config[key] if "ray start" in c]
+    assert len(starts) == 2 and all("RAY_AUTH_MODE=token ray start" in c for c in starts)
+    head_start = " ".join(onprem_config["head_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in head_start and "--autoscaling-config=~/ray_bootstrap_config.yaml" in head_start
+    assert "--num-cpus=0" in head_start  # no trial next to the driver, as cluster.yaml's head
+    # Ray's v1 autoscaler starts the workers; a worker's Ray stops itself soon after `ray down`
+    # has stopped the head's, and runs no log monitor, which never would (see the file).
+    assert "RAY_enable_autoscaler_v2=0 " in head_start
+    worker_start = " ".join(onprem_config["worker_start_ray_commands"])
+    assert "RAY_gcs_rpc_server_reconnect_timeout_s=" in worker_start and "--include-log-monitor=false" in worker_start
+
+
+@pytest.mark.parametrize("name", [
+    # cluster.yaml's exclude was `results` once, which dropped sweeper/core/results from every node.
+    "cluster.yaml", "docs/cluster-onprem.yaml"])
+def test_the_checkout_synced_to_the_nodes_holds_every_file_of_sweepers_packages(name, tmp_path):
+    """What `ray up` syncs to `~/sweeper` (file_mounts `.`), as rsync itself lists it with the
+    file's excludes and filters: every tracked file of the packages the nodes import."""
+    import shutil
+    import subprocess
+
+    if shutil.which("rsync") is None or shutil.which("git") is None:
+        pytest.skip("rsync or git is not installed")
+    config = yaml.safe_load((ROOT / name).read_text())
+    assert config["file_mounts"]["~/sweeper"] == "."
+    tracked = subprocess.run(["git", "ls-files", "sweeper", "actors"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=60)
+    if tracked.returncode != 0 or not tracked.stdout.strip():
+        pytest.skip("not a git checkout")
+    # The arguments Ray's command runner gives rsync (SSHCommandRunner._create_rsync_filter_args).
+    args = [a for pattern in config.get("rsync_exclude") or [] for a in ("--exclude", pattern)]
+    args += [a for f in config.get("rsync_filter") or [] for a in ("--filter", f"dir-merge,- {f}")]
+    listed = subprocess.run(["rsync", "-an", "--out-format=%n", *args, f"{ROOT}/", f"{tmp_path / 'node'}/"],
+                            capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
+    missing = sorted(set(tracked.stdout.splitlines()) - set(listed))
+    assert not missing, f"{len(missing)} tracked files not synced, e.g. {missing[:5]}"
+
+
+def test_ray_validation_rejects_node_types_in_an_onprem_cluster_yaml(onprem_config):
+    """The check has teeth here too: node types copied over from cluster.yaml are refused (the
+    local provider has one type of its own, its resources what Ray detects on each host)."""
+    import click
+
+    bad = copy.deepcopy(onprem_config)
+    bad["available_node_types"] = {"gpu": {"resources": {"GPU": 1}, "node_config": {}}}
+    with pytest.raises(click.ClickException, match="available_node_types is not supported"):
+        _validate(bad)
+
+
 # -- placement on a multi-node cluster ----------------------------------------------------
 
 # The two sweeps on two 1-GPU nodes behind a GPU-less head: (sweep's head, min_duration_s, gated).
