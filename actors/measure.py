@@ -23,7 +23,7 @@ from actors.method import Figures, Measurement, Window, measure, ratio, window_e
 from actors.quality.accuracy import offline_replies, score
 from actors.stability import Verdict
 from actors.telemetry.telemetry import MIN_STABILITY_BLOCK_S
-from actors.workload import PromptSource, prompt_source
+from actors.workload import PromptSource, answered, prompt_source
 from sweeper.core.results import (
     Compile,
     Energy,
@@ -291,8 +291,8 @@ class OfflineWindow(Window):
         requests = request_records(trial.trial_id, generations, t0, trial.input_len, shares)
         accuracy = None
         if trial.scoring is not None:
-            requests, accuracy = score(requests, offline_replies(self.source, generations, self.batch_size),
-                                       trial.scoring)
+            replies = offline_replies(answered(self.source), generations, self.batch_size)
+            requests, accuracy = score(requests, replies, trial.scoring)
         throughput = Throughput(
             n_iterations=len(generations), n_requests=n_requests, duration_s=duration_s,
             output_tokens=output_tokens, throughput_tok_s=output_tokens / duration_s,

@@ -413,3 +413,11 @@ def _reference_len(record: PromptRecord, tokenizer: Any) -> int:
     if tokenizer is None:
         return fallback_tokens(record.reference)
     return max(1, len(tokenizer(record.reference, add_special_tokens=False)["input_ids"]))
+
+
+def answered(source: PromptSource) -> DatasetSource:
+    """A scored trial's prompts: a dataset, whose records carry the answers its replies are
+    judged against (the sweep file's check makes it one; here it is asserted)."""
+    if not isinstance(source, DatasetSource):
+        raise ValueError("scoring: the trial's prompts are no dataset with answers")
+    return source

@@ -13,12 +13,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from actors.backends.base import Generation
-from actors.serving.records import ServedRequest
-from actors.workload import DatasetSource, Prompt, PromptSource
 from sweeper.core.results import Accuracy, RequestRecord
 from sweeper.core.scoring import Reference, ScoringSettings, judge, wilson_interval
+
+if TYPE_CHECKING:  # types only: quality sits below the backends, workload and serving it reads
+    from actors.backends.base import Generation
+    from actors.serving.records import ServedRequest
+    from actors.workload import DatasetSource, Prompt
 
 
 @dataclass(frozen=True)
@@ -42,16 +45,10 @@ def _text(ids: Sequence[int] | None, text: str | None, decode: Callable[[Sequenc
     return decode(ids)
 
 
-def _dataset(source: PromptSource) -> DatasetSource:
-    if not isinstance(source, DatasetSource):
-        raise ValueError("scoring: the trial's prompts are no dataset with answers")  # the sweep file's check
-    return source
-
-
-def offline_replies(source: PromptSource, generations: Sequence[Generation], batch_size: int) -> list[Reply | None]:
+def offline_replies(dataset: DatasetSource, generations: Sequence[Generation],
+                    batch_size: int) -> list[Reply | None]:
     """The window's replies in the order of its request records (``actors.measure.request_records``):
     call by call, each call's sequences in its batch's order; None for a prompt without an answer."""
-    dataset = _dataset(source)
     replies: list[Reply | None] = []
     for i, generation in enumerate(generations):
         prompts = dataset.taken(i, batch_size)
@@ -60,10 +57,9 @@ def offline_replies(source: PromptSource, generations: Sequence[Generation], bat
     return replies
 
 
-def served_replies(source: PromptSource, requests: Sequence[ServedRequest]) -> list[Reply | None]:
+def served_replies(dataset: DatasetSource, requests: Sequence[ServedRequest]) -> list[Reply | None]:
     """A serving run's replies in its requests' order (None: failed, or a prompt without an answer).
-    The run's requests are ``source.requests(n, 0)`` by index (``actors.serving.arrivals``)."""
-    dataset = _dataset(source)
+    The run's requests are ``dataset.requests(n, 0)`` by index (``actors.serving.arrivals``)."""
     prompts = dataset.requests(len(requests), 0)
     return [_reply(prompts[r.index], r.reply_ids, r.reply_text, r.output_tokens, dataset.decode) if r.ok else None
             for r in requests]

@@ -43,7 +43,7 @@ from actors.serving.stats import (
     window_output_tokens,
 )
 from actors.stability import Verdict
-from actors.workload import ConversationSource, PromptSource, prompt_source
+from actors.workload import ConversationSource, PromptSource, answered, prompt_source
 from sweeper.core.results import (
     ClientTimeliness,
     Energy,
@@ -178,7 +178,7 @@ class ServingWindow(Window):
         requests = _request_records(trial, run, window, split, self.script)
         accuracy = None
         if trial.scoring is not None:
-            requests, accuracy = score(requests, served_replies(self.source, run.requests), trial.scoring)
+            requests, accuracy = score(requests, served_replies(answered(self.source), run.requests), trial.scoring)
         return Figures(parts=(*parts, accuracy), requests=requests,
                        verdict=verdict, t_zero_s=run.t_start_s, t_end_s=self.t_end_s, marks=_marks(run, window),
                        outcome=_outcome(run))

@@ -31,8 +31,9 @@ from sweeper.core.tasks import records_sha256, task_json, task_records
 from sweeper.core.trial import GroupLoad, Trial
 from sweeper.plan.capabilities import Capabilities
 from sweeper.plan.models import resolve_model
-from sweeper.plan.spec import MAX_TOKENS, Sweep
+from sweeper.plan.spec import Sweep
 from sweeper.plan.steady import steady_window_warnings
+from sweeper.plan.strict import MAX_TOKENS
 
 
 @dataclass(frozen=True)

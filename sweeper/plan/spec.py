@@ -20,7 +20,6 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import (
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
@@ -51,9 +50,17 @@ from sweeper.core.settings import (
     SharedPrefix,
     SloSettings,
 )
-from sweeper.core.tasks import TASKS
+from sweeper.plan.dataset_choice import (
+    PREFIX_REPETITION,
+    DatasetChoice,
+    GeneratedDataset,
+    PrefixRepetition,
+    TaskDataset,
+)
 from sweeper.plan.field_errors import as_validation_error, message, problems
 from sweeper.plan.search_check import check_search
+from sweeper.plan.strict import Strict as _Strict
+from sweeper.plan.strict import Tokens
 from sweeper.plan.yaml_file import read_yaml
 
 T = TypeVar("T")
@@ -81,18 +88,12 @@ def _dedupe(values: list | None) -> list | None:
 AxisValues = Annotated[list[T], BeforeValidator(_listify), Field(min_length=1)]
 
 MAX_BATCH_SIZE = 65_536
-MAX_TOKENS = 1_048_576
 MAX_SEED = 2**32 - 1
 MAX_REPEATS = 1_000
 MAX_TENSOR_PARALLEL = 64
 
 BatchSize = Annotated[int, Field(gt=0, le=MAX_BATCH_SIZE, strict=True)]
-Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS, strict=True)]
 GpuCount = Annotated[int, Field(gt=0, le=MAX_TENSOR_PARALLEL, strict=True)]
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
 
 def _rate(value: Any) -> Any:
     """``inf`` (YAML ``.inf`` or the word) means every request at once; NaN is no rate."""
@@ -151,65 +152,6 @@ def _output_len(value: Any) -> Any:
     if isinstance(value, str) and value in ("natural", "reference"):
         return value
     return _listify(value)
-
-
-class PrefixRepetition(_Strict):
-    """Shared-prefix prompts of exact lengths (vLLM bench's ``prefix_repetition``)."""
-
-    prefix_len: Tokens
-    suffix_len: Tokens
-    num_prefixes: int = Field(gt=0, le=1_000_000, strict=True)
-
-
-class GeneratedDataset(_Strict):
-    """A dataset sweeper generates rather than reads: ``{prefix_repetition: {...}}``."""
-
-    prefix_repetition: PrefixRepetition
-
-
-PREFIX_REPETITION = "prefix_repetition"
-
-
-class TaskDataset(_Strict):
-    """A task sweeper generates as text, with answers (``sweeper.core.tasks``): its name alone
-    (``arithmetic``: its default settings) or ``{arithmetic: {size: ..., difficulty: ...}}``."""
-
-    task: str
-    settings: Any  # the task's own settings model, validated
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_the_file(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = {value: {}}
-        if not isinstance(value, dict) or "task" in value:
-            return value
-        ((name, given),) = value.items()  # _dataset_kind chose this branch for one task's key
-        try:
-            settings = TASKS[name].settings.model_validate({} if given is None else given)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(k) for k in err["loc"])
-            raise ValueError(f"{name}{'.' + where if where else ''}: {message(err)}") from None
-        return {"task": name, "settings": settings}
-
-
-def _dataset_kind(value: Any) -> str:
-    # The branch is chosen by the value's shape, so that an error names only the branch meant
-    # (a bad prefix_len, not also "should be a valid string"); the tags' brackets keep them
-    # out of the field path an error names (sweeper.plan.field_errors).
-    if isinstance(value, TaskDataset) or (isinstance(value, str) and value in TASKS) or (
-            isinstance(value, dict) and len(value) == 1 and next(iter(value)) in TASKS):
-        return "dataset[task]"
-    return "dataset[generated]" if isinstance(value, (dict, GeneratedDataset)) else "dataset[named]"
-
-
-DatasetChoice = Annotated[
-    Annotated[Annotated[str, Field(min_length=1)], Tag("dataset[named]")]
-    | Annotated[GeneratedDataset, Tag("dataset[generated]")]
-    | Annotated[TaskDataset, Tag("dataset[task]")],
-    Discriminator(_dataset_kind),
-]
 
 
 class Workload(_Strict):
