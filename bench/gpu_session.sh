@@ -57,6 +57,10 @@
 #   stability_bench  bench stability: bare LLM.generate loops (plain, with an NVML thread, after idle)
 #               against sweeper's vLLM path on one engine: where per-iteration noise comes from
 #   spec_launch bench/spec_launch_gpu.yaml: speculation through `launch: vllm` (`args: {speculative-config: ...}`)
+#   burst       bench/burst_gpu.yaml: 240 requests due at once through the in-process engine (with and
+#               without n-gram speculation) and a launched `vllm serve`: send lateness, client_behind
+#   accuracy    bench/accuracy_gpu.yaml (after smollm2): the arithmetic task scored on the bundled model's
+#               measured replies, vLLM bf16/fp8 in-process and through `vllm serve`: J per correct answer
 #   typed_rows  bench/typed_rows_gpu.yaml + typed_rows_serving_gpu.yaml: every kind of row built from
 #               typed parts on a GPU, and which GPU columns came out null (issue #40)
 #   stability_sweep  bench/stability_gpu.yaml: 10 fixed-shape 1B trials (transformers bf16/int8/nf4,
@@ -328,6 +332,13 @@ for kind in ('trials', 'requests', 'timeline'):
                           -o "$RESULTS/spec_launch" -q 2>&1 | tee "$OUT/spec_launch_run.log" | tail -20
                       cp "$RESULTS/spec_launch/trials.parquet" "$OUT/spec_launch_trials.parquet"
                       cp -r "$RESULTS/spec_launch/servers" "$OUT/spec_launch_servers" 2>/dev/null || true ;;
+        burst|accuracy)  # a burst's send lateness in-process vs launched; accuracy beside joules
+                      timeout -s INT -k 30 "${STEP_TIMEOUT_S:-540}" python3 -m sweeper run "bench/${1}_gpu.yaml" \
+                          -o "$RESULTS/$1" -q 2>&1 | tee "$OUT/${1}_run.log" | tail -20
+                      python3 -m sweeper report "$RESULTS/$1" >> "$OUT/${1}_run.log" 2>&1
+                      cp "$RESULTS/$1/trials.parquet" "$OUT/${1}_trials.parquet"
+                      cp "$RESULTS/$1/requests.parquet" "$OUT/${1}_requests.parquet"
+                      cp -r "$RESULTS/$1/report" "$OUT/${1}_report" 2>/dev/null || true ;;
         typed_rows)   # every kind of row built from typed parts on the GPU: which GPU columns came out null
                       python3 -m sweeper run bench/typed_rows_gpu.yaml -o "$RESULTS/typed" 2>&1 \
                           | tee "$OUT/typed_rows_run.log" | tail -25

@@ -5,7 +5,9 @@ engine's whole life: ``AsyncLLM`` binds its output handler to the loop of its
 first request, so every run must use that same loop. The actor's thread hands
 each run to it and waits for the result with a bound.
 
-Each request is a task started when it arrives (``actors.serving.schedule``: one
+Every request is rendered to what the engine core takes before the clock starts
+(``actors.backends.vllm.inputs``: the loop is left only the hand-over). Each request is a
+task started when it arrives (``actors.serving.schedule``: one
 dispatcher, not a task per request created up front), that waits for a
 concurrency slot if ``max_concurrency`` is set, then streams its tokens
 (``RequestOutputKind.DELTA``) and stamps each delta with ``time.monotonic()`` as
@@ -24,9 +26,10 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+from actors.backends.vllm.inputs import PromptRenderer, async_llm, streaming_params
 from actors.serving.client import Follow
 from actors.serving.records import UNFINISHED, InFlight, ServedRun, ServingRequest, served_run
 from actors.serving.schedule import play
@@ -44,18 +47,12 @@ class AsyncEngineRunner:
 
     _ids = itertools.count()
 
-    def __init__(self, engine_kwargs: dict[str, Any], start_timeout_s: float) -> None:
+    def __init__(self, engine_kwargs: dict[str, Any], start_timeout_s: float,
+                 create: Callable[[dict[str, Any]], Coroutine[Any, Any, Any]] | None = None) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="sweeper-vllm-loop", daemon=True)
         self.thread.start()
-        self.engine: Any = self.call(self._create(engine_kwargs), timeout_s=start_timeout_s)
-
-    @staticmethod
-    async def _create(engine_kwargs: dict[str, Any]) -> Any:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs))
+        self.engine: Any = self.call((create or async_llm)(engine_kwargs), timeout_s=start_timeout_s)
 
     def call(self, coroutine: Coroutine[Any, Any, T], timeout_s: float) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=timeout_s)
@@ -74,22 +71,20 @@ class AsyncEngineRunner:
 
     async def _serve(self, requests: Sequence[ServingRequest], max_concurrency: int | None,
                      deadline_s: float, follow: Follow | None = None) -> ServedRun:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        # Ready before the clock starts: every request's sampling parameters and prompt built
-        # (a conversation's later turns: as the turn before ends).
+        # Ready before the clock starts: every request's sampling parameters and its prompt
+        # rendered for the engine core (a conversation's later turns: as the turn before ends).
         ordered = sorted(requests, key=lambda r: (r.arrival_offset_s, r.index))
         params: dict[tuple[int, bool], Any] = {}
-        prompts: dict[int, dict[str, list[int]]] = {}
+        prompts: dict[int, tuple[str, Any]] = {}
+        supported = getattr(self.engine, "get_supported_tasks", None)
+        renderer = PromptRenderer(self.engine, await supported() if supported is not None else None)
 
         def prepare(r: ServingRequest) -> None:
             if (r.output_len, r.stop_at_eos) not in params:
-                exact = {} if r.stop_at_eos else {"min_tokens": r.output_len, "ignore_eos": True}
-                params[r.output_len, r.stop_at_eos] = SamplingParams(
-                    max_tokens=r.output_len, temperature=0.0, detokenize=False,
-                    output_kind=RequestOutputKind.DELTA, **exact)
-            prompts[r.index] = {"prompt_token_ids": r.prompt_ids.tolist()}
+                params[r.output_len, r.stop_at_eos] = streaming_params(r.output_len, r.stop_at_eos)
+            request_id = f"sweeper-{next(self._ids)}"
+            prompts[r.index] = request_id, renderer.render(
+                request_id, r.prompt_ids.tolist(), params[r.output_len, r.stop_at_eos])
 
         for r in ordered:
             prepare(r)
@@ -106,11 +101,11 @@ class AsyncEngineRunner:
 
         async def one(p: InFlight) -> None:
             n, stop = p.request.output_len, p.request.stop_at_eos
+            request_id, prompt = prompts.pop(p.request.index)
             p.submit_s = time.monotonic()
             metrics = None
             try:
-                stream = self.engine.generate(prompts[p.request.index], params[n, stop],
-                                              request_id=f"sweeper-{next(self._ids)}")
+                stream = self.engine.generate(renderer.stamp(prompt), params[n, stop], request_id=request_id)
                 async for out in stream:
                     now = time.monotonic()
                     p.times.extend([now] * len(out.outputs[0].token_ids))
