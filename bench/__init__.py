@@ -45,6 +45,7 @@ SUBCOMMANDS = (
     "report-render",
     "launch-race",
     "search-compare",
+    "scored-replies",
 )
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import signal
 import sys
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -19,9 +18,6 @@ from rich.markup import escape
 from sweeper.core.errors import UserInputError
 from sweeper.core.settings import Device
 from sweeper.live import LiveObserver
-
-if TYPE_CHECKING:
-    from sweeper.run.session import RunResult, RunSetup
 
 
 class _FlagHelp:
@@ -137,6 +133,7 @@ def run(
 ) -> None:
     """Run every trial of a sweep (resuming: trials with an ok result are not run again)."""
     from sweeper.console import print_summary
+    from sweeper.run.retry_hint import retry_hint
     from sweeper.run.session import open_run, run_sweep
     from sweeper.run.sweep_run import ResultsWriteError, RunOptions
 
@@ -153,48 +150,10 @@ def run(
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(code=1) from None
     print_summary(err, setup.sweep.name, result)
-    _retry_hint(setup, result, output)
+    for line in retry_hint(setup, result, output):
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
     if result.summary.failed:
         raise typer.Exit(code=1)
-
-
-def _retry_hint(setup: RunSetup, result: RunResult, output: str | None) -> None:
-    """The run's last lines: how many of the sweep's trials stand failed in the results (this
-    run's, or kept from an earlier one: a plain run does not retry them) and the command
-    that runs them again; and how many of those failed for want of a package that this
-    environment now has."""
-    from sweeper.core.status import Status
-
-    ids = {t.trial_id for t in setup.expanded[0]}
-    failed = [tid for tid, st in result.store.stored_trials().items() if tid in ids and st.status == Status.FAILED]
-    if not failed:
-        return
-    command = shlex.join(["sweeper", "run", str(setup.sweep_path), *(["-o", output] if output else []),
-                          "--retry-failed"])
-    err.print(f"{len(failed)} trial(s) of this sweep stand failed in {result.store.uri}; once their cause is fixed, "
-              f"run them again with: {command}", highlight=False, markup=False, soft_wrap=True)
-    if line := _installed_since(setup, result, failed):
-        err.print(line, highlight=False, markup=False, soft_wrap=True)
-
-
-def _installed_since(setup: RunSetup, result: RunResult, failed: list[str]) -> str | None:
-    """A line for the failures whose missing package imports here now, or None."""
-    from sweeper.core.backends import BACKENDS
-    from sweeper.run.missing_packages import missing_package_failure
-    from sweeper.run.shards import TRIALS
-
-    trials = {t.trial_id: t for t in setup.expanded[0]}
-    table = result.store.read_shards(TRIALS, trial_ids=failed, columns=["trial_id", "error"])
-    found = [missing_package_failure(tid, error, BACKENDS[trials[tid].backend].required_modules(
-                 trials[tid].backend_options))
-             for tid, error in zip(table.column("trial_id").to_pylist(), table.column("error").to_pylist(),
-                                   strict=True)]
-    now = [f for f in found if f is not None and f.installed_now]
-    if not now:
-        return None
-    modules = ", ".join(dict.fromkeys(m for f in now for m in f.modules))
-    return (f"{len(now)} of them failed for want of a Python package that this environment now has "
-            f"({modules}): --retry-failed runs them again")
 
 
 def _warn(line: str) -> None:
@@ -272,6 +231,8 @@ def report(
     slo_ttft_ms: Annotated[float | None, typer.Option(min=0.0, help="SLO bound of the best-configuration table: TTFT at --slo-percentile, ms (serving sweeps)")] = None,
     slo_tpot_ms: Annotated[float | None, typer.Option(min=0.0, help="SLO bound of the best-configuration table: TPOT at --slo-percentile, ms (serving sweeps)")] = None,
     slo_percentile: Annotated[int, typer.Option(help="percentile the --slo-* bounds apply to: 50, 90 or 99")] = 99,
+    criterion: Annotated[str | None, typer.Option(help="what the best-configuration table minimises: energy_per_token_j or energy_per_correct_j [default: the sweep file's report block's]")] = None,
+    min_accuracy: Annotated[float | None, typer.Option(help="the best-configuration table's accuracy floor, 0 to 1 (scored sweeps) [default: the report block's]")] = None,
     plot_names: Annotated[str | None, typer.Option("--plots", help="draw only these plots, comma-separated, each named as its PNG is (pareto,energy_per_token) [default: every plot whose data is there]")] = None,
 ) -> None:
     """Write OUTPUT/report/: plots, the best configuration per model, unstable, failed and skipped trials."""
@@ -282,7 +243,8 @@ def report(
         rep = build_report(output, fmt.value, max_tpot_ms=max_tpot_ms, max_ttft_ms=max_ttft_ms, trial_id=trial,
                            grid_intensity_g_per_kwh=grid_intensity_g_per_kwh, price_per_kwh=price_per_kwh,
                            slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_percentile=slo_percentile,
-                           plots_wanted=wanted)
+                           plots_wanted=wanted, criterion=criterion,
+                           min_accuracy=min_accuracy)
     except UserInputError as exc:
         raise _fail(exc) from None
     out.print(f"report: {rep.path} ({len(rep.plots)} plots, PNGs in {rep.directory})", highlight=False,

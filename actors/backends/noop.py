@@ -208,8 +208,6 @@ class SimulatedEngine:
         self.waiting.append(_Live(request, arrival_s, submit_s, due_s))
 
     def wait(self, until_s: float) -> list[ServedRequest]:
-        o = self.options
-        prefill_s = o.step_s if o.prefill_s is None else o.prefill_s
         while True:
             now = self.clock()
             if self.step_end_s is None:
@@ -217,15 +215,7 @@ class SimulatedEngine:
                     if until_s > now and until_s != float("inf"):
                         _sleep_until(until_s, self.clock, self.sleep)
                     return []
-                admitted: list[_Live] = []
-                while self.waiting and len(self.running) < o.max_batch:
-                    live = self.waiting.popleft()
-                    live.scheduled_s = now
-                    if self.prefix_cache is not None:
-                        live.cached_tokens = self.prefix_cache.admit(live.request.prompt_ids)
-                    self.running.append(live)
-                    admitted.append(live)
-                self.step_end_s = now + (self._prefill_s(admitted, prefill_s) if admitted else o.step_s)
+                self.step_end_s = now + self._step_s(self._admit(now))
             if until_s < self.step_end_s:
                 # The next arrival comes before the step ends: the client sends it then.
                 _sleep_until(until_s, self.clock, self.sleep)
@@ -233,12 +223,38 @@ class SimulatedEngine:
             _sleep_until(self.step_end_s, self.clock, self.sleep)
             self.step_end_s = None
             t = self.clock()
-            for live in self.running:
-                live.tokens.append(t)
-            finished = [live for live in self.running if len(live.tokens) >= live.target]
-            self.running = [live for live in self.running if len(live.tokens) < live.target]
+            finished = self._end_step(t)
             if finished or t >= until_s:
                 return [live.served(t) for live in finished]
+
+    def _admit(self, now: float) -> list[_Live]:
+        """Waiting requests moved to running, first come first served, up to ``max_batch``
+        running; those admitted, each scheduled at ``now`` with its prompt's cached tokens."""
+        admitted: list[_Live] = []
+        while self.waiting and len(self.running) < self.options.max_batch:
+            live = self.waiting.popleft()
+            live.scheduled_s = now
+            if self.prefix_cache is not None:
+                live.cached_tokens = self.prefix_cache.admit(live.request.prompt_ids)
+            self.running.append(live)
+            admitted.append(live)
+        return admitted
+
+    def _step_s(self, admitted: list[_Live]) -> float:
+        """How long a step lasts: a prefill's time if it admitted requests, else a decode step's."""
+        o = self.options
+        if not admitted:
+            return o.step_s
+        return self._prefill_s(admitted, o.step_s if o.prefill_s is None else o.prefill_s)
+
+    def _end_step(self, t: float) -> list[_Live]:
+        """A step ending at ``t``: every running request gets a token; those with all theirs
+        leave, and are returned."""
+        for live in self.running:
+            live.tokens.append(t)
+        finished = [live for live in self.running if len(live.tokens) >= live.target]
+        self.running = [live for live in self.running if len(live.tokens) < live.target]
+        return finished
 
     def _prefill_s(self, admitted: list[_Live], prefill_s: float) -> float:
         """A step that admits requests: prefill_s, less the share of their prompt tokens cached."""

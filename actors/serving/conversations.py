@@ -159,39 +159,70 @@ class ConversationScript:
             keeps_reply=self.settings.history == "model" and t + 1 < dialogue.turns)
 
 
+@dataclass(frozen=True)
+class _Turn:
+    """One sent turn of a conversation, as its figures read it."""
+
+    index: int  # its place in the conversation, from 0
+    request: ServedRequest
+    energy_j: float | None  # None: the trial split no energy by request
+
+
 def conversation_figures(run: ServedRun, script: ConversationScript,
                          energies: Sequence[float] | None) -> Conversations:
     """The trial's per-conversation figures: how many conversations started and finished
     every turn, and, over the finished ones, the energy and time of a whole conversation and of
     its first and last turns (the last turn carries the longest history: the two apart show
     what the growing context costs)."""
-    by_conversation: dict[int, list[tuple[int, ServedRequest, float | None]]] = {}
-    for k, r in enumerate(run.requests):
-        where = script.turn_of(r.index)
-        if where is not None:
-            by_conversation.setdefault(where[0], []).append((where[1], r, energies[k] if energies else None))
-    finished = [sorted(turns, key=lambda x: x[0]) for c, turns in by_conversation.items()
-                if len(turns) == script.turns_of(c) and all(r.ok for _, r, _ in turns)]
-    first = [r for turns in by_conversation.values() for t, r, _ in turns if t == 0 and r.ok]
-
-    def mean(values: Sequence[float | None]) -> float | None:
-        kept = [v for v in values if v is not None]
-        return float(np.mean(kept)) if kept else None
-
-    first_energy = [e for turns in by_conversation.values() for t, r, e in turns if t == 0 and r.ok]
+    by_conversation = _turns_by_conversation(run, script, energies)
+    finished = _finished_conversations(by_conversation, script)
+    first = _completed_first_turns(by_conversation)
     return Conversations(
         n_conversations=len(script.first),
         conversations_completed=len(finished),
         conversations_cut=sum(1 for d in script.dialogues[:len(script.first)] if d.cut),
         turns_per_conversation=float(np.mean([d.turns for d in script.dialogues])) if script.dialogues else None,
-        energy_per_conversation_j=mean([sum(e or 0.0 for _, _, e in turns) if energies else None
-                                        for turns in finished]),
-        first_turn_energy_j=mean(first_energy) if energies else None,
-        last_turn_energy_j=mean([turns[-1][2] for turns in finished]) if energies else None,
-        first_turn_ttft_s=mean([r.ttft_s for r in first]),
-        last_turn_ttft_s=mean([turns[-1][1].ttft_s for turns in finished]),
-        conversation_s=mean([_span_s(turns[0][1], turns[-1][1]) for turns in finished]),
+        energy_per_conversation_j=_mean([_energy_j(turns) for turns in finished]) if energies else None,
+        # Without energies every turn's is None, and so are these means.
+        first_turn_energy_j=_mean([t.energy_j for t in first]),
+        last_turn_energy_j=_mean([turns[-1].energy_j for turns in finished]),
+        first_turn_ttft_s=_mean([t.request.ttft_s for t in first]),
+        last_turn_ttft_s=_mean([turns[-1].request.ttft_s for turns in finished]),
+        conversation_s=_mean([_span_s(turns[0].request, turns[-1].request) for turns in finished]),
     )
+
+
+def _turns_by_conversation(run: ServedRun, script: ConversationScript,
+                           energies: Sequence[float] | None) -> dict[int, list[_Turn]]:
+    """The run's turns by conversation (each in the run's order), each with its energy."""
+    by_conversation: dict[int, list[_Turn]] = {}
+    for k, r in enumerate(run.requests):
+        where = script.turn_of(r.index)
+        if where is not None:
+            by_conversation.setdefault(where[0], []).append(_Turn(where[1], r, energies[k] if energies else None))
+    return by_conversation
+
+
+def _finished_conversations(by_conversation: dict[int, list[_Turn]], script: ConversationScript) -> list[list[_Turn]]:
+    """The conversations every turn of which was sent and finished ok, each in turn order."""
+    return [sorted(turns, key=lambda turn: turn.index) for c, turns in by_conversation.items()
+            if len(turns) == script.turns_of(c) and all(turn.request.ok for turn in turns)]
+
+
+def _completed_first_turns(by_conversation: dict[int, list[_Turn]]) -> list[_Turn]:
+    """Every conversation's first turn that finished ok, whether or not its conversation did."""
+    return [turn for turns in by_conversation.values() for turn in turns if turn.index == 0 and turn.request.ok]
+
+
+def _energy_j(turns: Sequence[_Turn]) -> float:
+    """The energy of a conversation's turns together (a turn without its own counting none)."""
+    return sum(turn.energy_j or 0.0 for turn in turns)
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    """The mean of the values that are known (None: none is)."""
+    kept = [v for v in values if v is not None]
+    return float(np.mean(kept)) if kept else None
 
 
 def _span_s(first: ServedRequest, last: ServedRequest) -> float | None:

@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from sweeper.analysis import plots, quality_plots, search_plots, serving_plots, stage_plots
+from sweeper.analysis import (
+    accuracy_plots,
+    plots,
+    quality_plots,
+    search_plots,
+    serving_plots,
+    stage_plots,
+)
 from sweeper.analysis.figure_data import figure_data
 from sweeper.analysis.render import Plot, Report, Table, render_html, render_markdown
 from sweeper.analysis.results import (
@@ -48,7 +55,7 @@ from sweeper.analysis.tables import (
     precision_summary,
     unstable_trials,
 )
-from sweeper.core.budget import BUDGET_COLUMNS
+from sweeper.core.budget import BUDGET_COLUMNS, BudgetColumn
 from sweeper.core.errors import ResultsError
 from sweeper.core.settings import ReportSettings
 from sweeper.core.status import Status
@@ -59,7 +66,7 @@ if TYPE_CHECKING:
 FORMATS = ("html", "md")
 PLOT_FILES = ("throughput.png", "latency.png", "energy_per_token.png", "pareto.png", "serving_latency.png",
               "serving_energy.png", "goodput.png", "search.png", "energy_per_turn.png", "prefix_caching.png", "weight_memory.png",
-              "fidelity.png", "quality.png", "power_timeline.png", "layer_shares.png", "stages.png")
+              "fidelity.png", "quality.png", "accuracy.png", "power_timeline.png", "layer_shares.png", "stages.png")
 # What ``--plots`` names a plot by: its file's name without the extension.
 PLOT_NAMES = tuple(name.removesuffix(".png") for name in PLOT_FILES)
 
@@ -127,41 +134,63 @@ def _load(row: Any) -> str:
 
 
 def _best_table(results: Results, bounds: Sequence[LatencyBound]) -> Table:
-    best = best_configs(results.trials, bounds=bounds)
-    priced = [c for c in BUDGET_COLUMNS if results.trials[c.name].notna().any()]
-    # Serving trials: the client's send lateness beside the TTFT it would distort.
-    lateness = "send_lateness_p99_s" in results.trials and bool(results.trials["send_lateness_p99_s"].notna().any())
-    rows = []
-    for r in best.itertuples():
-        row = [_fmt(r.model), _fmt(r.backend), _fmt(r.precision), _load(r),
-               _shape(r.input_len, r.output_len), _fmt(r.n_repeats),
-               _with_interval(r.throughput_tok_s, r.throughput_lo, r.throughput_hi), _fmt(r.ttft_ms),
-               *([_fmt(r.send_lateness_p99_ms, 3)] if lateness else []), _fmt(r.tpot_ms),
-               _with_interval(r.energy_per_token_j, r.energy_per_token_lo, r.energy_per_token_hi)]
-        row += [_fmt(c.of(r.energy_per_token_j, results.report)) for c in priced]  # at the median J/token
+    judged = results.report
+    best = best_configs(results.trials, bounds=bounds, criterion=judged.criterion, min_accuracy=judged.min_accuracy)
+    shown = _BestColumns.of(results)
+    rows = [shown.row(r, results.report) for r in best.itertuples()]
+    aside = int(best["set_aside"].fillna(0).sum()) if len(best) else 0
+    return Table("Best configuration per model", shown.headers(), rows, _best_caption(bounds, judged, aside, shown))
+
+
+@dataclass(frozen=True)
+class _BestColumns:
+    """The best table's optional columns: those whose data the results hold."""
+
+    priced: list[BudgetColumn]
+    lateness: bool  # serving trials: the client's send lateness beside the TTFT it would distort
+    scored: bool  # a scored sweep: accuracy and J per correct answer
+
+    @classmethod
+    def of(cls, results: Results) -> _BestColumns:
+        trials = results.trials
+
+        def has(column: str) -> bool:
+            return column in trials and bool(trials[column].notna().any())
+
+        return cls([c for c in BUDGET_COLUMNS if has(c.name)], has("send_lateness_p99_s"), has("accuracy"))
+
+    def headers(self) -> list[str]:
+        return ["model", "backend", "precision", "batch / rate", "in/out", "repeats", "tok/s", "TTFT ms",
+                *(["late p99 ms"] if self.lateness else []), "TPOT ms", "J/token",
+                *(["accuracy", "J/correct"] if self.scored else []), *[c.header for c in self.priced], "MBU",
+                "criterion", "trial"]
+
+    def row(self, r: Any, report: ReportSettings) -> list[str]:
         # A model with no precise trial says so: its best is the best of the unstable ones.
         flags = ((" ⚠ only unstable" if r.only_unstable is True else " ⚠ unstable" if r.unstable is True else "")
                  + (" ⚠ repeats disagree" if r.repeats_disagree is True else ""))
-        row += [_fmt(r.mbu), _fmt(r.criterion) + flags, _fmt(r.trial_id)]
-        rows.append(row)
+        return [_fmt(r.model), _fmt(r.backend), _fmt(r.precision), _load(r), _shape(r.input_len, r.output_len),
+                _fmt(r.n_repeats), _with_interval(r.throughput_tok_s, r.throughput_lo, r.throughput_hi),
+                _fmt(r.ttft_ms), *([_fmt(r.send_lateness_p99_ms, 3)] if self.lateness else []), _fmt(r.tpot_ms),
+                _with_interval(r.energy_per_token_j, r.energy_per_token_lo, r.energy_per_token_hi),
+                *([_fmt(r.accuracy, 3), _fmt(r.energy_per_correct_j)] if self.scored else []),
+                *[_fmt(c.of(r.energy_per_token_j, report)) for c in self.priced],  # at the median J/token
+                _fmt(r.mbu), _fmt(r.criterion) + flags, _fmt(r.trial_id)]
+
+
+def _best_caption(bounds: Sequence[LatencyBound], judged: ReportSettings, aside: int, shown: _BestColumns) -> str:
     bound = ("under " + " and ".join(str(b) for b in bounds) if bounds
              else "no latency bound (--max-tpot-ms / --max-ttft-ms, or --slo-ttft-ms / --slo-tpot-ms at a percentile)")
-    aside = int(best["set_aside"].fillna(0).sum()) if len(best) else 0
+    if judged.min_accuracy is not None:
+        bound += f"; accuracy at least {judged.min_accuracy:g} (--min-accuracy)"
     if aside:
         bound += (f"; {aside} unstable configuration{'s' if aside > 1 else ''} set aside (chosen only among those "
                   "whose estimate met its bound, where a model has any)")
-    return Table(
-        "Best configuration per model",
-        ["model", "backend", "precision", "batch / rate", "in/out", "repeats", "tok/s", "TTFT ms",
-         *(["late p99 ms"] if lateness else []), "TPOT ms", "J/token", *[c.header for c in priced], "MBU",
-         "criterion", "trial"],
-        rows,
-        f"{bound}; each configuration's figures are the medians of its repeats, [95 % interval] where "
-        "it has several (a bootstrap of the median); the trial is the repeat nearest the median; TTFT and "
-        "TPOT are means"
-        + ("; late p99: how late the client sent its requests (p99 of send_lateness_s; above the larger of 5 ms "
-           "and 10 % of TTFT p50 the trial is unstable, client_behind)" if lateness else ""),
-    )
+    return (f"{bound}; each configuration's figures are the medians of its repeats, [95 % interval] where "
+            "it has several (a bootstrap of the median); the trial is the repeat nearest the median; TTFT and "
+            "TPOT are means"
+            + ("; late p99: how late the client sent its requests (p99 of send_lateness_s; above the larger of 5 ms "
+               "and 10 % of TTFT p50 the trial is unstable, client_behind)" if shown.lateness else ""))
 
 
 def _with_interval(value: Any, lo: Any, hi: Any) -> str:
@@ -260,7 +289,8 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
                  max_ttft_ms: float | None = None, trial_id: str | None = None,
                  grid_intensity_g_per_kwh: float | None = None, price_per_kwh: float | None = None, *,
                  slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
-                 slo_percentile: int = 99, plots_wanted: Sequence[str] | None = None) -> Report:
+                 slo_percentile: int = 99, plots_wanted: Sequence[str] | None = None,
+                 criterion: str | None = None, min_accuracy: float | None = None) -> Report:
     """Write ``root/report/`` and return what went into it (pricing: the sweep's ``report``
     block as recorded, the given values in its place). ``plots_wanted``: the plots to draw, by
     name (``PLOT_NAMES``); None: every plot whose data is there. The tables are always there."""
@@ -268,7 +298,8 @@ def build_report(root: str | os.PathLike, fmt: str = "html", max_tpot_ms: float 
         raise ReportError(f"unknown report format {fmt!r} (choose from {', '.join(FORMATS)})")
     wanted = _plot_files(plots_wanted)
     bounds = latency_bounds(max_tpot_ms, max_ttft_ms, slo_ttft_ms, slo_tpot_ms, slo_percentile)
-    results = load_results(root, _pricing(root, grid_intensity_g_per_kwh, price_per_kwh))
+    results = load_results(root, _settings(root, grid_intensity_g_per_kwh=grid_intensity_g_per_kwh,
+                                           price_per_kwh=price_per_kwh, criterion=criterion, min_accuracy=min_accuracy))
     if trial_id is not None and trial_id not in set(results.trials["trial_id"]):
         raise ReportError(f"{root}: no trial {trial_id!r} in trials.parquet")
     tables = _tables(results, bounds)
@@ -307,13 +338,12 @@ def _plot_files(names: Sequence[str] | None) -> frozenset[str]:
     return frozenset(f"{n}.png" for n in names)
 
 
-def _pricing(root: str | os.PathLike, grid_intensity_g_per_kwh: float | None,
-             price_per_kwh: float | None) -> ReportSettings | None:
-    """The recorded pricing with the command line's values in its place (None: as recorded)."""
-    if grid_intensity_g_per_kwh is None and price_per_kwh is None:
+def _settings(root: str | os.PathLike, **given: Any) -> ReportSettings | None:
+    """The recorded report block with the command line's values in its place (None: as recorded)."""
+    if all(v is None for v in given.values()):
         return None
     try:
-        return report_settings(root, grid_intensity_g_per_kwh=grid_intensity_g_per_kwh, price_per_kwh=price_per_kwh)
+        return report_settings(root, **given)
     except ValidationError as exc:  # the settings' bounds
         first = exc.errors()[0]
         raise ReportError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
@@ -427,6 +457,10 @@ def _wanted_plots(results: Results, shown: _Shown, slo_percentile: int) -> list[
         ("Quality vs energy", "quality.png",
          "KL and top-1 to the reference, perplexity on the bundled text, against J per token and per response"
          + (f"; {marked}" if marked else ""), lambda: quality_plots.plot_quality(trials)),
+        ("Accuracy vs energy", "accuracy.png",
+         "scored replies (the sweep's scoring: block): accuracy with its Wilson 95 % interval against J per "
+         "request, each model's non-dominated trials joined; J per correct answer per configuration and load"
+         + (f"; {marked}" if marked else ""), lambda: accuracy_plots.plot_accuracy(trials)),
         ("Power timeline", "power_timeline.png", shown.caption, lambda: shown.timeline_fig(results)),
         ("Layer energy shares", "layer_shares.png", f"layer profile of trial {shown.layer_id}",
          lambda: shown.layers_fig(results)),

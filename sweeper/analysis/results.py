@@ -140,7 +140,7 @@ def request_turn_energy(path: Path, root: str | os.PathLike[str]) -> pd.DataFram
         con.close()
 
 
-def report_settings(root: str | os.PathLike[str], **overrides: float | None) -> ReportSettings:
+def report_settings(root: str | os.PathLike[str], **overrides: Any) -> ReportSettings:
     """The sweep's ``report`` block as its last run recorded it (``plan.json``), with the
     given non-None values (the CLI's) in its place."""
     try:

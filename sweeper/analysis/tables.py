@@ -56,7 +56,9 @@ def memory_unit(values: Any) -> tuple[str, float]:
 # The figures repeats are summarised by (median and a 95 % interval each).
 REPEAT_METRICS = ("throughput_tok_s", "ttft_s", "tpot_s", "energy_per_token_j",
                   "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
-                  "send_lateness_p99_s")
+                  "send_lateness_p99_s", "accuracy", "energy_per_correct_j")
+# What the best-configuration table can minimise (ReportSettings.criterion), in words.
+CRITERIA = {"energy_per_token_j": "lowest J/token", "energy_per_correct_j": "fewest J per correct answer"}
 # The latency statistics a bound of the best-configuration table may name.
 STATISTICS = ("mean", "p50", "p90", "p99")
 
@@ -157,11 +159,14 @@ def repeat_summary(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None, max_ttft_ms: float | None = None,
-                 *, bounds: Sequence[LatencyBound] | None = None) -> pd.DataFrame:
+                 *, bounds: Sequence[LatencyBound] | None = None, criterion: str = "energy_per_token_j",
+                 min_accuracy: float | None = None) -> pd.DataFrame:
     """The best configuration per model under the latency bounds, judged on its repeats' medians.
 
-    Best is the lowest median J/token; where a model has no energy measured (CPU
-    runs) it is the highest median throughput instead, and ``criterion`` says which.
+    Best is the lowest median of ``criterion`` (``CRITERIA``: J/token, or J per correct answer);
+    where a model has none measured (CPU runs) it is the highest median throughput instead,
+    and ``criterion`` says which. ``min_accuracy``: configurations whose median accuracy is
+    below it, or that were not scored, are not candidates.
     Repeats are never picked apart: a configuration's numbers are the medians of its
     repeats with their 95 % intervals (``*_lo``/``*_hi``, NaN for a single run), and
     ``repeats_disagree`` marks one whose repeats spread beyond ``MAX_REPEAT_SPREAD``.
@@ -182,18 +187,22 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None, max_ttf
         cand = configs[configs["model"] == model]
         for bound in bounds:
             cand = cand[cand[bound.column].notna() & (cand[bound.column] * 1e3 <= bound.ms)]
+        if min_accuracy is not None:
+            cand = cand[cand["accuracy"].notna() & (cand["accuracy"] >= min_accuracy)]
         # Only a precise estimate can be crowned: unstable configurations (an estimate that
         # missed its bound) are set aside while the model has any other.
         precise = cand[~cand["unstable"].fillna(False).astype(bool)]
         set_aside = len(cand) - len(precise)
         pool, only_unstable = (precise, False) if not precise.empty else (cand, True)
-        with_energy = pool[pool["energy_per_token_j"].notna()]
+        with_energy = pool[pool[criterion].notna()]
         if not with_energy.empty:
-            best, criterion = with_energy.loc[with_energy["energy_per_token_j"].idxmin()], "lowest J/token"
+            best, chosen_by = with_energy.loc[with_energy[criterion].idxmin()], CRITERIA[criterion]
         elif pool["throughput_tok_s"].notna().any():
-            best, criterion = pool.loc[pool["throughput_tok_s"].idxmax()], "highest tok/s (no energy)"
+            lacking = "energy" if criterion == "energy_per_token_j" else "J per correct answer"
+            best, chosen_by = pool.loc[pool["throughput_tok_s"].idxmax()], f"highest tok/s (no {lacking})"
         else:
-            rows.append({"model": model, "criterion": "no ok trial within the bounds", "set_aside": 0,
+            floor = "" if min_accuracy is None else f" and at accuracy ≥ {min_accuracy:g}"
+            rows.append({"model": model, "criterion": f"no ok trial within the bounds{floor}", "set_aside": 0,
                          "only_unstable": False})
             continue
         rows.append({
@@ -209,7 +218,8 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None, max_ttf
             "energy_per_token_j": best["energy_per_token_j"],
             "energy_per_token_lo": best["energy_per_token_j_lo"],
             "energy_per_token_hi": best["energy_per_token_j_hi"], "mbu": best.get("mbu"),
-            "criterion": criterion, "unstable": bool(best["unstable"]),
+            "accuracy": best["accuracy"], "energy_per_correct_j": best["energy_per_correct_j"],
+            "criterion": chosen_by, "unstable": bool(best["unstable"]),
             "repeats_disagree": bool(best["repeats_disagree"]), "trial_id": best["trial_id"],
             "set_aside": 0 if only_unstable else set_aside, "only_unstable": only_unstable,
         })
@@ -217,8 +227,8 @@ def best_configs(trials: pd.DataFrame, max_tpot_ms: float | None = None, max_ttf
         "model", "backend", "precision", "batch_size", "request_rate", "max_concurrency", "input_len",
         "output_len", "n_repeats", "throughput_tok_s", "throughput_lo", "throughput_hi", "ttft_ms",
         "send_lateness_p99_ms", "tpot_ms", "energy_per_token_j",
-        "energy_per_token_lo", "energy_per_token_hi", "mbu", "criterion", "unstable", "repeats_disagree",
-        "trial_id", "set_aside", "only_unstable"])
+        "energy_per_token_lo", "energy_per_token_hi", "mbu", "accuracy", "energy_per_correct_j", "criterion",
+        "unstable", "repeats_disagree", "trial_id", "set_aside", "only_unstable"])
 
 
 def unstable_trials(trials: pd.DataFrame) -> pd.DataFrame:

@@ -73,6 +73,8 @@ class Constraints(Settings):
 
     slo: bool = False
     min_capacity_req_s: float | None = Field(None, gt=0)
+    # A scored sweep's floor on the share of replies judged right (the trials table's accuracy).
+    min_accuracy: float | None = Field(None, gt=0, le=1)
     # Any other key: a column with {min, max}.
     columns: dict[str, Bound] = {}
 
@@ -81,7 +83,7 @@ class Constraints(Settings):
     def _columns(cls, value: Any) -> Any:
         if not isinstance(value, dict):
             return value
-        known = {"slo", "min_capacity_req_s", "columns"}
+        known = {"slo", "min_capacity_req_s", "min_accuracy", "columns"}
         rest = {k: v for k, v in value.items() if k not in known}
         return {**{k: v for k, v in value.items() if k in known}, "columns": {**value.get("columns", {}), **rest}}
 

@@ -206,18 +206,29 @@ def canonical_json(options: BaseModel) -> str:
     return json.dumps(options.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
 
-class ReportSettings(Settings):
-    """What energy is worth where it is spent: the sweep file's ``report`` block.
+# What the best-configuration table minimises (sweeper.analysis.tables.CRITERIA says each in words).
+Criterion = Literal["energy_per_token_j", "energy_per_correct_j"]
 
-    Neither is a measurement: they are not part of trial ids, and changing them
-    re-runs nothing; the analysis derives ``co2e_g_per_1k_tokens`` and
-    ``cost_per_1m_tokens`` from each trial's measured GPU energy with them.
+
+class ReportSettings(Settings):
+    """How the results are judged: the sweep file's ``report`` block.
+
+    None is a measurement: they are not part of trial ids, and changing them re-runs
+    nothing. The analysis derives ``co2e_g_per_1k_tokens`` and ``cost_per_1m_tokens`` from
+    each trial's measured GPU energy with the first two; the best-configuration table picks by
+    ``criterion`` among the configurations at or above ``min_accuracy``.
     """
 
     grid_intensity_g_per_kwh: float | None = Field(
         None, gt=0, le=10_000, description="grams of CO2-equivalent per kWh of the grid the GPUs draw from")
     price_per_kwh: float | None = Field(
         None, ge=0, le=10_000, description="price of a kWh, in whatever currency the report should use")
+    criterion: Criterion = Field(
+        "energy_per_token_j", description="what the best-configuration table minimises: energy_per_token_j, or "
+        "energy_per_correct_j (fewest joules per correct answer; a scored sweep)")
+    min_accuracy: float | None = Field(
+        None, ge=0, le=1, description="the best-configuration table's accuracy floor (a scored sweep): a "
+        "configuration below it, or unscored, is not a candidate")
 
 
 # Arrival processes of serving mode's requests (actors/serving/arrivals.py draws them).

@@ -28,6 +28,7 @@ from sweeper.core.scoring import ScoringSettings
 from sweeper.core.secrets import SecretValues
 from sweeper.core.settings import (
     LAYER_GRANULARITIES,
+    ConversationSettings,
     DatasetSettings,
     FidelitySettings,
     LayerGranularity,
@@ -286,29 +287,15 @@ class Trial:
 
     def configuration(self) -> Configuration:
         """What the sweep file set for this trial beyond its axes."""
-        prompts, serving, prefix = self.prompts, self.serving, self.shared_prefix
-        conversations = prompts.conversations if prompts is not None else None
-        slo = serving.slo.bounds_s() if serving is not None and serving.slo is not None else {}
         return Configuration(
             dataset=self.dataset, seed=self.seed, layer_profile=self.layer_profile,
             fidelity=self.fidelity.canonical_json() if self.fidelity is not None else None,
             scoring=self.scoring.canonical_json() if self.scoring is not None else None,
             mode=self.mode, output_lengths=self.output_lengths,
-            prefix_len=prefix.prefix_len if prefix is not None else None,
-            num_prefixes=prefix.num_prefixes if prefix is not None else None,
-            dataset_sha256=prompts.sha256 if prompts is not None else None,
-            min_input_len=prompts.min_input_len if prompts is not None else None,
-            max_input_len=prompts.max_input_len if prompts is not None else None,
-            chat=prompts.chat if prompts is not None else None,
-            conversations=True if conversations is not None else None,
-            turn_gap_s=conversations.turn_gap_s if conversations is not None else None,
-            history=conversations.history if conversations is not None else None,
-            num_prompts=(serving.num_prompts if serving is not None else None)
-            or (prompts.num_prompts if prompts is not None else None),
-            arrival=serving.arrival if serving is not None else None,
-            burstiness=serving.burstiness if serving is not None else None,
-            arrivals_duration_s=serving.duration_s if serving is not None else None,
-            slo_ttft_s=slo.get("ttft"), slo_tpot_s=slo.get("tpot"), slo_e2e_s=slo.get("e2e"),
+            **_shared_prefix_columns(self.shared_prefix),
+            **_prompt_file_columns(self.prompts),
+            num_prompts=_num_prompts(self.serving, self.prompts),
+            **_arrival_columns(self.serving),
             # The time limits bound the driver's patience and never shape an ok row's
             # numbers, so they are no trials-table columns.
             **self.measure.model_dump(exclude={*MeasureSettings.PATIENCE, "min_window_s"}),
@@ -375,6 +362,46 @@ class GroupLoad:
     # Values from the driver's environment the load needs (an external server's key,
     # ``BackendSpec.actor_env``): an argument of the load call, never in a runtime environment.
     secrets: SecretValues = SecretValues()
+
+
+def _shared_prefix_columns(prefix: SharedPrefix | None) -> dict[str, Any]:
+    """prefix_repetition's configuration columns (None each: no shared prefixes)."""
+    if prefix is None:
+        return {"prefix_len": None, "num_prefixes": None}
+    return {"prefix_len": prefix.prefix_len, "num_prefixes": prefix.num_prefixes}
+
+
+def _prompt_file_columns(prompts: DatasetSettings | None) -> dict[str, Any]:
+    """A prompt file's (or generated task's) configuration columns (None each: random prompts)."""
+    if prompts is None:
+        return {"dataset_sha256": None, "min_input_len": None, "max_input_len": None, "chat": None,
+                **_conversation_columns(None)}
+    return {"dataset_sha256": prompts.sha256, "min_input_len": prompts.min_input_len,
+            "max_input_len": prompts.max_input_len, "chat": prompts.chat,
+            **_conversation_columns(prompts.conversations)}
+
+
+def _conversation_columns(conversations: ConversationSettings | None) -> dict[str, Any]:
+    """A multi-turn replay's configuration columns (None each: one prompt per record)."""
+    if conversations is None:
+        return {"conversations": None, "turn_gap_s": None, "history": None}
+    return {"conversations": True, "turn_gap_s": conversations.turn_gap_s, "history": conversations.history}
+
+
+def _arrival_columns(serving: ServingSettings | None) -> dict[str, Any]:
+    """How a serving trial's requests arrive and the SLO they are held to, as configuration
+    columns (None each: an offline trial, or a bound its SLO does not set)."""
+    if serving is None:
+        return {"arrival": None, "burstiness": None, "arrivals_duration_s": None,
+                "slo_ttft_s": None, "slo_tpot_s": None, "slo_e2e_s": None}
+    slo = serving.slo.bounds_s() if serving.slo is not None else {}
+    return {"arrival": serving.arrival, "burstiness": serving.burstiness, "arrivals_duration_s": serving.duration_s,
+            "slo_ttft_s": slo.get("ttft"), "slo_tpot_s": slo.get("tpot"), "slo_e2e_s": slo.get("e2e")}
+
+
+def _num_prompts(serving: ServingSettings | None, prompts: DatasetSettings | None) -> int | None:
+    """The prompts a trial sends: serving's count where it sets one, else the prompt file's."""
+    return (serving.num_prompts if serving is not None else None) or (prompts.num_prompts if prompts is not None else None)
 
 
 def row_variant(backend: str, options_json: str | None, tensor_parallel: int | None = 1) -> str:

@@ -26,10 +26,11 @@ from sweeper.core.datasets import (
 )
 from sweeper.core.errors import ModelResolutionError, SweepFileError
 from sweeper.core.precisions import PRECISIONS
-from sweeper.core.settings import DatasetSettings, Device
+from sweeper.core.settings import DatasetFormat, DatasetSettings, Device
 from sweeper.core.tasks import records_sha256, task_json, task_records
 from sweeper.core.trial import GroupLoad, Trial
 from sweeper.plan.capabilities import Capabilities
+from sweeper.plan.engine_versions import version_lines
 from sweeper.plan.models import resolve_model
 from sweeper.plan.spec import Sweep
 from sweeper.plan.steady import steady_window_warnings
@@ -252,41 +253,68 @@ def dataset_settings(sweep: Sweep, sweep_path: str = "<sweep>",
         return _task_settings(sweep, sweep_path)
     base = Path(sweep_path).parent if sweep_path != "<sweep>" else None
     path = dataset_path(w.dataset_name, base)
-    try:
-        fmt = file_format(path)
-        conversations = read_conversations(path, fmt) if w.conversations else None
-        records = read_records(path, fmt) if conversations is None else [
-            PromptRecord(c.turns[0].user, None, c.turns[0].reference) for c in conversations]
-    except DatasetError as exc:
-        raise SweepFileError(sweep_path, "workload.dataset", str(exc)) from None
+    fmt, conversations, records = _read_prompt_file(sweep, sweep_path, path)
     _check_answers(sweep, sweep_path, str(path), records)
     if conversations is not None and w.history == "reference":
-        unanswered = next((i for i, c in enumerate(conversations, 1)
-                           if any(t.reference is None for t in c.turns[:-1])), None)
-        if unanswered is not None:
-            raise SweepFileError(sweep_path, "workload.history", str(DatasetError(
-                str(path), "history: reference sends the file's replies, but a user turn before the last has "
-                "none (use history: model)", unanswered, "conversations")))
+        _check_reference_history(sweep_path, path, conversations)
     if w.output_lengths == "reference":
-        missing = _without_reference(records) if conversations is None else _turn_without_reference(conversations)
-        if missing is not None:
-            raise SweepFileError(sweep_path, "workload.dataset", str(DatasetError(
-                str(path), "has no reference length for output_len: reference (give \"output_len\" or "
-                "\"completion\"; in a conversation, an assistant turn after every user turn)", missing, "output_len")))
+        _check_reference_lengths(sweep_path, path, records, conversations)
     if any(ref.source == "synthetic" for ref in models or []):
         # Synthetic models have no tokenizer: their prompt lengths are known here, so a filter that
         # keeps nothing is found now (real models' tokenizers run on the actor, which says so there).
-        lengths = [fallback_tokens(r.prompt) for r in records]
-        low, high = w.min_input_len or 0, w.max_input_len or MAX_TOKENS
-        if not any(low <= n <= high for n in lengths):
-            raise SweepFileError(sweep_path, "workload.min_input_len" if w.min_input_len else "workload.max_input_len",
-                                 f"no prompt of {path.name} is within [{low}, {high}] tokens for a synthetic model "
-                                 f"(its prompts are {min(lengths)}-{max(lengths)} tokens: UTF-8 bytes / "
-                                 f"{BYTES_PER_TOKEN_FALLBACK}, having no tokenizer)")
+        _check_synthetic_lengths(sweep, sweep_path, path, records)
     return DatasetSettings(name=w.dataset_name, path=str(path), format=fmt, sha256=sha256_of(path),
                            records=len(records), num_prompts=w.num_prompts, min_input_len=w.min_input_len,
                            max_input_len=w.max_input_len, chat=bool(w.chat),
                            conversations=w.conversation_settings())
+
+
+def _read_prompt_file(sweep: Sweep, sweep_path: str,
+                      path: Path) -> tuple[DatasetFormat, list[ConversationRecord] | None, list[PromptRecord]]:
+    """The prompt file's format, its conversations (None: one prompt per record) and its
+    records (of conversations: each one's first user turn); a file that does not read is the
+    sweep file's error at ``workload.dataset``."""
+    try:
+        fmt = file_format(path)
+        conversations = read_conversations(path, fmt) if sweep.workload.conversations else None
+        records = read_records(path, fmt) if conversations is None else [
+            PromptRecord(c.turns[0].user, None, c.turns[0].reference) for c in conversations]
+    except DatasetError as exc:
+        raise SweepFileError(sweep_path, "workload.dataset", str(exc)) from None
+    return fmt, conversations, records
+
+
+def _check_reference_history(sweep_path: str, path: Path, conversations: list[ConversationRecord]) -> None:
+    """``history: reference`` has a reply of the file's for every user turn but the last."""
+    unanswered = next((i for i, c in enumerate(conversations, 1)
+                       if any(t.reference is None for t in c.turns[:-1])), None)
+    if unanswered is not None:
+        raise SweepFileError(sweep_path, "workload.history", str(DatasetError(
+            str(path), "history: reference sends the file's replies, but a user turn before the last has "
+            "none (use history: model)", unanswered, "conversations")))
+
+
+def _check_reference_lengths(sweep_path: str, path: Path, records: list[PromptRecord],
+                             conversations: list[ConversationRecord] | None) -> None:
+    """``output_len: reference`` has a reference length for every record (every user turn)."""
+    missing = _without_reference(records) if conversations is None else _turn_without_reference(conversations)
+    if missing is not None:
+        raise SweepFileError(sweep_path, "workload.dataset", str(DatasetError(
+            str(path), "has no reference length for output_len: reference (give \"output_len\" or "
+            "\"completion\"; in a conversation, an assistant turn after every user turn)", missing, "output_len")))
+
+
+def _check_synthetic_lengths(sweep: Sweep, sweep_path: str, path: Path, records: list[PromptRecord]) -> None:
+    """Some prompt is within the workload's input-length filter, by a synthetic model's count
+    (UTF-8 bytes per token)."""
+    w = sweep.workload
+    lengths = [fallback_tokens(r.prompt) for r in records]
+    low, high = w.min_input_len or 0, w.max_input_len or MAX_TOKENS
+    if not any(low <= n <= high for n in lengths):
+        raise SweepFileError(sweep_path, "workload.min_input_len" if w.min_input_len else "workload.max_input_len",
+                             f"no prompt of {path.name} is within [{low}, {high}] tokens for a synthetic model "
+                             f"(its prompts are {min(lengths)}-{max(lengths)} tokens: UTF-8 bytes / "
+                             f"{BYTES_PER_TOKEN_FALLBACK}, having no tokenizer)")
 
 
 def _task_settings(sweep: Sweep, sweep_path: str) -> DatasetSettings:
@@ -469,6 +497,9 @@ def make_plan(sweep: Sweep, device: Device, *, sweep_path: str = "<sweep>", chec
         plan.notes.append(f"scoring: every measured reply judged by {sweep.scoring.describe()} against its "
                           "prompt's answer; replies decoded greedily (temperature 0)")
     if capabilities is not None:
+        notes, warnings = version_lines((p.trial for p in planned if p.runnable), device, capabilities)
+        plan.notes += notes
+        plan.warnings += warnings
         plan.notes.append(f"installed libraries checked in: {capabilities.source}")
         plan.notes += capabilities.node_types.notes()
     return plan

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from sweeper.core.capacity import LoadSearch
-from sweeper.core.search import Range, SearchSettings
+from sweeper.core.search import Budget, Dimension, Range, SearchSettings
 from sweeper.plan.expand import Plan
 
 
@@ -69,36 +69,63 @@ def bounds_lines(plan: Plan) -> list[str]:
     bounds = search_bounds(plan)
     if bounds is None:
         return []
-    sweep, lines = plan.sweep, []
-    load = sweep.workload.load_search
+    load, search = plan.sweep.workload.load_search, plan.sweep.search
+    lines = []
     if load is not None:
-        unit = "req/s" if load.axis == "request_rate" else "requests in flight"
-        target = f"{load.attainment:.3g} of requests within the SLO" if load.attainment is not None else "no SLO"
-        lines.append(f"capacity search: {load.axis} from {load.low:g} to {load.high:g} {unit}, to "
-                     f"{load.resolution:.0%}, holding {target} without saturating: at most {bounds.probes} probe(s) "
-                     f"per configuration, on one loaded engine (the {load.axis} column shows each one's first)")
-    search = sweep.search
+        lines.append(_capacity_line(load, bounds))
     if search is not None:
-        objectives = ", ".join(str(o) for o in search.objective)
-        ranges = [f"{key.removeprefix('backend_options.')} in [{dim.low:g}, {dim.high:g}]"
-                  + (" log" if dim.log else "") + (" int" if dim.int_ else "") if isinstance(dim, Range)
-                  else f"{key.removeprefix('backend_options.')} in {dim}" for key, dim in search.space.items()]
-        budget = ", ".join(part for part in (
-            f"{search.budget.trials} point(s)" if search.budget.trials is not None else "",
-            f"{search.budget.gpu_hours:g} GPU-h" if search.budget.gpu_hours is not None else "") if part)
-        lines.append(f"search ({search.sampler}, seed {search.seed}): {objectives}; space: the "
-                     f"{bounds.configurations} runnable grid point(s) below" + (f" x {'; '.join(ranges)}" if ranges else "")
-                     + f"; budget: {budget}")
+        lines.append(_search_line(search, bounds))
+    lines.append(_cost_line(bounds, search.budget.gpu_hours if search is not None else None))
+    return lines
+
+
+def _capacity_line(load: LoadSearch, bounds: SearchBounds) -> str:
+    """What a capacity search probes, what it holds each load to, and how many probes it takes at most."""
+    unit = "req/s" if load.axis == "request_rate" else "requests in flight"
+    target = f"{load.attainment:.3g} of requests within the SLO" if load.attainment is not None else "no SLO"
+    return (f"capacity search: {load.axis} from {load.low:g} to {load.high:g} {unit}, to "
+            f"{load.resolution:.0%}, holding {target} without saturating: at most {bounds.probes} probe(s) "
+            f"per configuration, on one loaded engine (the {load.axis} column shows each one's first)")
+
+
+def _search_line(search: SearchSettings, bounds: SearchBounds) -> str:
+    """A configuration search's sampler, objectives, space and budget."""
+    objectives = ", ".join(str(o) for o in search.objective)
+    ranges = [_dimension_text(key, dim) for key, dim in search.space.items()]
+    return (f"search ({search.sampler}, seed {search.seed}): {objectives}; space: the "
+            f"{bounds.configurations} runnable grid point(s) below" + (f" x {'; '.join(ranges)}" if ranges else "")
+            + f"; budget: {_budget_text(search.budget)}")
+
+
+def _dimension_text(key: str, dim: Dimension) -> str:
+    """One dimension of a search's space: a range with its scale, or the values it picks from."""
+    name = key.removeprefix("backend_options.")
+    if isinstance(dim, Range):
+        return f"{name} in [{dim.low:g}, {dim.high:g}]" + (" log" if dim.log else "") + (" int" if dim.int_ else "")
+    return f"{name} in {dim}"
+
+
+def _budget_text(budget: Budget) -> str:
+    """When a search stops: after its points, its GPU-hours, or whichever comes first."""
+    parts = []
+    if budget.trials is not None:
+        parts.append(f"{budget.trials} point(s)")
+    if budget.gpu_hours is not None:
+        parts.append(f"{budget.gpu_hours:g} GPU-h")
+    return ", ".join(parts)
+
+
+def _cost_line(bounds: SearchBounds, budget_gpu_h: float | None) -> str:
+    """The most trials the searches run, and what bounds their GPU time: the time limits, the
+    search's budget, or nothing yet (then how to bound it)."""
     cap = f"at most {bounds.trials:,} trial(s) ({bounds.points:,} configuration(s) x {bounds.probes} probe(s))"
     hours = bounds.gpu_hours
-    budget_h = search.budget.gpu_hours if search is not None else None
     if hours is not None and math.isfinite(hours):
         cap += f", at most {hours:,.2f} GPU-h by the time limits (measure.timeout_s, load_timeout_s)"
-    elif budget_h is None:
+    elif budget_gpu_h is None:
         cap += "; set measure.timeout_s (a trial's limit) to bound its GPU time"
-    if budget_h is not None:
+    if budget_gpu_h is not None:
         # The budget stops new points; the ones running when it is spent finish.
-        cap += (f"; the budget stops it once {budget_h:g} GPU-h are spent (the points then running, one per "
+        cap += (f"; the budget stops it once {budget_gpu_h:g} GPU-h are spent (the points then running, one per "
                 "free GPU, finish)")
-    lines.append(cap)
-    return lines
+    return cap

@@ -540,6 +540,12 @@ class Sweep(_Strict):
     def _scoring_fits(self) -> Sweep:
         w = self.workload
         if self.scoring is None:
+            judged = [("criterion", self.report.criterion == "energy_per_correct_j"),
+                      ("min_accuracy", self.report.min_accuracy is not None)]
+            for name, set_ in judged:
+                if set_:
+                    raise ValueError(f"report.{name}: judges by accuracy, and the sweep scores no replies; add a "
+                                     "scoring: block (and a dataset with answers)")
             return self
         if w.random_tokens:
             raise ValueError("scoring: judges replies against the prompts' reference answers, and random prompts "

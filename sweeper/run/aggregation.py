@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterator
+from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -117,16 +118,35 @@ class Aggregation:
         """The trials whose shards were written since the last aggregation, or None when the
         aggregates cannot be updated in place (none yet, another plan, a trial of theirs whose
         shard is gone, a schema that has changed since, a results store without local mtimes)."""
+        targets = [posixpath.join(self.files.root, f"{kind}.parquet") for kind in TABLES]
+        since = self._aggregated_at(targets)
+        if since is None or not self._aggregates_current(targets):
+            return None
+        previous = self._aggregated_trials(targets[0])
+        if previous is None:
+            return None
+        if not previous <= current:
+            return None  # a trial it holds lost its shard (quarantined, moved away): rebuild
+        # A trial the previous aggregate lacks is new whatever its shards' times say.
+        return (self._shards_written_since(since) | (current - previous)) & stored
+
+    def _aggregated_at(self, targets: list[str]) -> datetime | None:
+        """When the last aggregation wrote ``targets`` (the oldest one's mtime), or None when
+        they cannot tell: a store without local mtimes, a table missing, a plan written since."""
         if not self.files.local:
             return None
-        targets = [posixpath.join(self.files.root, f"{kind}.parquet") for kind in TABLES]
         infos = self.files.fs.get_file_info(targets)
         if any(i.type != pafs.FileType.File or i.mtime is None for i in infos):
             return None
-        since = min(i.mtime for i in infos)
+        since: datetime = min(i.mtime for i in infos)
         plan = self.files.fs.get_file_info(posixpath.join(self.files.root, PLAN_FILE))
         if plan.mtime is not None and plan.mtime > since:
             return None
+        return since
+
+    def _aggregates_current(self, targets: list[str]) -> bool:
+        """Whether every aggregate in ``targets`` (one per table, in ``TABLES`` order) reads and
+        has its table's current schema; each that does not read is said."""
         # A previous aggregate that does not read (cut short by a copy, damaged on disk) cannot be
         # updated in place: everything is rebuilt from the shards, which hold every result.
         schemas = {}
@@ -135,23 +155,25 @@ class Aggregation:
                 schemas[kind] = pq.read_schema(target).remove_metadata()
             except (pa.ArrowInvalid, OSError) as exc:
                 self._say_unreadable(target, first_line(exc))
-        if len(schemas) < len(TABLES) or any(schemas[kind] != arrow_schema(kind) for kind in TABLES):
-            return None
+        return len(schemas) == len(TABLES) and all(schemas[kind] == arrow_schema(kind) for kind in TABLES)
+
+    def _aggregated_trials(self, trials_target: str) -> set[str] | None:
+        """The trial ids the previous trials aggregate holds (None, and said: it does not read)."""
         try:
-            previous = set(pq.read_table(targets[0], columns=["trial_id"]).column("trial_id").to_pylist())
+            return set(pq.read_table(trials_target, columns=["trial_id"]).column("trial_id").to_pylist())
         except (pa.ArrowInvalid, OSError) as exc:
-            self._say_unreadable(targets[0], first_line(exc))
+            self._say_unreadable(trials_target, first_line(exc))
             return None
-        if not previous <= current:
-            return None  # a trial it holds lost its shard (quarantined, moved away): rebuild
+
+    def _shards_written_since(self, since: datetime) -> set[str]:
+        """The trials with a shard of any table written at ``since`` or later."""
         changed: set[str] = set()
         for kind in TABLES:
             selector = pafs.FileSelector(self.files.shard_dir(kind), allow_not_found=True)
             changed |= {stem(i.path) for i in self.files.fs.get_file_info(selector)
                         if i.is_file and i.base_name.endswith(".parquet") and not i.base_name.startswith(".")
                         and i.mtime is not None and i.mtime >= since}
-        # A trial the previous aggregate lacks is new whatever its shards' times say.
-        return (changed | (current - previous)) & stored
+        return changed
 
     def _aggregate_changes(self, kind: str, current: set[str], changed: set[str]) -> int:
         """``<kind>.parquet`` rewritten as its previous rows less the changed trials' plus

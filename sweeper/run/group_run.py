@@ -10,7 +10,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweeper.core.backends import BACKENDS
 from sweeper.core.outcome import LoadResult
+from sweeper.core.secrets import redact
 from sweeper.core.stages import StageSpan
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import TrialGroup
@@ -78,6 +80,13 @@ class GroupRun:
     @property
     def label(self) -> str:
         return self.group.label
+
+    def redacted(self, text: str) -> str:
+        """``text`` as a row the driver writes keeps it: the group's secret flag values (a launched
+        server's ``--hf-token``) replaced. The actor redacts what it reports; a text the driver
+        makes of a call that failed (Ray's own error, quoting the remote traceback) passes here."""
+        trial = self.group.trials[0]
+        return redact(text, BACKENDS[trial.backend].secret_values(trial.backend_options))
 
     def timed_out(self, now_s: float) -> bool:
         limit_s = self.current.measure.timeout_s if self.current is not None else None

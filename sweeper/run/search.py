@@ -374,6 +374,10 @@ class SearchRun:
             got = _number(row.get("capacity_req_s"))
             out.append(("min_capacity_req_s", c.min_capacity_req_s - (got or 0.0),
                         f"capacity_req_s {got} < {c.min_capacity_req_s:g}"))
+        if c.min_accuracy is not None:
+            got = _number(row.get("accuracy"))
+            out.append(("min_accuracy", 1.0 if got is None else c.min_accuracy - got,
+                        f"accuracy {got} < {c.min_accuracy:g}"))
         for name, bound in c.columns.items():
             got = _number(row.get(name))
             if bound.min is not None:

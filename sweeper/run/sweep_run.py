@@ -420,7 +420,7 @@ class SweepRun:
     def _failed(g: GroupRun, reason: Reason, text: str) -> TrialResult:
         """A trial the driver records failed (its actor died, hung or never loaded): what the
         driver knows of its group's load goes with it."""
-        return TrialResult(failed_outcome(reason, text), setup=Setup(load_s=g.load.load_s if g.load else None))
+        return TrialResult(failed_outcome(reason, g.redacted(text)), setup=Setup(load_s=g.load.load_s if g.load else None))
 
     def _record(self, g: GroupRun, trial: Trial, result: TrialResult, tables: dict[str, Any],
                 stages: list[StageSpan], *, ran: bool) -> None:
@@ -500,7 +500,7 @@ class SweepRun:
         try:
             result = self.runner.result(future)
         except ActorDied as exc:
-            self.on_load_died(g, str(exc))
+            self.on_load_died(g, g.redacted(str(exc)))
         except CallFailed as exc:
             self.on_loaded(g, LoadResult(ok=False, reason=Reason.LOAD_FAILED, error=str(exc)))
         else:
@@ -511,7 +511,7 @@ class SweepRun:
         try:
             outcome: TrialOutcome = self.runner.result(future)
         except ActorDied as exc:
-            self.on_actor_died(g, str(exc))
+            self.on_actor_died(g, g.redacted(str(exc)))
         except CallFailed as exc:
             self.on_trial_done(g, TrialOutcome(g.current.trial_id if g.current else "",
                                                self._failed(g, Reason.EXCEPTION, str(exc))))

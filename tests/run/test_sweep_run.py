@@ -488,3 +488,27 @@ def test_each_load_says_where_a_launched_server_logs(tmp_path):
 
     _run(tmp_path, Recording())
     assert len(loads) == 2 and {g.server_log_dir for g in loads} == {str(tmp_path / "out" / "servers")}
+
+
+def test_a_failure_the_driver_records_shows_no_secret_flag_value(tmp_path):
+    from sweeper.core.secrets import REDACTED
+    from sweeper.run.actor_runner import CallFailed
+
+    secret = "hf_driverSideSecret42"
+    sweep = parse_sweep({"name": "keyed", "models": "tiny-llama", "backends": "server", "precisions": "fp32",
+                         "backend_options": {"server": {"launch": "transformers", "args": {"hf-token": secret}}},
+                         "workload": {"mode": "serving", "input_len": 8, "output_len": 4, "request_rate": 4,
+                                      "num_prompts": 8}})
+
+    def script(trial: Trial, attempt: int) -> Any:
+        # What Ray hands the driver: the remote traceback, which may quote a server's command line.
+        quoted = f"RayTaskError: serve --hf-token {secret} exited 1"
+        return ActorDied(quoted) if attempt == 0 else CallFailed(quoted)
+
+    run, rows = _run(tmp_path, ScriptedRunner(script), sweep)
+    assert [r["status"] for r in rows] == ["failed"]
+    assert secret not in rows[0]["error"] and f"--hf-token {REDACTED} exited 1" in rows[0]["error"]
+    said = "\n".join(run.observer.said)
+    assert "retry 1/2" in said and secret not in said and REDACTED in said
+    shards = "".join(p.read_bytes().decode(errors="replace") for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert secret not in shards

@@ -539,9 +539,10 @@ class VllmBackend(Backend):
         if type(exc).__name__ == "OutOfMemoryError":
             return True
         text = str(exc)
+        # vLLM's KV-cache sizing refusals (0.26 v1/core/kv_cache_utils.py, 0.34 kv_cache_planning.py).
         return any(marker in text for marker in (
             "out of memory", "No available memory for the cache blocks",
-            "larger than the maximum number of tokens that can be stored in KV cache"))
+            "which is larger than the available KV cache memory"))
 
 
 # How long close() waits for the engine's processes to let go of the GPUs before it kills them.

@@ -10,7 +10,7 @@ server renders after the client has sent) kept 5 ms. Rendering every request bef
 clock leaves the loop only the hand-over itself (the output processor's state and the
 message to the engine core), as an HTTP client is left only its send.
 
-Versions. vLLM 0.26's ``generate`` takes an ``EngineCoreRequest`` (with a deprecation
+Versions. vLLM 0.26's and 0.34's ``generate`` take an ``EngineCoreRequest`` (with a deprecation
 warning, in favour of a renderer's ``EngineInput``, which it still processes inline). An
 engine that no longer takes one, or has no ``input_processor``, is given the token prompt to
 render inline as before: slower to send, and the lateness rule then says so.
@@ -44,7 +44,7 @@ def streaming_params(output_len: int, stop_at_eos: bool) -> Any:
 
 def takes_rendered(engine: Any) -> bool:
     """Whether ``engine.generate`` accepts a pre-built ``EngineCoreRequest`` (a feature check:
-    the prompt parameter's annotation names it, as in vLLM 0.11 to 0.26)."""
+    the prompt parameter's annotation names it, as in vLLM 0.26 and 0.34)."""
     if getattr(engine, "input_processor", None) is None:
         return False
     try:

@@ -64,7 +64,8 @@ class _Phase:
 _PHASES = (
     _Phase("engine_start", re.compile(r"^(Starting to load model|Loading model from scratch)")),
     _Phase("weights", re.compile(r"^Model loading took .* ([\d.]+) seconds")),
-    _Phase("engine_compile", re.compile(r"^torch\.compile (?:and initial profiling/warmup run together )?took")),
+    # vLLM 0.34 tags the line with the compiled part ("[backbone] torch.compile took ..."; 0.26: none).
+    _Phase("engine_compile", re.compile(r"^(?:\[[\w.-]+\] )?torch\.compile (?:and initial profiling/warmup run together )?took")),
     _Phase("cuda_graphs", re.compile(r"^Graph capturing finished in ([\d.]+) secs"), stated=True),
     _Phase("engine_warmup", re.compile(r"^init engine \(profile, create kv cache, warmup model\) took")),
 )

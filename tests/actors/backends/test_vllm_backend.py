@@ -361,6 +361,10 @@ def test_missing_metrics_and_short_outputs_are_errors():
 def test_out_of_memory_is_recognised():
     assert VllmBackend.is_out_of_memory(ValueError("No available memory for the cache blocks. Try increasing "
                                                    "`gpu_memory_utilization`"))
+    # A model whose one sequence does not fit the KV cache (vLLM 0.26 and 0.34 word it so).
+    assert VllmBackend.is_out_of_memory(ValueError(
+        "To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is needed, which is "
+        "larger than the available KV cache memory (9.5 GiB). Based on the available memory, ..."))
     assert not VllmBackend.is_out_of_memory(ValueError("bad prompt"))
 
 
@@ -680,3 +684,18 @@ def test_a_servers_speculation_counters_are_read_from_its_metrics_page():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_plan_names_each_engine_s_versions_and_warns_outside_the_tested_range():
+    tested = Capabilities((_node("head", 0, vllm=None), _node("gpu", 1, vllm="0.26.0")), "cluster, 2 nodes probed")
+    plan = make_plan(sweep(), "cuda", capabilities=tested)
+    assert "vllm on the nodes that run its trials: 0.26.0 (tested: ==0.26.*)" in plan.notes
+    assert not any("outside the versions" in w for w in plan.warnings)
+    newer = Capabilities((_node("a", 1, vllm="0.26.0"), _node("b", 1, vllm="0.34.0")), "cluster, 2 nodes probed")
+    plan = make_plan(sweep(), "cuda", capabilities=newer)
+    assert plan.skipped == []  # it runs
+    [warning] = [w for w in plan.warnings if "outside the versions" in w]
+    assert warning.startswith("vllm 0.34.0 is outside the versions sweeper is tested with (==0.26.*)")
+    # An engine no runnable trial needs is not mentioned.
+    only_transformers = make_plan(sweep(backends="transformers"), "cuda", capabilities=newer)
+    assert not any(n.startswith("vllm on the nodes") for n in only_transformers.notes)

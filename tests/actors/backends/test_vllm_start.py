@@ -48,6 +48,9 @@ def test_the_phases_of_a_start_partition_it_in_order():
     # A version without the compile line counts its compilation in the KV-cache phase.
     assert phases([line for line in START if not line[1].startswith("torch.compile")], 99.0, 132.0)[2:] == [
         Span("kv_cache", 106.0, 125.0), Span("cuda_graphs", 125.0, 130.0), Span("engine_warmup", 130.0, 131.0)]
+    # vLLM 0.34 tags its compile line with the part compiled (vllm/compilation/monitor.py): the same phase.
+    tagged = [(t, "[backbone] " + m if m.startswith("torch.compile") else m) for t, m in START]
+    assert phases(tagged, 99.0, 132.0) == phases(START, 99.0, 132.0)
     # A stated length longer than the time since the previous phase starts at that phase's end.
     assert phases([(1.0, "Starting to load model m"), (2.0, "Graph capturing finished in 9 secs")], 0.0, 3.0) == [
         Span("engine_start", 0.0, 1.0), Span("cuda_graphs", 1.0, 2.0)]
