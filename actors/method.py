@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.stability import Verdict
 from actors.stages import stage
-from actors.telemetry.baseline import trial_baseline
+from actors.telemetry.idle import trial_baseline
 from actors.telemetry.occupancy import GpuOccupancy
 from sweeper.core.results import Energy, Memory, Outcome, Part, RequestRecord, TrialResult
 from sweeper.core.status import Status

@@ -4,7 +4,7 @@ server whose timing is known.
 ``tests/truth_server.py`` is launched on this machine: each reply's first chunk is sent
 ``--first-chunk-s`` after the request reaches it, then one one-token chunk every
 ``--token-s``, and every receipt and send is logged on the clock the client stamps with.
-The client (``actors.backends.server.client.run_http``) then sends ``--rate`` requests per
+The client (``actors.backends.server.fanout.run_http``) then sends ``--rate`` requests per
 second for ``--duration-s`` (Poisson or constant arrivals), and the bench reads off:
 
   lateness   submit time - scheduled arrival, per request (p50, p99, max over the whole
@@ -104,7 +104,7 @@ def _use_client_tree(tree: str) -> None:
 
 
 def _round(endpoint: Any, args: argparse.Namespace, seed: int, send_log: Path, processes: int) -> dict[str, Any]:
-    from actors.backends.server.client import run_http
+    from actors.backends.server.fanout import run_http
     from actors.serving.arrivals import arrival_offsets
     from actors.serving.records import ServingRequest
     from tests.truth_server import read_send_log

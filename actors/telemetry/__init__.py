@@ -15,8 +15,9 @@ variant), ``nvml`` (devices and reads), ``curves`` (pure maths over samples),
 ``telemetry`` (what the actor holds).
 """
 
-from actors.telemetry.baseline import BaselineReuse, baseline_part, trial_baseline
+from actors.telemetry.baseline import BaselineReuse
 from actors.telemetry.curves import CounterCurve, PowerCurve
+from actors.telemetry.idle import baseline_part, trial_baseline
 from actors.telemetry.meter import (
     METHOD_COUNTER,
     METHOD_INTERPOLATED,

@@ -21,6 +21,9 @@ becomes the group's new baseline. Either way the row records the re-check's
 reading (``idle_recheck_power_w``) beside the baseline it used. A new model
 load, or an actor handed on to another group, starts afresh: the telemetry,
 and its baseline, belong to one load.
+
+This module holds the rule (``BaselineReuse``), which the telemetry applies; a trial asks for its
+baseline and states it through ``actors.telemetry.idle``.
 """
 
 from __future__ import annotations
@@ -28,11 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sweeper.core.results import Baseline
-
 if TYPE_CHECKING:
-    from actors.telemetry.meter import IdleBaseline
-    from actors.telemetry.telemetry import TelemetryBase
     from sweeper.core.settings import MeasureSettings
 
 # Seconds of sampled power the re-check reads: five samples at the default 0.1 s interval,
@@ -56,23 +55,3 @@ class BaselineReuse:
 
     def agrees(self, held_w: float, reading_w: float, gpus: int) -> bool:
         return abs(reading_w - held_w) <= self.tolerance_w * max(gpus, 1)
-
-
-def trial_baseline(telemetry: TelemetryBase, m: MeasureSettings) -> tuple[IdleBaseline | None, Baseline]:
-    """A trial's idle baseline, asked for at the end of its warm-up, and its result part;
-    None (and an empty part) without GPUs or with ``idle_s: 0``."""
-    if not telemetry.active or m.idle_s <= 0:
-        return None, Baseline()
-    baseline = telemetry.idle_baseline(m.idle_s, BaselineReuse.from_settings(m))
-    return baseline, baseline_part(baseline)
-
-
-def baseline_part(baseline: IdleBaseline | None) -> Baseline:
-    """The trial's baseline as its result states it."""
-    if baseline is None:
-        return Baseline()
-    return Baseline(idle_power_w=baseline.power_w, idle_settle_s=baseline.settle_s,
-                    idle_baseline_reused=baseline.reused, idle_baseline_age_s=baseline.age_s,
-                    idle_recheck_power_w=baseline.recheck_power_w,
-                    # Each GPU's own, in the order of gpu_uuids: they sum to idle_power_w.
-                    gpu_idle_power_w=[g.avg_power_w for g in baseline.window.gpus])

@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 
 from sweeper.core.errors import UserInputError
+from sweeper.core.secrets import header_unsafe
 from sweeper.core.settings import Device
 from sweeper.plan.capabilities import NodeTypes
 
@@ -105,13 +106,24 @@ def _auth_token() -> _Token | None:
     from pathlib import Path
 
     if os.environ.get("RAY_AUTH_TOKEN", "").strip():
-        return _Token(os.environ["RAY_AUTH_TOKEN"].strip(), "RAY_AUTH_TOKEN")
+        return _checked(_Token(os.environ["RAY_AUTH_TOKEN"].strip(), "RAY_AUTH_TOKEN"))
     path = os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token")
     try:
-        text = Path(path).read_text().strip()
+        text = Path(path).read_bytes().decode("utf-8").strip()
     except OSError:
         return None
-    return _Token(text, path) if text else None
+    except UnicodeDecodeError:
+        raise ClusterUnreachable(f"the Ray token file {path} is not UTF-8 text: copy the head's token "
+                                 "(`ray get-auth-token` there) into it") from None
+    return _checked(_Token(text, path)) if text else None
+
+
+def _checked(token: _Token) -> _Token:
+    """A token that can travel in a gRPC header, or one line naming where it came from and what
+    is wrong with it (never the token itself)."""
+    if (problem := header_unsafe(token.value)) is not None:
+        raise ClusterUnreachable(f"the Ray token from {token.source} cannot be sent: {problem}")
+    return token
 
 
 def _auth_metadata(token: _Token | None) -> tuple[tuple[str, str], ...]:

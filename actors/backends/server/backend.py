@@ -3,7 +3,7 @@
 Loading launches the server on the actor's GPUs (its ``CUDA_VISIBLE_DEVICES`` are the
 actor's, so the telemetry over them meters exactly the server's work) and waits until it
 answers, or connects to one already running. Serving sends the run's requests through
-``client.run_http``; the serving method around it (warm-up, settled idle baseline with
+``fanout.run_http``; the serving method around it (warm-up, settled idle baseline with
 the server loaded, steady window, per-request energy) is the same as for in-process engines.
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from actors.backends.base import Backend, Generation, LoadInfo, ModelSpec
-from actors.backends.server.client import Endpoint, run_http
-from actors.backends.server.fanout import processes_for
+from actors.backends.server.client import Endpoint
+from actors.backends.server.fanout import processes_for, run_http
 from actors.backends.server.process import ServerError, ServerProcess, get_json, get_text
 from actors.backends.speculation import SpeculationCounts
 from actors.backends.vllm import start as vllm_start

@@ -124,34 +124,10 @@ class Endpoint(Wire):
         return [json.dumps(self.body(r), separators=(",", ":")).encode() for r in requests]
 
 
-def run_http(endpoint: Endpoint, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
-             deadline_s: float, clock: Callable[[], float] = time.monotonic, processes: int = 1,
-             follow: Follow | None = None) -> ServedRun:
-    """Send ``requests`` at their arrival offsets from when the client is ready, at most
-    ``max_concurrency`` in flight (later arrivals wait, in order), until each has finished or
-    ``deadline_s`` (on ``clock``) has passed. Runs its own event loop; returns when the run is
-    over. With ``processes`` > 1 the requests are shared among that many client processes
-    (``actors.backends.server.fanout``), each with its own loop, on the host's monotonic clock.
-    ``follow`` (a conversation's next turns, built from each reply as it ends) needs the one
-    process that holds the conversations: with it, ``processes`` is 1."""
-    if follow is not None:
-        return asyncio.run(send_requests(endpoint, requests, max_concurrency=max_concurrency, deadline_s=deadline_s,
-                                         clock=clock, follow=follow))
-    if processes > 1:
-        from actors.backends.server.fanout import run_in_processes
-
-        if clock is not time.monotonic:
-            raise ValueError("several client processes stamp on the host's time.monotonic, not on a clock of one process")
-        return run_in_processes(endpoint, requests, processes=processes, max_concurrency=max_concurrency,
-                                deadline_s=deadline_s)
-    return asyncio.run(send_requests(endpoint, requests, max_concurrency=max_concurrency, deadline_s=deadline_s,
-                                     clock=clock))
-
-
 async def send_requests(endpoint: Endpoint, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
                         deadline_s: float, clock: Callable[[], float] = time.monotonic,
                         follow: Follow | None = None) -> ServedRun:
-    """``run_http`` on the running event loop. The run's clock (its ``t_start_s``, the arrivals'
+    """``fanout.run_http`` in one process, on the running event loop. The run's clock (its ``t_start_s``, the arrivals'
     zero) starts once the bodies are encoded, the connections open and the collector's work done
     (a conversation's later turns are encoded as the turn before ends, ahead of their gap)."""
     ordered = sorted(requests, key=lambda r: (r.arrival_offset_s, r.index))

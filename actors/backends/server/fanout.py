@@ -1,4 +1,6 @@
-"""One serving run's requests shared among several client processes, each on its own event loop.
+"""A serving run's requests sent from one client process, or shared among several, each on its
+own event loop (``run_http``: the server backend's way in; the client it runs is
+``actors.backends.server.client``, which knows nothing of processes).
 
 One process streams about 14,500 chunks a second per core with its loop saturated (65-120 µs
 of CPU per chunk: reading, parsing the event, stamping), and requests leave late well before
@@ -39,10 +41,12 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+from actors.backends.server.client import Endpoint, send_requests
+from actors.serving.client import Follow
 from actors.serving.records import ServedRun, ServingRequest, sort_by_index
 
 # A child has this long to start Python, import the client and open its connections.
@@ -76,6 +80,28 @@ class _Job:
     deadline_s: float
 
 
+def run_http(endpoint: Endpoint, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
+             deadline_s: float, clock: Callable[[], float] = time.monotonic, processes: int = 1,
+             follow: Follow | None = None) -> ServedRun:
+    """Send ``requests`` at their arrival offsets from when the client is ready, at most
+    ``max_concurrency`` in flight (later arrivals wait, in order), until each has finished or
+    ``deadline_s`` (on ``clock``) has passed. Runs its own event loop; returns when the run is
+    over. With ``processes`` > 1 the requests are shared among that many client processes
+    (``run_in_processes``), each with its own loop, on the host's monotonic clock.
+    ``follow`` (a conversation's next turns, built from each reply as it ends) needs the one
+    process that holds the conversations: with it, ``processes`` is 1."""
+    if follow is not None:
+        return asyncio.run(send_requests(endpoint, requests, max_concurrency=max_concurrency, deadline_s=deadline_s,
+                                         clock=clock, follow=follow))
+    if processes > 1:
+        if clock is not time.monotonic:
+            raise ValueError("several client processes stamp on the host's time.monotonic, not on a clock of one process")
+        return run_in_processes(endpoint, requests, processes=processes, max_concurrency=max_concurrency,
+                                deadline_s=deadline_s)
+    return asyncio.run(send_requests(endpoint, requests, max_concurrency=max_concurrency, deadline_s=deadline_s,
+                                     clock=clock))
+
+
 def processes_for(requests: Sequence[ServingRequest], max_concurrency: int | None, *,
                   cpus: int | None = None) -> int:
     """How many client processes a run needs: one per CHUNKS_PER_PROCESS_S of the chunks it is
@@ -97,7 +123,7 @@ def processes_for(requests: Sequence[ServingRequest], max_concurrency: int | Non
 
 def run_in_processes(endpoint: Any, requests: Sequence[ServingRequest], *, processes: int,
                      max_concurrency: int | None, deadline_s: float) -> ServedRun:
-    """``client.run_http`` with its requests shared among ``processes`` children (fewer where the
+    """``run_http`` with its requests shared among ``processes`` children (fewer where the
     run has fewer requests or a smaller concurrency cap). ``deadline_s`` is on time.monotonic."""
     ordered = sorted(requests, key=lambda r: (r.arrival_offset_s, r.index))
     bodies = endpoint.encode(ordered)

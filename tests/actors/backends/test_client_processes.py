@@ -16,8 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from actors.backends.server import fanout
-from actors.backends.server.client import run_http
-from actors.backends.server.fanout import ClientProcessError, processes_for
+from actors.backends.server.fanout import ClientProcessError, processes_for, run_http
 from actors.serving.records import ServingRequest
 from sweeper.core.servers import ServerOptions
 from tests.actors.backends.test_client_truth import (

@@ -23,7 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors.backends.server.backend import ServerBackend
-from actors.backends.server.client import Endpoint, run_http, send_requests
+from actors.backends.server.client import Endpoint, send_requests
+from actors.backends.server.fanout import run_http
 from actors.backends.server.process import ServerProcess
 from actors.serving.records import ServingRequest
 from sweeper.core.schema import to_table

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from actors.backends.server.client import Endpoint, run_http
+from actors.backends.server.client import Endpoint
+from actors.backends.server.fanout import run_http
 from actors.backends.server.process import ServerError, ServerProcess, free_port, listening_pids
 from actors.backends.server.reaper import alive, group_running
 from actors.serving.records import NOT_SENT, UNFINISHED, ServingRequest

@@ -14,7 +14,8 @@ import pytest
 
 from actors.backends.base import ModelSpec
 from actors.backends.noop import NoopBackend
-from actors.backends.server.client import Endpoint, run_http
+from actors.backends.server.client import Endpoint
+from actors.backends.server.fanout import run_http
 from actors.serving.conversations import (
     ConversationScript,
     Dialogue,
