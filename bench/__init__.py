@@ -46,6 +46,7 @@ SUBCOMMANDS = (
     "launch-race",
     "search-compare",
     "scored-replies",
+    "capacity-peer",
 )
 
 

@@ -61,6 +61,8 @@
 #               without n-gram speculation) and a launched `vllm serve`: send lateness, client_behind
 #   accuracy    bench/accuracy_gpu.yaml (after smollm2): the arithmetic task scored on the bundled model's
 #               measured replies, vLLM bf16/fp8 in-process and through `vllm serve`: J per correct answer
+#   capacity_peer  bench capacity-peer: one configuration's capacity under an SLO (p99 TTFT 500 ms, TPOT 50 ms)
+#               by sweeper's search through launch: vllm and by vllm bench sweep serve_workload: GPU-s, bracket
 #   typed_rows  bench/typed_rows_gpu.yaml + typed_rows_serving_gpu.yaml: every kind of row built from
 #               typed parts on a GPU, and which GPU columns came out null (issue #40)
 #   stability_sweep  bench/stability_gpu.yaml: 10 fixed-shape 1B trials (transformers bf16/int8/nf4,
@@ -339,6 +341,11 @@ for kind in ('trials', 'requests', 'timeline'):
                       cp "$RESULTS/$1/trials.parquet" "$OUT/${1}_trials.parquet"
                       cp "$RESULTS/$1/requests.parquet" "$OUT/${1}_requests.parquet"
                       cp -r "$RESULTS/$1/report" "$OUT/${1}_report" 2>/dev/null || true ;;
+        capacity_peer)  # sweeper's capacity search against vllm bench sweep serve_workload, one vllm serve each
+                      timeout -s INT -k 30 "${STEP_TIMEOUT_S:-560}" python3 -m bench capacity-peer \
+                          --out "$OUT/capacity_peer.json" ${CAPACITY_PEER_ARGS:-} 2>&1 | tail -20
+                      tar czf "$OUT/capacity_peer_logs.tgz" -C "$OUT" capacity_peer_peer capacity_peer_sweeper 2>/dev/null
+                      rm -rf "$OUT/capacity_peer_peer" "$OUT/capacity_peer_sweeper" ;;
         typed_rows)   # every kind of row built from typed parts on the GPU: which GPU columns came out null
                       python3 -m sweeper run bench/typed_rows_gpu.yaml -o "$RESULTS/typed" 2>&1 \
                           | tee "$OUT/typed_rows_run.log" | tail -25

@@ -78,7 +78,9 @@ def test_launched_transformers_servers_end_to_end(tmp_path, write_sweep, smollm2
     assert launched["energy_j"].isna().all() and launched["energy_per_request_j"].isna().all()
     assert launched["energy_unmetered_reason"].str.contains("no GPU").all()
     assert launched["server_command"].str.contains("transformers.cli.transformers serve").all()
-    assert (example["output_tokens"] > 0).all() and (launched["n_failed_requests"] == 0).all()
+    failed = duckdb.sql(f"SELECT trial_id, request_index, error FROM '{out}/requests.parquet' "
+                        "WHERE error IS NOT NULL").fetchall()
+    assert (example["output_tokens"] > 0).all() and (launched["n_failed_requests"] == 0).all(), failed
     # vLLM's rows are skipped without a GPU (or without vllm), with the reason.
     vllm = rows[rows["status"] == "skipped"]
     assert len(vllm) == 2 and vllm["error"].str.contains("launch: vllm").all()
