@@ -20,7 +20,7 @@ from actors.backends import create_backend
 from actors.backends.base import Backend, LoadInfo, ModelSpec
 from actors.layers.profile_pass import failed_pass, profile_layers
 from actors.measure import Measurement, measure_trial
-from actors.serving.measure import measure_serving_trial
+from actors.serving_measure import measure_serving_trial
 from actors.stages import StageClock, stage
 from actors.workload import PromptSources
 from sweeper.core.backends import BACKENDS

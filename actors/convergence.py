@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from actors.backends.base import Generation
+from actors.records import Generation
 from actors.telemetry import TelemetryBase, TelemetryError
 from actors.telemetry.telemetry import MIN_STABILITY_BLOCK_S, iteration_blocks
 from sweeper.core.intervals import MeanInterval, mean_interval

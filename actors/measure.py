@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from actors.backends.base import Backend, Generation, LoadInfo, PromptBatch, RequestTiming
+from actors.backends.base import Backend, LoadInfo
 from actors.backends.speculation import window_speculation
 from actors.convergence import ENERGY_SETTLE_S, WindowPrecision, window_precision
+from actors.figures import mean, percentile, percentiles
 from actors.method import Figures, Measurement, Window, measure, ratio, window_energy, window_memory
 from actors.quality.accuracy import offline_replies, score
+from actors.records import Generation, PromptBatch, RequestTiming
 from actors.stability import Verdict
 from actors.telemetry.telemetry import MIN_STABILITY_BLOCK_S
 from actors.workload import PromptSource, answered, prompt_source
@@ -61,21 +63,6 @@ def window_energy_parts(report: EnergyReport | None, *, idle_power_w: float | No
                     between_phases_energy_j=report.between_phases_energy_j),
         HostEnergy(cpu_energy_j=report.cpu_energy_j, dram_energy_j=report.dram_energy_j),
     )
-
-
-def _pct(values: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if len(values) else None
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    return float(np.mean(values)) if len(values) else None
-
-
-def percentiles(name: str, values: Sequence[float], qs: Sequence[int] = (50, 90, 99)) -> dict[str, float | None]:
-    """``{name}_s`` (the mean) and ``{name}_p{q}_s`` for each q: one naming for every latency column."""
-    out = {f"{name}_s": _mean(values)}
-    out.update({f"{name}_p{q}_s": _pct(values, q) for q in qs})
-    return out
 
 
 def _prompt_len(timing: RequestTiming, input_len: int | None) -> int | None:
@@ -130,8 +117,8 @@ def iteration_throughput_cv(generations: list[Generation]) -> float | None:
     rates = [g.output_tokens / (g.t_end_s - g.t_start_s) for g in generations if g.t_end_s > g.t_start_s]
     if len(rates) < MIN_CV_ITERATIONS:
         return None
-    mean = float(np.mean(rates))
-    return float(np.std(rates, ddof=1) / mean) if mean > 0 else None
+    mean_rate = float(np.mean(rates))
+    return float(np.std(rates, ddof=1) / mean_rate) if mean_rate > 0 else None
 
 
 def offline_verdict(throughput: Throughput, noise: IterationNoise, *, trial: Trial, handle: MeterReading,
@@ -161,8 +148,8 @@ def reply_lengths(input_lens: Sequence[int], output_lens: Sequence[int], *, prom
                   decode_idle_slot_share: float | None = None) -> Lengths:
     """Prompt and reply lengths of a trial's requests (offline and serving rows alike), and
     what a static batch wasted on them where the window ran one."""
-    return Lengths(input_len_mean=_mean(input_lens), output_len_mean=_mean(output_lens),
-                   output_len_p50=_pct(output_lens, 50), output_len_p90=_pct(output_lens, 90),
+    return Lengths(input_len_mean=mean(input_lens), output_len_mean=mean(output_lens),
+                   output_len_p50=percentile(output_lens, 50), output_len_p90=percentile(output_lens, 90),
                    prompt_pad_share=prompt_pad_share, decode_idle_slot_share=decode_idle_slot_share)
 
 
@@ -214,7 +201,7 @@ def offline_batch_size(trial: Trial) -> int:
     """An offline trial's batch size (serving-mode trials have none: the engine batches)."""
     if trial.batch_size is None:
         raise ValueError(f"trial {trial.trial_id} has no batch size: serving-mode trials run through "
-                         "actors.serving.measure")
+                         "actors.serving_measure")
     return trial.batch_size
 
 
@@ -326,8 +313,8 @@ class OfflineWindow(Window):
         generations = self.generations
         calls = telemetry.energies_between([(g.t_start_s, g.t_end_s) for g in generations])
         shares = request_energies(generations, self.trial.input_len, energy.energy_j, calls)
-        return PerRequestEnergy(energy_per_request_j=mean_j, energy_per_request_p50_j=_pct(shares, 50),
-                                energy_per_request_p90_j=_pct(shares, 90),
+        return PerRequestEnergy(energy_per_request_j=mean_j, energy_per_request_p50_j=percentile(shares, 50),
+                                energy_per_request_p90_j=percentile(shares, 90),
                                 request_energy_method="token_share"), shares
 
     def _roofline(self, throughput: Throughput, latency: Latency, telemetry: TelemetryBase) -> Roofline | None:

@@ -9,7 +9,7 @@
 
 What a trial measures is its ``Window``: offline, generate calls until the window
 is long and precise enough (``actors.measure``); serving, a schedule of requests
-(``actors.serving.measure``). A new kind of trial (an HTTP endpoint, say) is a new
+(``actors.serving_measure``). A new kind of trial (an HTTP endpoint, say) is a new
 ``Window``, not a third copy of the steps around it.
 """
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from actors.backends.base import PromptBatch
+from actors.records import PromptBatch
 from actors.serving.conversations import ConversationScript, Dialogue, HistoryEncoder
 from sweeper.core.datasets import (
     BYTES_PER_TOKEN_FALLBACK,

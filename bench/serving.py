@@ -98,7 +98,7 @@ def _interval(values: list[float]) -> tuple[float, float, float]:
 def run(args: argparse.Namespace) -> int:
     from actors.backends.base import ModelSpec
     from actors.backends.vllm.backend import VllmBackend
-    from actors.serving.arrivals import serving_requests
+    from actors.serving_measure import serving_requests
     from actors.workload import RandomSource
     from sweeper.core.backends import VllmOptions
     from sweeper.core.settings import ServingSettings

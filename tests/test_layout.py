@@ -153,6 +153,27 @@ def test_the_data_plane_has_no_import_cycle_even_through_lazy_or_typing_imports(
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the check sees one
 
 
+def _unit(module: str) -> str:
+    """A module's place in ``actors``' layering: its folder (``actors.serving``) or, for a module
+    of the package's top, itself (``actors.measure``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_the_data_plane_s_folders_and_modules_form_layers():
+    """Between ``actors``' folders and top modules no import runs both ways, however far round,
+    lazy and typing imports counted: they stack as layers (value records at the bottom, the
+    serving client below the backends that use it, measurement above both, the actor on top),
+    each importing only those below it."""
+    modules = {m: p for m, p in _modules().items() if m.startswith("actors")}
+    graph: dict[str, set[str]] = {}
+    for m, p in modules.items():
+        graph.setdefault(_unit(m), set()).update(
+            _unit(n) for n in _imports(p, top_level_only=False) if n in modules and _unit(n) != _unit(m))
+    cycle = _cycle(graph)
+    assert cycle is None, "actors' layers import each other: " + " -> ".join(cycle or [])
+    assert graph["actors.records"] == set()  # the value records import nothing of actors
+
+
 def test_no_import_cycles():
     modules = _modules()
     graph = {m: {n for n in (_imports(p, top_level_only=True)) if n in modules and n != m}

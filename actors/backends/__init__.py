@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from actors.backends.base import Backend, Generation, LoadInfo, RequestTiming
+from actors.backends.base import Backend, LoadInfo
+from actors.records import Generation, RequestTiming
 from sweeper.core.backends import BACKENDS
 
 

@@ -1,4 +1,4 @@
-"""The interface every backend implements, and the records it returns."""
+"""The interface every backend implements (the records it returns: ``actors.records``)."""
 
 from __future__ import annotations
 
@@ -12,72 +12,13 @@ import numpy as np
 from pydantic import BaseModel
 
 from actors.backends.speculation import SpeculationCounts
-from actors.quality.divergence import TopK
+from actors.records import Generation, PromptBatch, TopK, topk_of
 from actors.serving.client import Follow
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.results import Compile
 from sweeper.core.secrets import SecretValues
 
 Options = TypeVar("Options", bound=BaseModel)
-
-
-@dataclass(frozen=True)
-class RequestTiming:
-    """One sequence of a generate call, on the actor's monotonic clock."""
-
-    t_start_s: float
-    t_first_token_s: float
-    t_end_s: float
-    output_tokens: int
-    prompt_tokens: int | None = None  # None: the batch's common prompt length
-    # The reply's token ids, where the batch asked for them (``PromptBatch.keep_replies``: a
-    # scored trial); None otherwise, so that a long window holds no replies it never reads.
-    reply_ids: tuple[int, ...] | None = None
-
-
-@dataclass(frozen=True)
-class PromptBatch:
-    """The sequences of one generate call: prompts of any lengths, each with the output
-    length it asks for (exact; or, with ``stop_at_eos``, its cap)."""
-
-    prompts: tuple[np.ndarray, ...]  # (tokens,) int64 each
-    output_lens: tuple[int, ...]
-    stop_at_eos: bool = False
-    # Return each reply's token ids (``RequestTiming.reply_ids``): a scored trial judges them.
-    keep_replies: bool = False
-
-    @classmethod
-    def uniform(cls, prompt_ids: np.ndarray, output_len: int) -> PromptBatch:
-        return cls(tuple(prompt_ids), (output_len,) * len(prompt_ids))
-
-    def as_uniform(self) -> tuple[np.ndarray, int] | None:
-        """(batch, len) ids and the output length when every sequence has the same shape and
-        runs to its exact length; None otherwise."""
-        if self.stop_at_eos or len(set(self.output_lens)) != 1 or len({len(p) for p in self.prompts}) != 1:
-            return None
-        return np.stack(self.prompts), self.output_lens[0]
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(len(p) for p in self.prompts)
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One generate call: its span, its requests and its phase marks."""
-
-    t_start_s: float
-    t_end_s: float
-    requests: tuple[RequestTiming, ...]
-    # (phase, t0, t1) intervals: "prefill" and "decode" for energy attribution
-    marks: tuple[tuple[str, float, float], ...] = ()
-    # A static batch (prompts padded to the longest, every sequence held until the longest
-    # reply ends); False where the engine batches continuously inside the call (vLLM).
-    static_batch: bool = True
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(r.output_tokens for r in self.requests)
 
 
 @dataclass(frozen=True)
@@ -206,7 +147,6 @@ class Backend(ABC):
         teacher-forced pass over (batch, len) ``token_ids`` (position i predicts token i + 1):
         (batch, last, k) ids and log-probs, most likely first. From the full distribution
         where the backend has it; a serving engine returns these directly."""
-        from actors.quality.divergence import topk_of
 
         return topk_of(self.next_token_logprobs(token_ids, last=last), k)
 

@@ -20,14 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.backends.base import (
-    Backend,
-    Generation,
-    LoadInfo,
-    ModelSpec,
-    PromptBatch,
-    RequestTiming,
-)
+from actors.backends.base import Backend, LoadInfo, ModelSpec
+from actors.records import Generation, PromptBatch, RequestTiming
 from actors.serving.client import Follow, run_requests
 from actors.serving.records import UNFINISHED, ServedRequest, ServedRun, ServingRequest
 from sweeper.core.backends import NoopOptions

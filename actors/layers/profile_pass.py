@@ -13,10 +13,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from actors.backends.base import Backend, Generation, LoadInfo
+from actors.backends.base import Backend, LoadInfo
 from actors.layers import LayerProfileError
 from actors.layers.attribute import LayerProfile, attribute_energy
 from actors.measure import offline_batch_size
+from actors.records import Generation
 from actors.workload import RandomPrompts
 from sweeper.core.backends import BACKENDS
 from sweeper.core.results import LayerPass

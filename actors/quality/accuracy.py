@@ -19,7 +19,7 @@ from sweeper.core.results import Accuracy, RequestRecord
 from sweeper.core.scoring import Reference, ScoringSettings, judge, wilson_interval
 
 if TYPE_CHECKING:  # types only: quality sits below the backends, workload and serving it reads
-    from actors.backends.base import Generation
+    from actors.records import Generation
     from actors.serving.records import ServedRequest
     from actors.workload import DatasetSource, Prompt
 

@@ -18,37 +18,9 @@ returns both, the tests compare the two.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-
-@dataclass(frozen=True)
-class TopK:
-    """The k most likely next tokens per position, most likely first: ids and log-probabilities,
-    each (..., k)."""
-
-    ids: np.ndarray
-    logprobs: np.ndarray
-
-    @property
-    def k(self) -> int:
-        return int(self.ids.shape[-1])
-
-    def __getitem__(self, index: int | slice) -> TopK:
-        return TopK(self.ids[index], self.logprobs[index])
-
-
-def topk_of(logprobs: np.ndarray, k: int) -> TopK:
-    """The top k of full log-probabilities (..., vocab), most likely first; equal values in
-    token-id order, as ``argmax`` breaks ties (bf16 logits tie often), so the first entry is
-    the argmax and top-1 agreement is the same number by either method."""
-    k = min(k, logprobs.shape[-1])
-    part = np.sort(np.argpartition(-logprobs, k - 1, axis=-1)[..., :k], axis=-1)
-    values = np.take_along_axis(logprobs, part, axis=-1)
-    order = np.argsort(-values, axis=-1, kind="stable")  # stable: ties stay in id order
-    return TopK(np.take_along_axis(part, order, axis=-1).astype(np.int64),
-                np.take_along_axis(values, order, axis=-1).astype(np.float32))
+from actors.records import TopK
 
 
 def _normalized(logprobs: np.ndarray) -> np.ndarray:

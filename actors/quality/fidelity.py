@@ -27,13 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from actors.backends.base import Backend
-from actors.quality.divergence import (
-    TopK,
-    kl_per_position,
-    kl_topk,
-    top1_agreement,
-    top1_agreement_topk,
-)
+from actors.quality.divergence import kl_per_position, kl_topk, top1_agreement, top1_agreement_topk
 from actors.quality.reference import (
     ReferenceOutputs,
     chunk_rows,
@@ -45,6 +39,7 @@ from actors.quality.reference import (
     reference_backend,
     score,
 )
+from actors.records import TopK
 from sweeper.core.backends import BACKENDS
 from sweeper.core.precisions import PRECISIONS
 from sweeper.core.results import Fidelity

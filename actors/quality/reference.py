@@ -38,7 +38,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from actors.backends.base import Backend, ModelSpec
-from actors.quality.divergence import TopK
+from actors.records import TopK
 from actors.workload import RandomPrompts
 from sweeper.core.backends import BACKENDS
 from sweeper.core.settings import DEFAULT_TOP_K, FidelitySettings, canonical_json

@@ -9,15 +9,10 @@ Gaps between arrivals are drawn from a gamma distribution of shape
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from actors.serving.records import ServingRequest
 from sweeper.core.settings import ServingSettings
-
-if TYPE_CHECKING:
-    from actors.workload import PromptSource
 
 # The arrivals' stream of the seed: distinct from the prompts' streams.
 _ARRIVAL_STREAM = 7_919
@@ -41,17 +36,6 @@ def arrival_offsets(n: int, request_rate: float, arrival: str, burstiness: float
         rng = np.random.default_rng([seed, _ARRIVAL_STREAM])
         gaps = rng.gamma(shape=shape, scale=mean_gap_s / shape, size=n)
     return np.cumsum(gaps)
-
-
-def serving_requests(settings: ServingSettings, *, request_rate: float, source: PromptSource, seed: int,
-                     stream: int = 0) -> list[ServingRequest]:
-    """The run's requests: ``source``'s prompts, arriving by the settings' process,
-    ``num_prompts`` of them or as many as arrive within ``duration_s``. ``stream``
-    picks another set of prompts and arrivals of the same seed (warm-up runs)."""
-    offsets = run_offsets(settings, request_rate=request_rate, seed=seed, stream=stream)
-    prompts = source.requests(int(offsets.size), stream)
-    return [ServingRequest(i, p.ids, p.output_len, float(offsets[i]), source.stop_at_eos, p.text)
-            for i, p in enumerate(prompts)]
 
 
 def run_offsets(settings: ServingSettings, *, request_rate: float, seed: int, stream: int = 0) -> np.ndarray:

@@ -88,7 +88,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from actors.measure import percentiles
+from actors.figures import percentiles
 from actors.serving.records import ServedRequest, ServedRun
 from sweeper.core.results import Latency, PrefixCacheUse
 

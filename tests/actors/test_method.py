@@ -8,7 +8,7 @@ import pytest
 from actors import workload
 from actors.measure import OfflineWindow
 from actors.method import Figures, Window, measure
-from actors.serving.measure import ServingWindow
+from actors.serving_measure import ServingWindow
 from actors.stability import Verdict
 from actors.stages import StageClock
 from actors.telemetry import NullTelemetry

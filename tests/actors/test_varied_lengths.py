@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actors.backends.base import Generation, ModelSpec, PromptBatch, RequestTiming
+from actors.backends.base import ModelSpec
 from actors.backends.noop import NoopBackend, simulated_reply_len
 from actors.backends.transformers.eager import reply_lengths
 from actors.measure import lengths, measure_trial, request_energies, request_records
-from actors.serving.measure import measure_serving_trial
+from actors.records import Generation, PromptBatch, RequestTiming
+from actors.serving_measure import measure_serving_trial
 from actors.telemetry import NullTelemetry
 from sweeper.plan.expand import expand
 from sweeper.plan.spec import parse_sweep

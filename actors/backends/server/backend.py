@@ -23,12 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from actors.backends.base import Backend, Generation, LoadInfo, ModelSpec
+from actors.backends.base import Backend, LoadInfo, ModelSpec
 from actors.backends.server.client import Endpoint
 from actors.backends.server.fanout import processes_for, run_http
 from actors.backends.server.process import ServerError, ServerProcess, get_json, get_text
 from actors.backends.speculation import SpeculationCounts
 from actors.backends.vllm import start as vllm_start
+from actors.records import Generation
 from actors.serving.client import Follow
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.secrets import header_unsafe

@@ -18,18 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from actors.backends.base import (
-    Backend,
-    Generation,
-    LoadInfo,
-    ModelSpec,
-    PromptBatch,
-    RequestTiming,
-)
+from actors.backends.base import Backend, LoadInfo, ModelSpec
 from actors.backends.transformers import bnb
 from actors.environment import cpu_model
 from actors.errors import PrecisionUnavailable
 from actors.host_memory import host_peak_bytes, reset_host_peak
+from actors.records import Generation, PromptBatch, RequestTiming
 from actors.serving.client import Follow, run_requests
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.backends import TransformersOptions

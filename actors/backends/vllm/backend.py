@@ -46,18 +46,11 @@ from typing import Any
 
 import numpy as np
 
-from actors.backends.base import (
-    Backend,
-    Generation,
-    LoadInfo,
-    ModelSpec,
-    PromptBatch,
-    RequestTiming,
-)
+from actors.backends.base import Backend, LoadInfo, ModelSpec
 from actors.backends.speculation import SpeculationCounts
 from actors.backends.vllm import start as vllm_start
 from actors.backends.vllm.worker import WORKER_EXTENSION
-from actors.quality.divergence import TopK
+from actors.records import Generation, PromptBatch, RequestTiming, TopK
 from actors.serving.client import Follow
 from actors.serving.records import ServedRun, ServingRequest
 from sweeper.core.backends import VllmOptions

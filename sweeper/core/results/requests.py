@@ -1,7 +1,7 @@
 """One row of the requests table: a measured request, offline or served, as its actor records it.
 
 Both producers make these (``actors.measure`` for a window's generate calls, one record per
-sequence; ``actors.serving.measure`` for a serving run, one per request), each record whole
+sequence; ``actors.serving_measure`` for a serving run, one per request), each record whole
 when it is made: its trial and its energy share included. The requests schema is generated
 from this class (``sweeper.core.schema``), so a producer cannot write a column the table
 lacks, nor the table hold one no producer knows.

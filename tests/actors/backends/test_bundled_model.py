@@ -16,8 +16,9 @@ import time
 import numpy as np
 import pytest
 
-from actors.backends.base import ModelSpec, PromptBatch
+from actors.backends.base import ModelSpec
 from actors.backends.transformers.eager import TransformersBackend
+from actors.records import PromptBatch
 from actors.serving.records import ServingRequest
 from sweeper.core.backends import TransformersOptions
 

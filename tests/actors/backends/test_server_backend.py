@@ -100,7 +100,9 @@ def test_every_token_is_stamped_and_counted(server):
         assert r.output_tokens == 10 and r.prompt_tokens == 16
         assert r.ttft_s is not None and r.ttft_s >= 0.05
         assert list(r.token_times_s) == sorted(r.token_times_s)
-        assert len(r.itl_s) == 9 and min(r.itl_s) > 0  # one token per chunk: no shared arrivals
+        # One token per chunk, each stamped as it is read: 9 gaps. Two chunks read in one go (a busy
+        # machine's client falls behind the server's 10 ms) share a stamp, as documented: a gap of 0.
+        assert len(r.itl_s) == 9 and min(r.itl_s) >= 0
         assert r.tpot_s == pytest.approx((r.finish_s - r.first_token_s) / 9)
 
 
@@ -162,11 +164,11 @@ def test_a_server_dying_mid_run_fails_the_rest_without_a_hang(tmp_path):
 def test_the_deadline_cuts_the_run_and_keeps_what_arrived(server):
     """The server sends 3 of 50 tokens at once and then nothing, so what arrived before the
     deadline is known whatever the machine's speed (a token every 0.2 s against a 1.5 s limit
-    gave 0 tokens on a loaded 2-core machine)."""
+    gave 0 tokens on a loaded 2-core machine; 4 s to get 3 held tokens, too, once)."""
     reqs = requests(2, output_len=50) + [ServingRequest(2, np.arange(4), 4, 30.0)]  # arrives after the deadline
     t0 = time.monotonic()
-    run = serve(server, reqs, limit_s=4.0)
-    assert time.monotonic() - t0 < 4.0 + 5.0
+    run = serve(server, reqs, limit_s=10.0)
+    assert time.monotonic() - t0 < 10.0 + 5.0
     cut = {r.index: r for r in run.requests}
     assert cut[0].error == UNFINISHED and len(cut[0].token_times_s) == 3
     assert cut[2].error == NOT_SENT and cut[2].submit_s is None

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 import pytest
 
 from actors.backends import BackendUnavailable, create_backend
-from actors.backends.base import Generation
 from actors.backends.vllm.backend import (
     VllmBackend,
     VllmMetricsError,
@@ -24,6 +23,7 @@ from actors.backends.vllm.backend import (
     generation_from_outputs,
 )
 from actors.measure import request_records
+from actors.records import Generation
 from sweeper.core.backends import BACKENDS, VllmOptions
 from sweeper.core.errors import SweepFileError
 from sweeper.plan.capabilities import (

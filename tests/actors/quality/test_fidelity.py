@@ -11,9 +11,10 @@ import torch
 
 from actors.backends import create_backend
 from actors.backends.base import ModelSpec
-from actors.quality.divergence import TopK, kl_topk, topk_of
+from actors.quality.divergence import kl_topk
 from actors.quality.fidelity import compare, kl_per_position, top1_agreement
 from actors.quality.reference import fidelity_prompts, load_reference, reference_outputs
+from actors.records import TopK, topk_of
 from sweeper.core.backends import BACKENDS
 from sweeper.core.settings import FidelitySettings
 from sweeper.core.trial import GroupLoad

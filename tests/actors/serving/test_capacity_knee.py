@@ -13,7 +13,7 @@ import pytest
 
 from actors.backends.base import ModelSpec
 from actors.backends.noop import NoopBackend
-from actors.serving.measure import measure_serving_trial
+from actors.serving_measure import measure_serving_trial
 from actors.telemetry import NullTelemetry
 from sweeper.core.capacity import BoundedBy, Probe, capacity, next_load
 from sweeper.plan.expand import expand

@@ -22,8 +22,8 @@ from actors.serving.conversations import (
     HistoryEncoder,
     conversation_figures,
 )
-from actors.serving.measure import measure_serving_trial
 from actors.serving.records import ServedRequest, ServedRun
+from actors.serving_measure import measure_serving_trial
 from actors.telemetry import NullTelemetry
 from sweeper.core.datasets import ConversationRecord, ConversationTurn
 from sweeper.core.settings import ConversationSettings

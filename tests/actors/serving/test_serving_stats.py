@@ -8,9 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from actors.serving.arrivals import arrival_offsets, serving_requests
+from actors.serving.arrivals import arrival_offsets
 from actors.serving.records import ServedRequest, ServedRun
 from actors.serving.stats import meets, running, served_latency, steady_window
+from actors.serving_measure import serving_requests
 from actors.workload import RandomSource
 from sweeper.core.settings import ServingSettings
 

@@ -10,8 +10,8 @@ import pytest
 
 from actors.backends.base import ModelSpec
 from actors.backends.noop import NoopBackend
-from actors.serving.measure import measure_serving_trial
 from actors.serving.records import ServingRequest
+from actors.serving_measure import measure_serving_trial
 from actors.telemetry import NullTelemetry
 from sweeper.core.results import RequestRecord
 from sweeper.core.schema import trials_columns

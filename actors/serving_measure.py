@@ -26,10 +26,10 @@ from actors.measure import reply_lengths
 from actors.method import Figures, Measurement, Window, measure, ratio, window_energy, window_memory
 from actors.quality.accuracy import score, served_replies
 from actors.serving import attribution, lateness
-from actors.serving.arrivals import run_offsets, serving_requests
+from actors.serving.arrivals import run_offsets
 from actors.serving.attribution import RequestEnergy
 from actors.serving.conversations import ConversationScript, conversation_figures
-from actors.serving.records import ServedRequest, ServedRun
+from actors.serving.records import ServedRequest, ServedRun, ServingRequest
 from actors.serving.stats import (
     SteadyWindow,
     achieved_rate,
@@ -58,6 +58,7 @@ from sweeper.core.results import (
     SteadyState,
     Throughput,
 )
+from sweeper.core.settings import ServingSettings
 from sweeper.core.status import Reason, Status
 from sweeper.core.trial import Trial
 
@@ -80,6 +81,17 @@ def _run_deadline(trial: Trial, last_arrival_s: float, started_s: float, now_s: 
     if timeout_s is not None:
         return started_s + RUN_SHARE_OF_TIMEOUT * timeout_s
     return now_s + last_arrival_s + DEFAULT_RUN_LIMIT_S
+
+
+def serving_requests(settings: ServingSettings, *, request_rate: float, source: PromptSource, seed: int,
+                     stream: int = 0) -> list[ServingRequest]:
+    """The run's requests: ``source``'s prompts, arriving by the settings' process,
+    ``num_prompts`` of them or as many as arrive within ``duration_s``. ``stream``
+    picks another set of prompts and arrivals of the same seed (warm-up runs)."""
+    offsets = run_offsets(settings, request_rate=request_rate, seed=seed, stream=stream)
+    prompts = source.requests(int(offsets.size), stream)
+    return [ServingRequest(i, p.ids, p.output_len, float(offsets[i]), source.stop_at_eos, p.text)
+            for i, p in enumerate(prompts)]
 
 
 class ServingWindow(Window):
