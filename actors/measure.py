@@ -88,7 +88,7 @@ def request_record(trial_id: str, iteration: int, index: int, timing: RequestTim
 def request_records(trial_id: str, generations: list[Generation], t0_s: float, input_len: int | None,
                     energies_j: Sequence[float] | None = None) -> list[RequestRecord]:
     """The window's requests: every sequence of every generate call, in order, each with its
-    energy share where the window's energy was split (``request_energies``, in that order)."""
+    energy share where the window's energy was split (``call_request_energies``, in that order)."""
     timings = [(i, j, r) for i, g in enumerate(generations) for j, r in enumerate(g.requests)]
     energies: Sequence[float | None] = energies_j if energies_j is not None else [None] * len(timings)
     return [request_record(trial_id, i, j, r, t0_s, input_len, e)
@@ -176,7 +176,7 @@ def lengths(generations: list[Generation], requests: Sequence[RequestRecord]) ->
                          decode_idle_slot_share=idle / decode_slots if decode_slots else None)
 
 
-def request_energies(generations: list[Generation], input_len: int | None, energy_j: float,
+def call_request_energies(generations: list[Generation], input_len: int | None, energy_j: float,
                      call_energies_j: list[float]) -> list[float]:
     """Each request's share of the window's energy (token_share, as in serving mode), in the
     order of ``request_records``: a call's energy split over its sequences by the tokens each
@@ -312,7 +312,7 @@ class OfflineWindow(Window):
             return PerRequestEnergy(energy_per_request_j=mean_j), None
         generations = self.generations
         calls = telemetry.energies_between([(g.t_start_s, g.t_end_s) for g in generations])
-        shares = request_energies(generations, self.trial.input_len, energy.energy_j, calls)
+        shares = call_request_energies(generations, self.trial.input_len, energy.energy_j, calls)
         return PerRequestEnergy(energy_per_request_j=mean_j, energy_per_request_p50_j=percentile(shares, 50),
                                 energy_per_request_p90_j=percentile(shares, 90),
                                 request_energy_method="token_share"), shares

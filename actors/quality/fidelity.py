@@ -31,11 +31,11 @@ from actors.quality.divergence import kl_per_position, kl_topk, top1_agreement, 
 from actors.quality.reference import (
     ReferenceOutputs,
     chunk_rows,
-    held_gpu_names,
     is_reference,
     load_reference,
     method_name,
     method_top_k,
+    process_gpu_names,
     reference_backend,
     score,
 )
@@ -110,7 +110,7 @@ def prepare_reference(trial: Trial, open_backend: Callable[[str], Backend]) -> R
     for who in dict.fromkeys((trial.backend, name)):
         if not BACKENDS[who].runs_model:
             return f"not applicable: backend {who} has no model to score tokens with"
-    device = "cuda" if held_gpu_names() else "cpu"
+    device = "cuda" if process_gpu_names() else "cpu"
     reason = (BACKENDS[name].unsupported_reason(settings.reference, device)
               or PRECISIONS[settings.reference].unsupported_reason(device))
     if reason:

@@ -133,7 +133,7 @@ def reference_outputs(backend: Backend, settings: FidelitySettings, vocab_size: 
                                                              np.concatenate([s.logprobs for s in scored])))
 
 
-def held_gpu_names() -> list[str]:
+def process_gpu_names() -> list[str]:
     """The GPUs this process holds, known before any model loads (none: a CPU worker)."""
     from actors.telemetry.nvml import TelemetryError, resolve_gpus
 
@@ -147,7 +147,7 @@ def _device_description() -> str:
     """What the reference runs on (its numbers depend on it)."""
     from actors.environment import cpu_model
 
-    return ",".join(held_gpu_names()) or cpu_model()
+    return ",".join(process_gpu_names()) or cpu_model()
 
 
 def reference_key(trial: Trial) -> str:

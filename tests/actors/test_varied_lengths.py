@@ -8,8 +8,8 @@ import pytest
 
 from actors.backends.base import ModelSpec
 from actors.backends.noop import NoopBackend, simulated_reply_len
-from actors.backends.transformers.eager import reply_lengths
-from actors.measure import lengths, measure_trial, request_energies, request_records
+from actors.backends.transformers.eager import eos_reply_lengths
+from actors.measure import call_request_energies, lengths, measure_trial, request_records
 from actors.records import Generation, PromptBatch, RequestTiming
 from actors.serving_measure import measure_serving_trial
 from actors.telemetry import NullTelemetry
@@ -80,7 +80,7 @@ def test_request_energies_split_each_call_by_tokens_and_sum_to_the_window():
         return Generation(0.0, 1.0, tuple(RequestTiming(0.0, 0.1, 1.0, o, p) for p, o in zip(prompts, outputs,
                                                                                             strict=True)))
     gens = [gen([3, 1], [1, 3]), gen([6, 2], [2, 2])]
-    energies = request_energies(gens, None, energy_j=30.0, call_energies_j=[8.0, 16.0])
+    energies = call_request_energies(gens, None, energy_j=30.0, call_energies_j=[8.0, 16.0])
     assert sum(energies) == pytest.approx(30.0)
     # call 1: 4 and 4 tokens -> 4 J each; call 2: 8 and 4 tokens -> 32/3 and 16/3; the 6 J between
     # calls by tokens over all 20: 1.2, 1.2, 2.4, 1.2.
@@ -98,9 +98,9 @@ def test_serving_requests_end_at_their_simulated_eos():
 
 def test_reply_lengths_count_the_first_eos_and_cap_the_rest():
     new = np.array([[5, 2, 0, 0], [5, 6, 7, 8], [2, 0, 0, 0]])
-    assert reply_lengths(new, 2, caps=(4, 4, 4)) == [2, 4, 1]
-    assert reply_lengths(new, [2, 7], caps=(4, 4, 4)) == [2, 3, 1]
-    assert reply_lengths(new, None, caps=(4, 3, 4)) == [4, 3, 4]
+    assert eos_reply_lengths(new, 2, caps=(4, 4, 4)) == [2, 4, 1]
+    assert eos_reply_lengths(new, [2, 7], caps=(4, 4, 4)) == [2, 3, 1]
+    assert eos_reply_lengths(new, None, caps=(4, 3, 4)) == [4, 3, 4]
 
 
 def test_the_simulated_reply_is_a_function_of_the_prompt():

@@ -37,7 +37,7 @@ def _dtype_kwarg() -> str:
     return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
-def reply_lengths(new_tokens: np.ndarray, eos: int | list[int] | None, caps: Sequence[int]) -> list[int]:
+def eos_reply_lengths(new_tokens: np.ndarray, eos: int | list[int] | None, caps: Sequence[int]) -> list[int]:
     """Each row's reply length: up to and including its first end-of-sequence token (as
     vLLM counts it), else its cap."""
     stops = np.isin(new_tokens, [] if eos is None else ([eos] if isinstance(eos, int) else list(eos)))
@@ -244,7 +244,7 @@ class TransformersBackend(Backend):
         t_end = self.clock()
         new = out[:, width:].cpu().numpy()
         if batch.stop_at_eos:
-            lengths = reply_lengths(new, eos, caps=batch.output_lens)
+            lengths = eos_reply_lengths(new, eos, caps=batch.output_lens)
         else:
             if new.shape[1] != n:
                 raise RuntimeError(f"generate produced {new.shape[1]} tokens, expected {n}")
