@@ -16,7 +16,7 @@ class Configuration(Part):
 
     dataset: str | None = column(
         "prompt source: random (token ids of input_len), prefix_repetition (random token ids after shared "
-        "prefixes), bundled (sweeper's prompt set), a generated task (arithmetic) or a prompt file as written in "
+        "prefixes), bundled (sweeper's prompt set), a generated task (arithmetic, choices) or a prompt file as written in "
         "the sweep file")
     prefix_len: int | None = column(
         "prefix_repetition: tokens of each shared prefix, the first of input_len (null: no shared "

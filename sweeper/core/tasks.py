@@ -1,5 +1,6 @@
 """The task registry: datasets sweeper generates as text, with reference answers, from settings
-in the sweep file (``dataset: arithmetic`` or ``dataset: {arithmetic: {size: 200, difficulty: 2}}``).
+in the sweep file (``dataset: arithmetic`` or ``dataset: {arithmetic: {size: 200, difficulty: 2}}``;
+``dataset: choices``: the bundled multiple-choice questions).
 
 A task is made on the driver (to check and hash it) and again on each actor (``task_records``),
 from its settings alone: no file travels. Its content hash (``records_sha256``) is part of the
@@ -18,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from sweeper.core.arithmetic import ArithmeticSettings, arithmetic_records
+from sweeper.core.choices import ChoicesSettings, choice_records
 from sweeper.core.datasets import PromptRecord
 
 
@@ -35,6 +37,8 @@ class Task:
 TASKS: dict[str, Task] = {t.name: t for t in (
     Task("arithmetic", ArithmeticSettings, arithmetic_records,
          "word problems with exact whole-number answers (score with scoring: numeric)"),
+    Task("choices", ChoicesSettings, choice_records,
+         "multiple-choice questions, four choices each, dealt from a seed (score with scoring: choice)"),
 )}
 
 

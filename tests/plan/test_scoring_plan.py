@@ -113,3 +113,34 @@ def test_a_prompt_file_without_answers_under_scoring_is_one_line_naming_the_file
     # The same file unscored plans: answers are only needed to score.
     (tmp_path / "u.yaml").write_text(yaml.safe_dump(sweep({"dataset": "p.jsonl", **SCORED})))
     assert run_cli("plan", str(tmp_path / "u.yaml")).returncode == 0
+
+
+def test_the_bundled_choices_are_dealt_from_their_seed_with_the_right_letter_anywhere():
+    from collections import Counter
+
+    from sweeper.core.choices import QUESTIONS, ChoicesSettings, choice_records
+    from sweeper.core.scoring import Reference, ScoringSettings, judge
+
+    records = choice_records(ChoicesSettings())
+    assert len(records) == QUESTIONS and len({r.prompt.split("\n")[0] for r in records}) == QUESTIONS
+    assert records == choice_records(ChoicesSettings()) and records != choice_records(ChoicesSettings(seed=1))
+    # Dealt: every letter is the right one for some questions, none for most of them (the file's
+    # own letters lean on B and C: always answering one letter must not pay).
+    letters = Counter(r.answer for r in records)
+    assert set(letters) == set("ABCD") and max(letters.values()) <= QUESTIONS // 2
+    choice = ScoringSettings.model_validate({"method": "choice"})
+    for r in records:
+        assert r.prompt.endswith("Answer:") and len(r.choices) == 4
+        right = r.choices["ABCD".index(r.answer)]
+        # The scorer reads the dealt letter, or the right choice's text, as right.
+        assert judge(f"{r.answer}. {right}", Reference(r.answer, r.choices), choice, cut=False).correct
+        assert judge(f"The answer is {right}.", Reference(r.answer, r.choices), choice, cut=False).correct
+    assert len(choice_records(ChoicesSettings(size=5, seed=3))) == 5
+
+
+def test_the_choices_task_is_a_dataset_a_sweep_can_score(write_sweep):
+    trial = expand(parse_sweep(sweep({"dataset": {"choices": {"size": 10}}, **SCORED}, scoring="choice")))[0][0]
+    assert json.loads(trial.prompts.task) == {"choices": {"size": 10, "seed": 0}}
+    r = run_cli("plan", str(write_sweep(yaml.safe_dump(sweep({"dataset": {"choices": {"size": 41}}, **SCORED},
+                                                             scoring="choice")))))
+    assert r.returncode == 2 and "workload.dataset: choices.size: Input should be less than or equal to 40" in r.stderr
