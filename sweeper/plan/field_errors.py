@@ -77,7 +77,9 @@ def _either(first: str, other: str) -> str:
 
 def problems(errors: Iterable[Any], prefix: Sequence[Any] = ()) -> list[tuple[str | None, str]]:
     """Every error as ``(field, message)`` (``prefix``: where the validated value sits in the
-    file); the errors of one union's members for one value as one problem."""
+    file); the errors of one union's members for one value as one problem, at the union's field
+    (a member's complaint about a part of the value names that part: ``launch: Input should be
+    'vllm', ...; or command: required field is missing``)."""
     errors = list(errors)
     locs = [(*prefix, *err["loc"]) for err in errors]
     out: list[tuple[str | None, str]] = []
@@ -85,14 +87,23 @@ def problems(errors: Iterable[Any], prefix: Sequence[Any] = ()) -> list[tuple[st
     for err, loc, members in zip(errors, locs, _member_positions(locs), strict=True):
         field, msg = field_path(loc, members) or None, message(err)
         union = loc[:min(members)] if members else None  # where the union is that the error comes from
-        # pydantic reports a union's members one after another: same union, same field is the
-        # same value refused by another member.
-        if union is not None and union == last_union and out and out[-1][0] == field:
-            out[-1] = (field, _either(out[-1][1], msg))
+        # pydantic reports a union's members one after another: the same union again is the same
+        # value refused by another member.
+        if union is not None and union == last_union and out:
+            at = field_path(union) or None
+            out[-1] = (at, _either(_within(at, *out[-1]), _within(at, field, msg)))
         else:
             out.append((field, msg))
         last_union = union
     return out
+
+
+def _within(at: str | None, field: str | None, msg: str) -> str:
+    """``msg`` as said of the field ``at``: prefixed by the part of ``field`` below it, if any."""
+    if not field or field == at:
+        return msg
+    below = field[len(at):].lstrip(".") if at and field.startswith(at) else field
+    return f"{below}: {msg}" if below else msg
 
 
 def as_validation_error(title: str, found: Sequence[tuple[Sequence[Any], str]]) -> ValidationError:

@@ -219,6 +219,22 @@ def test_every_problem_of_every_option_variant_at_once_each_naming_its_field(wri
         "backend_options.server[1].colour: unknown key"]], r.stderr
 
 
+def test_a_value_no_member_of_a_union_takes_is_one_line_at_the_union_s_field(write_sweep):
+    """A mapping where a launch is an engine's name or {command: [...]}, a word where an output
+    length is a number, a list of them, natural or reference: each member's complaint, about the
+    value or a part of it, joined on one line naming the field the file wrote."""
+    launch = write_sweep(SERVED + "backend_options: {server: {launch: {vllm: 1}}}\n")
+    r = run_cli("plan", str(launch))
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: {launch}: backend_options.server.launch: Input should be 'vllm', 'sglang' or 'transformers'; "
+        "or command: required field is missing; or vllm: unknown key"], r.stderr
+    length = write_sweep(SERVED.replace("output_len: 4", "output_len: nat"), name="length.yaml")
+    r = run_cli("plan", str(length))
+    [line] = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and line.startswith(f"error: {length}: workload.output_len: ")
+    assert "a valid integer" in line and "'natural' or 'reference'" in line
+
+
 def test_a_searched_option_s_bad_value_is_told_every_form_it_may_take(write_sweep):
     path = write_sweep(SERVED + "backend_options: {server: {launch: vllm}}\n"
                        "search: {objective: {minimize: energy_per_token_j}, budget: {trials: 4},\n"
