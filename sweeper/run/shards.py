@@ -273,6 +273,14 @@ class ShardFiles:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(directory, name))
                     removed += 1
+        # The trial index is rewritten through a temporary beside it, in shards/ itself.
+        shards = posixpath.join(self.root, "shards")
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(shards):
+                if _is_temporary(name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(shards, name))
+                        removed += 1
         return removed
 
     def exists(self) -> bool:
