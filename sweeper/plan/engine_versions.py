@@ -18,11 +18,12 @@ from sweeper.plan.capabilities import Capabilities
 
 def engine_versions(trials: Iterable[Trial], device: Device, capabilities: Capabilities) -> dict[str, set[str]]:
     """Each tested engine the trials need, with its versions on the nodes they fit."""
+    # Asked of the nodes once per engine and trial width, not once per trial (a plan may hold thousands).
+    needs = {(module, t.num_gpus) for t in trials
+             for module in BACKENDS[t.backend].required_modules(t.backend_options) if module in TESTED}
     found: dict[str, set[str]] = {}
-    for t in trials:
-        for module in BACKENDS[t.backend].required_modules(t.backend_options):
-            if module in TESTED:
-                found.setdefault(module, set()).update(capabilities.versions(module, device, t.num_gpus))
+    for module, gpus in needs:
+        found.setdefault(module, set()).update(capabilities.versions(module, device, gpus))
     return found
 
 
