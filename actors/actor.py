@@ -22,10 +22,11 @@ from actors.layers.profile_pass import failed_pass, profile_layers
 from actors.measure import Measurement, measure_trial
 from actors.serving_measure import measure_serving_trial
 from actors.stages import StageClock, stage
-from actors.workload import PromptSources
+from actors.workload import PromptSources, answered
 from sweeper.core.backends import BACKENDS
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.results import (
+    ChoiceLikelihood,
     Environment,
     Fidelity,
     LayerPass,
@@ -79,6 +80,7 @@ class TrialRunner:
         self.pre_load_idle: IdleBaseline | None = None
         self.env = environment.capture()
         self._quality_parts: tuple[Fidelity, Perplexity] | None = None  # the group's, once per load
+        self._likelihoods: dict[int, ChoiceLikelihood] = {}  # by prompt source, once per load
         self._reference: Any = None  # the reference step's outputs, or why there are none
         self._sources: PromptSources | None = None  # the loaded model's prompt sources, built once each
         self.loads = 0  # models this process has loaded (more than one: handed on between groups)
@@ -116,6 +118,7 @@ class TrialRunner:
                 self.backend, self.load_info, self.telemetry = None, None, None
                 gc.collect()  # cycles holding tensors go now, not at some later allocation
         self._quality_parts = self._reference = None
+        self._likelihoods = {}
         self._sources = None
         self.loads += 1
         try:
@@ -261,10 +264,15 @@ class TrialRunner:
         if trial.fidelity is not None:
             with stage("fidelity"):
                 fidelity, perplexity = self._quality(trial)
+        likelihood = ChoiceLikelihood()
+        if trial.scoring is not None and trial.scoring.likelihood:
+            with stage("likelihood"):
+                likelihood = self._likelihood(trial)
         # The trial's result, made here once: the window's parts and the actor's own.
         result = measured.result.replace(
             outcome=replace(outcome, started_at=started, finished_at=_now()), setup=setup,
-            environment=environment, layer_pass=layer_pass, fidelity=fidelity, perplexity=perplexity)
+            environment=environment, layer_pass=layer_pass, fidelity=fidelity, perplexity=perplexity,
+            likelihood=likelihood)
         try:
             # Checked here, in the process that built them: a row the schema cannot hold
             # fails its own trial, with the reason, and the sweep goes on.
@@ -316,6 +324,21 @@ class TrialRunner:
                 perplexity = perplexity_columns(trial, backend, load_info)
             self._quality_parts = fidelity, perplexity
         return self._quality_parts
+
+    def _likelihood(self, trial: Trial) -> ChoiceLikelihood:
+        """The trial's questions scored by each choice's likelihood: once per prompt set of the
+        loaded model (a group's trials differ in batch size or rate, not in what is right)."""
+        from actors.quality.likelihood import likelihood_columns
+
+        backend, _ = self._loaded()
+        assert self._sources is not None  # the trial was measured: its prompts were built
+        source = self._sources.for_trial(trial)
+        key = id(source)  # sources are built once per prompt set and kept for the load
+        if key not in self._likelihoods:
+            chat = trial.prompts is not None and bool(trial.prompts.chat)
+            self._likelihoods[key] = likelihood_columns(backend, answered(source), self._sources.tokenizer(trial),
+                                                        chat=chat)
+        return self._likelihoods[key]
 
     def _profile_layers(self, trial: Trial, measured: Measurement,
                         tables: dict[str, Any]) -> tuple[LayerPass, Outcome | None]:

@@ -264,10 +264,11 @@ class PromptSources:
                trial.stops_at_eos)
         if key not in self._sources:
             self._sources[key] = prompt_source(trial, self.vocab_size, self.max_positions,
-                                               tokenizer=self._tokenizer(trial) if trial.prompts else None)
+                                               tokenizer=self.tokenizer(trial) if trial.prompts else None)
         return self._sources[key]
 
-    def _tokenizer(self, trial: Trial) -> Any:
+    def tokenizer(self, trial: Trial) -> Any:
+        """The trial's model's tokenizer (None for a synthetic preset), loaded once."""
         model = (trial.model_source, trial.model_location)
         if model not in self._tokenizers:
             self._tokenizers[model] = _tokenizer(trial)

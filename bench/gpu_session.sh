@@ -63,6 +63,8 @@
 #               measured replies, vLLM bf16/fp8 in-process and through `vllm serve`: J per correct answer
 #   accuracy_offline  bench/accuracy_offline_gpu.yaml (after smollm2): the same task offline, transformers
 #               bf16/int8/nf4 and vLLM bf16/fp8 at batch 1 and 32
+#   choices_offline  bench/choices_offline_gpu.yaml (after smollm2): the 40 choices questions by generated
+#               letter and by each choice's likelihood, the same precisions
 #   capacity_peer  bench capacity-peer: one configuration's capacity under an SLO (p99 TTFT 500 ms, TPOT 50 ms)
 #               by sweeper's search through launch: vllm and by vllm bench sweep serve_workload: GPU-s, bracket
 #   typed_rows  bench/typed_rows_gpu.yaml + typed_rows_serving_gpu.yaml: every kind of row built from
@@ -336,7 +338,7 @@ for kind in ('trials', 'requests', 'timeline'):
                           -o "$RESULTS/spec_launch" -q 2>&1 | tee "$OUT/spec_launch_run.log" | tail -20
                       cp "$RESULTS/spec_launch/trials.parquet" "$OUT/spec_launch_trials.parquet"
                       cp -r "$RESULTS/spec_launch/servers" "$OUT/spec_launch_servers" 2>/dev/null || true ;;
-        burst|accuracy|accuracy_offline)  # a burst's send lateness in-process vs launched; accuracy beside joules
+        burst|accuracy|accuracy_offline|choices_offline)  # a burst's send lateness in-process vs launched; accuracy beside joules
                       timeout -s INT -k 30 "${STEP_TIMEOUT_S:-540}" python3 -m sweeper run "bench/${1}_gpu.yaml" \
                           -o "$RESULTS/$1" -q 2>&1 | tee "$OUT/${1}_run.log" | tail -20
                       python3 -m sweeper report "$RESULTS/$1" >> "$OUT/${1}_run.log" 2>&1

@@ -150,13 +150,17 @@ class Backend(ABC):
 
         return topk_of(self.next_token_logprobs(token_ids, last=last), k)
 
-    def sequence_logprobs(self, token_ids: np.ndarray) -> np.ndarray:
+    def sequence_logprobs(self, token_ids: np.ndarray, last: int | None = None) -> np.ndarray:
         """log p(token i + 1 | tokens <= i) at each position of one (len,) sequence, float64
-        (len - 1 values): what perplexity needs. From the full distribution, renormalized in
-        float64 so rounding cannot push a probability above 1; a serving engine returns these
-        directly."""
-        logprobs = self.next_token_logprobs(np.asarray(token_ids, dtype=np.int64)[None])[0, :-1].astype(np.float64)
-        targets = np.asarray(token_ids[1:])
+        (len - 1 values): what perplexity needs; ``last``: only those of the last ``last``
+        tokens (a continuation's, for likelihood scoring). From the full distribution,
+        renormalized in float64 so rounding cannot push a probability above 1; a serving engine
+        returns these directly."""
+        ids = np.asarray(token_ids, dtype=np.int64)
+        scored = len(ids) - 1 if last is None else min(last, len(ids) - 1)
+        # Only the positions that predict the scored tokens leave the device.
+        logprobs = self.next_token_logprobs(ids[None], last=scored + 1)[0, :-1].astype(np.float64)
+        targets = ids[len(ids) - scored:]
         lse = np.log(np.exp(logprobs).sum(axis=-1))
         return logprobs[np.arange(len(targets)), targets] - lse
 

@@ -13,7 +13,8 @@ validates the block and the actor scores with the same code. Every scorer is an 
 - ``regex``: the first match of ``pattern`` in the reply, its first group (the whole match
   without groups), normalised, equals the normalised answer;
 - ``choice``: the choice the reply names, by letter (``B``, ``(B)``, ``B.``, ``answer is B``)
-  or by the choice's text, is the reference's.
+  or by the choice's text, is the reference's; with ``likelihood``, each question is also scored
+  by the choice the model finds likeliest after the prompt (``actors.quality.likelihood``).
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ class ScoringSettings(Settings):
     pattern: str | None = Field(None, max_length=1000, description="regex: its first group (or whole match) is the answer")
     tolerance: float | None = Field(None, ge=0, le=1e6, description="numeric: how far from the answer a number may be, "
                                                                     "times max(1, |answer|) (default 1e-6)")
+    likelihood: bool = Field(False, description="choice: also score each question by the log-likelihood the model "
+                                                "gives each choice's text after the prompt (lm-evaluation-harness's "
+                                                "acc and acc_norm), in a pass after the measured window; engines "
+                                                "with prompt log-probabilities (transformers, in-process vLLM)")
 
     DEFAULT_TOLERANCE: ClassVar[float] = 1e-6
 
@@ -104,6 +109,9 @@ class ScoringSettings(Settings):
         for key in ("pattern", "tolerance"):
             if key not in needs and getattr(self, key) is not None:
                 raise ValueError(f"{key}: not used by method {self.method}; remove it")
+        if self.likelihood and "likelihood" not in needs:
+            raise ValueError(f"likelihood: scores a question's choices, and method {self.method} has none "
+                             "(use method: choice)")
         return self
 
     @property
@@ -111,12 +119,16 @@ class ScoringSettings(Settings):
         return self.tolerance if self.tolerance is not None else self.DEFAULT_TOLERANCE
 
     def canonical_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json", exclude_none=True), sort_keys=True, separators=(",", ":"))
+        # likelihood joined later: in the text (and so in trial ids) only when set.
+        exclude = {"likelihood"} if not self.likelihood else set()
+        return json.dumps(self.model_dump(mode="json", exclude_none=True, exclude=exclude), sort_keys=True,
+                          separators=(",", ":"))
 
     def describe(self) -> str:
         """The method as a plan note names it (``numeric (tolerance 1e-06)``)."""
         extra = [f"pattern {self.pattern!r}" if self.pattern is not None else "",
-                 f"tolerance {self.numeric_tolerance:g}" if self.method == "numeric" else ""]
+                 f"tolerance {self.numeric_tolerance:g}" if self.method == "numeric" else "",
+                 "and by each choice's likelihood" if self.likelihood else ""]
         extra = [e for e in extra if e]
         return self.method + (f" ({', '.join(extra)})" if extra else "")
 
@@ -233,7 +245,8 @@ SCORERS: dict[str, Scorer] = {s.name: s for s in (
     Scorer("exact", lambda reply, s, ref: extract_exact(reply, s), matches_exact),
     Scorer("numeric", lambda reply, s, ref: extract_numeric(reply, s), matches_numeric, frozenset({"tolerance"})),
     Scorer("regex", lambda reply, s, ref: extract_regex(reply, s), matches_exact, frozenset({"pattern"})),
-    Scorer("choice", lambda reply, s, ref: extract_choice(reply, s, ref.choices), matches_choice),
+    Scorer("choice", lambda reply, s, ref: extract_choice(reply, s, ref.choices), matches_choice,
+           frozenset({"likelihood"})),
 )}
 
 

@@ -51,6 +51,8 @@ _STAGES = (
     Stage("measure", "trial", "the measured window (serving: the whole request schedule)"),
     Stage("fidelity", "trial", "the group's fidelity and perplexity pass (once per loaded model)"),
     Stage("layer_pass", "trial", "the layer-profiling pass, after the window"),
+    Stage("likelihood", "trial", "multiple choice scored by each choice's likelihood (once per loaded model and "
+          "prompt set), after the window"),
     Stage("harness", "trial", "the rest of the actor's trial call: prompts, rows, energy attribution"),
 )
 STAGES: dict[str, Stage] = {s.name: s for s in _STAGES}

@@ -338,6 +338,11 @@ def _check_answers(sweep: Sweep, sweep_path: str, where: str, records: list[Prom
         raise SweepFileError(sweep_path, "workload.dataset", str(DatasetError(
             where, f"has no reference answer, which scoring: {sweep.scoring.method} judges replies against (give "
             "each record an \"answer\")", missing, "answer")))
+    unchosen = next((i for i, r in enumerate(records, 1) if not r.choices), None) if sweep.scoring.likelihood else None
+    if unchosen is not None:
+        raise SweepFileError(sweep_path, "workload.dataset", str(DatasetError(
+            where, "has no choices, which scoring.likelihood scores by (give each record \"choices\")",
+            unchosen, "choices")))
 
 
 def _without_reference(records: list[PromptRecord]) -> int | None:

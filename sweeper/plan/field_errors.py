@@ -47,15 +47,23 @@ def _member_positions(locs: Sequence[tuple[Any, ...]]) -> list[set[int]]:
             for loc in locs]
 
 
-def field_path(loc: Sequence[Any], members: Collection[int] = ()) -> str:
+_UNKNOWN = object()  # the written value at a location, where it is not known
+
+
+def field_path(loc: Sequence[Any], members: Collection[int] = (), document: Any = _UNKNOWN) -> str:
     """The location as the sweep file names it: ``a.b[2].c``, without the places ``members``
-    (union members' names) or pydantic's bracketed names."""
-    out = ""
+    (union members' names) or pydantic's bracketed names. With the ``document`` as written, an
+    index into a value the file wrote as a scalar (an axis takes ``8`` for ``[8]``) is left out
+    too: ``output_len: nat`` is wrong at ``output_len``, not at ``output_len[0]``."""
+    out, written = "", document
     for i, part in enumerate(loc):
         if isinstance(part, int):
-            out += f"[{part}]"
+            if written is _UNKNOWN or isinstance(written, list):
+                out += f"[{part}]"
+                written = written[part] if isinstance(written, list) and part < len(written) else _UNKNOWN
         elif i not in members and not _TAGGED.search(str(part)):
             out += f".{part}" if out else str(part)
+            written = written.get(part, _UNKNOWN) if isinstance(written, dict) else _UNKNOWN
     return out
 
 
@@ -75,9 +83,10 @@ def _either(first: str, other: str) -> str:
     return f"{first}; or {other}"
 
 
-def problems(errors: Iterable[Any], prefix: Sequence[Any] = ()) -> list[tuple[str | None, str]]:
+def problems(errors: Iterable[Any], prefix: Sequence[Any] = (),
+             document: Any = _UNKNOWN) -> list[tuple[str | None, str]]:
     """Every error as ``(field, message)`` (``prefix``: where the validated value sits in the
-    file); the errors of one union's members for one value as one problem, at the union's field
+    file, ``document``: the file's data as written, when known); the errors of one union's members for one value as one problem, at the union's field
     (a member's complaint about a part of the value names that part: ``launch: Input should be
     'vllm', ...; or command: required field is missing``)."""
     errors = list(errors)
@@ -85,12 +94,12 @@ def problems(errors: Iterable[Any], prefix: Sequence[Any] = ()) -> list[tuple[st
     out: list[tuple[str | None, str]] = []
     last_union: tuple[Any, ...] | None = None
     for err, loc, members in zip(errors, locs, _member_positions(locs), strict=True):
-        field, msg = field_path(loc, members) or None, message(err)
+        field, msg = field_path(loc, members, document) or None, message(err)
         union = loc[:min(members)] if members else None  # where the union is that the error comes from
         # pydantic reports a union's members one after another: the same union again is the same
         # value refused by another member.
         if union is not None and union == last_union and out:
-            at = field_path(union) or None
+            at = field_path(union, document=document) or None
             out[-1] = (at, _either(_within(at, *out[-1]), _within(at, field, msg)))
         else:
             out.append((field, msg))

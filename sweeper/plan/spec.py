@@ -577,7 +577,7 @@ def parse_sweep(data: Any, path: str = "<sweep>") -> Sweep:
     try:
         return Sweep.model_validate(data)
     except ValidationError as exc:
-        found = problems(exc.errors())
+        found = problems(exc.errors(), document=data)
         raise SweepFileError(path, *found[0], more=tuple(found[1:])) from None
 
 

@@ -80,3 +80,53 @@ def test_the_bundled_model_scores_the_bundled_task_offline(smollm2_dir):
     # 8+ replies to "Reply with the final number only.", some hold a number, right or wrong.
     assert any(r["extracted_answer"] is not None for r in requests)
     assert row["energy_per_correct_j"] is None and row["correct_per_kj"] is None  # the CPU: no GPU energy
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("bundled-model")
+def test_the_bundled_model_scores_multiple_choice_by_each_choice_s_likelihood(smollm2_dir):
+    """``likelihood: true``: each question's likeliest choice after its prompt, worked out here
+    again with the model's own forward pass (all positions, log-softmax in float64) from the
+    prompts the trial sent; the two agree up to a near tie, and the generated letters are still
+    judged beside them."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from actors.quality.likelihood import questions
+    from actors.workload import prompt_source
+    from sweeper.core.datasets import LETTERS
+    from tests.actors.backends.test_server_backend import plan_one, run_trial
+
+    trial = plan_one({
+        "name": "bundled-likelihood", "models": ["smollm2-135m"], "backends": "transformers", "precisions": "fp32",
+        "batch_sizes": 6, "workload": {"dataset": {"choices": {"size": 6, "seed": 2}}, "chat": True,
+                                       "output_len": "natural", "max_output_len": 4},
+        "scoring": {"method": "choice", "likelihood": True},
+        "measure": {"warmup_iters": 0, "idle_s": 0, "min_iters": 1, "min_duration_s": 0, "min_window_s": 0},
+    }, "cpu")
+    row = run_trial(trial).row
+    assert row["status"] == "ok", row.get("error")
+    assert row["likelihood_status"] == "ok" and row["likelihood_n_scored"] == 6
+    assert row["n_scored"] == 6  # the generated letters, judged as ever
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, torch_dtype=torch.float32).eval()
+    asked = questions(prompt_source(trial, model.config.vocab_size, tokenizer=tokenizer))
+    assert len(asked) == 6
+    right, margins = 0, []
+    for prompt in asked:
+        sums = []
+        for text in prompt.reference.choices:
+            cont = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = torch.tensor([list(prompt.ids) + cont])
+            with torch.inference_mode():
+                logp = torch.log_softmax(model(ids).logits[0].double(), dim=-1)
+            sums.append(sum(float(logp[len(prompt.ids) - 1 + j, t]) for j, t in enumerate(cont)))
+        right += LETTERS[int(np.argmax(sums))] == prompt.reference.answer
+        ordered = sorted(sums, reverse=True)
+        margins.append(ordered[0] - ordered[1])
+    near_ties = sum(m < 1e-3 for m in margins)  # where another build's rounding may pick the other
+    assert abs(row["likelihood_accuracy"] * 6 - right) <= near_ties, (row["likelihood_accuracy"], right, margins)
+    assert row["likelihood_accuracy_ci95_low"] <= row["likelihood_accuracy"] <= row["likelihood_accuracy_ci95_high"]
+    assert 0.0 <= row["likelihood_accuracy_norm"] <= 1.0

@@ -193,6 +193,7 @@ def test_no_correct_answer_costs_null_not_infinity_and_no_energy_leaves_both_nul
     ({"method": "regex", "pattern": "(unclosed"}, "not a regular expression"),
     ({"method": "exact", "tolerance": 0.1}, "tolerance: not used by method exact"),
     ({"method": "numeric", "tolerance": -1}, "greater than or equal to 0"),
+    ({"method": "numeric", "likelihood": True}, "likelihood: scores a question's choices, and method numeric has none"),
 ])
 def test_bad_scoring_settings_say_what_is_wrong(given, problem):
     from pydantic import ValidationError
@@ -200,3 +201,17 @@ def test_bad_scoring_settings_say_what_is_wrong(given, problem):
     with pytest.raises(ValidationError) as err:
         ScoringSettings.model_validate(given)
     assert problem in str(err.value)
+
+
+def test_likelihood_joins_a_choice_scoring_s_trial_ids_only_when_asked_for():
+    plain = ScoringSettings.model_validate("choice")
+    assert plain.canonical_json() == '{"method":"choice"}'  # trials scored before it keep their ids
+    assert '"likelihood":true' in ScoringSettings.model_validate({"method": "choice", "likelihood": True}).canonical_json()
+
+
+def test_the_likeliest_choice_by_its_sum_and_by_its_sum_per_character():
+    from actors.quality.likelihood import chosen
+
+    # A long right answer loses on its summed log-probability and wins per character.
+    assert chosen([-4.0, -9.0, -6.0], ["Paris", "the capital city of France", "Rome"]) == (0, 1)
+    assert chosen([-2.0, -2.0], ["a", "b"]) == (0, 0)  # the first of equals, as numpy's argmax

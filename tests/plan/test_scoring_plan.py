@@ -115,6 +115,21 @@ def test_a_prompt_file_without_answers_under_scoring_is_one_line_naming_the_file
     assert run_cli("plan", str(tmp_path / "u.yaml")).returncode == 0
 
 
+def test_likelihood_scoring_of_a_file_with_a_question_without_choices_names_the_record(tmp_path):
+    data = tmp_path / "mc.jsonl"
+    data.write_text('{"question": "Red?", "choices": ["yes", "no"], "answer": "A"}\n'
+                    '{"question": "2 + 2?", "answer": "4"}\n')
+    scoring = {"method": "choice", "likelihood": True}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(sweep({"dataset": "mc.jsonl", **SCORED}, scoring=scoring)))
+    proc = run_cli("plan", str(tmp_path / "s.yaml"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 's.yaml'}: workload.dataset: {data} record 2 field 'choices': has no choices, which "
+        "scoring.likelihood scores by (give each record \"choices\")"], proc.stderr
+    # The bundled multiple-choice task has choices throughout; the plan says how it is scored.
+    plan = make_plan(parse_sweep(sweep({"dataset": "choices", **SCORED}, scoring=scoring)), "cpu")
+    assert any("choice (and by each choice's likelihood)" in note for note in plan.notes), plan.notes
+
+
 def test_the_bundled_choices_are_dealt_from_their_seed_with_the_right_letter_anywhere():
     from collections import Counter
 

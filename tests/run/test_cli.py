@@ -67,7 +67,7 @@ def test_a_large_plan_is_one_row_per_model_load_and_json_lists_every_trial(write
     (GOOD + "colour: red\n", "colour: unknown key"),
     (GOOD.replace("[1, 2]", "[1, -2]"), "batch_sizes[1]: Input should be greater than 0"),
     (GOOD.replace("[1, 2]", "[]"), "batch_sizes: must not be empty"),
-    (GOOD.replace("input_len: 8", "input_len: eight"), "workload.input_len[0]"),
+    (GOOD.replace("input_len: 8", "input_len: eight"), "workload.input_len"),
     (GOOD.replace("tiny-llama", "not/a-real-model-xyz"), "models[0]: Hugging Face model"),
     (GOOD.replace("fp16", "int3"), "precisions: unknown precision 'int3'"),
 ])

@@ -440,7 +440,7 @@ class VllmBackend(Backend):
                                     self._sampling_params(n), use_tqdm=False)
         return np.asarray([list(o.outputs[0].token_ids) for o in outputs], dtype=np.int64)
 
-    def sequence_logprobs(self, token_ids: np.ndarray) -> np.ndarray:
+    def sequence_logprobs(self, token_ids: np.ndarray, last: int | None = None) -> np.ndarray:
         """``prompt_logprobs=0``: each prompt token's own log-probability after the ones before it."""
         if self.llm is None:
             raise NotImplementedError("vLLM's serving engine does not score (run perplexity offline)")
@@ -448,8 +448,9 @@ class VllmBackend(Backend):
 
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         out = self.llm.generate([{"prompt_token_ids": [int(t) for t in token_ids]}], params, use_tqdm=False)[0]
-        return np.asarray([dist[int(t)].logprob for dist, t in zip(out.prompt_logprobs[1:], token_ids[1:],
-                                                                      strict=True)], dtype=np.float64)
+        values = np.asarray([dist[int(t)].logprob for dist, t in zip(out.prompt_logprobs[1:], token_ids[1:],
+                                                                       strict=True)], dtype=np.float64)
+        return values if last is None else values[len(values) - min(last, len(values)):]
 
     def topk_logprobs(self, token_ids: np.ndarray, last: int, k: int) -> TopK:
         """One prefill per row: ``prompt_logprobs`` gives the distribution of each prompt token

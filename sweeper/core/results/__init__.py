@@ -19,7 +19,7 @@ imported from here."""
 
 from __future__ import annotations
 
-from sweeper.core.results.accuracy import Accuracy
+from sweeper.core.results.accuracy import Accuracy, ChoiceLikelihood
 from sweeper.core.results.energy import (
            Baseline,
            Energy,
@@ -44,7 +44,7 @@ from sweeper.core.results.trial_result import TrialResult
 from sweeper.core.results.trust import Intervals, IterationNoise, Stability
 from sweeper.core.results.window import Latency, Lengths, Memory, Roofline, Speculation, Throughput
 
-__all__ = ["Accuracy", "Baseline", "ClientTimeliness", "ColumnSpec", "Compile", "Conversations", "Energy", "Environment",
+__all__ = ["Accuracy", "Baseline", "ChoiceLikelihood", "ClientTimeliness", "ColumnSpec", "Compile", "Conversations", "Energy", "Environment",
            "Fidelity", "HostEnergy", "Intervals", "IterationNoise", "Latency", "LayerPass", "Lengths",
            "Memory", "Occupancy", "Outcome", "Part", "PerRequestEnergy", "Perplexity", "PhaseEnergy",
            "PrefixCacheUse", "RequestRecord", "Roofline", "RowError", "RunEnergy", "ServingRun", "Setup",

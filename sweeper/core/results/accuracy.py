@@ -27,3 +27,23 @@ class Accuracy(Part):
         "the GPU energy of the scored requests (their energy_j summed) / n_correct; null with no correct "
         "answer or where requests' energies are not attributed (no GPU)")
     correct_per_kj: float | None = column("n_correct per kJ of the scored requests' GPU energy (1000 / energy_per_correct_j)")
+
+
+@dataclass(frozen=True)
+class ChoiceLikelihood(Part):
+    """Multiple choice scored by likelihood (``scoring: {method: choice, likelihood: true}``): the
+    choice the model finds likeliest after each question's prompt, in a pass after the measured
+    window (no energy is measured for it; null throughout where not asked for)."""
+
+    likelihood_n_scored: int | None = column("questions scored by likelihood: the trial's distinct dataset prompts")
+    likelihood_accuracy: float | None = column(
+        "share of those whose likeliest choice (the sum of its tokens' log-probabilities after the prompt) is the "
+        "answer: lm-evaluation-harness's acc")
+    likelihood_accuracy_ci95_low: float | None = column("the Wilson 95 % score interval's lower end for likelihood_accuracy")
+    likelihood_accuracy_ci95_high: float | None = column("the Wilson 95 % score interval's upper end for likelihood_accuracy")
+    likelihood_accuracy_norm: float | None = column(
+        "the same with each choice's log-likelihood divided by its text's length in characters: lm-evaluation-"
+        "harness's acc_norm (long choices are not penalised for their length)")
+    likelihood_status: str | None = column(
+        "ok | not applicable: ... (the engine gives no prompt log-probabilities, or the model no tokenizer) | "
+        "failed: ... (the trial's status stays ok); null: not asked for")

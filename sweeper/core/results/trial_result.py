@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any
 
-from sweeper.core.results.accuracy import Accuracy
+from sweeper.core.results.accuracy import Accuracy, ChoiceLikelihood
 from sweeper.core.results.energy import (
     Baseline,
     Energy,
@@ -85,6 +85,7 @@ class TrialResult:
     fidelity: Fidelity = Fidelity()
     perplexity: Perplexity = Perplexity()
     accuracy: Accuracy = Accuracy()
+    likelihood: ChoiceLikelihood = ChoiceLikelihood()
     environment: Environment = Environment()
 
     @staticmethod
