@@ -368,7 +368,8 @@ def test_schema_names_carry_units():
                    "search_params",
                    # scoring: the method (JSON), counts of replies, a share and its interval
                    "scoring", "n_scored", "n_correct", "n_truncated", "accuracy", "accuracy_ci95_low",
-                   "accuracy_ci95_high"}
+                   "accuracy_ci95_high", "likelihood_n_scored", "likelihood_accuracy", "likelihood_accuracy_ci95_low",
+                   "likelihood_accuracy_ci95_high", "likelihood_accuracy_norm", "likelihood_status"}
     for col in TRIALS:
         # rates and per-token quantities carry their unit before the "per"
         if (col.name in unitless_ok or col.name.endswith("_version")
