@@ -289,6 +289,7 @@ def _request_energy(run: ServedRun, telemetry: TelemetryBase, handle: MeterReadi
         energy_per_request_p90_j=float(np.percentile(energies, 90)) if done else None,
         attributed_energy_j=float(sum(e.energy_j for e in split)),
         request_prefill_share=sum(e.prefill_energy_j for e in done) / whole if whole > 0 else None,
+        request_prefill_from=attribution.prefill_from([r for r in run.requests if r.ok]),
     ), split
 
 

@@ -39,6 +39,16 @@ from actors.serving.records import ServedRequest
 METHOD = "token_share"
 
 
+def prefill_from(requests: Sequence[ServedRequest]) -> str | None:
+    """Where the requests' prefill segments began (``request_prefill_from``): ``scheduled`` where
+    the engine stamped every one, ``sent`` where it stamped none (an HTTP server), else ``mixed``;
+    None without requests."""
+    stamped = {r.scheduled_s is not None for r in requests}
+    if not stamped:
+        return None
+    return "mixed" if len(stamped) > 1 else "scheduled" if True in stamped else "sent"
+
+
 def segments(request: ServedRequest) -> tuple[np.ndarray, np.ndarray]:
     """A request's work: segment boundaries (n + 1 times) and the tokens each of the n
     segments processes. Tokens delivered at one instant join the segment before them."""

@@ -359,7 +359,7 @@ def test_schema_names_carry_units():
                    "conversations", "history", "n_conversations", "conversations_completed", "conversations_cut",
                    "turns_per_conversation",
                    # serving: the share of requests' energy spent in their prefills (a ratio)
-                   "request_prefill_share",
+                   "request_prefill_share", "request_prefill_from",
                    # the server backend: names, a command line, a path, process lists, a flag, a reason
                    "server_engine", "server_command", "server_url", "server_log", "gpu_processes",
                    "energy_exclusive", "energy_unmetered_reason",

@@ -91,6 +91,10 @@ class PerRequestEnergy(Part):
         "serving: of the completed requests' energy (requests.parquet energy_j), the share spent in their "
         "prefills (prefill_energy_j): what prompts cost against replies, by the token-share split; null "
         "where unmetered")
+    request_prefill_from: str | None = column(
+        "serving: where the completed requests' prefill segments began: scheduled (the engine's own stamp: "
+        "vLLM in-process, transformers, noop), sent (no stamp: an HTTP server; the segment also holds the "
+        "server's ingest and queueing, so request_prefill_share is an upper bound), or mixed")
 
 
 @dataclass(frozen=True)

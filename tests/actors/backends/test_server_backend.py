@@ -547,6 +547,8 @@ def test_an_energy_site_meters_the_named_gpus_and_lists_their_processes(tmp_path
     assert row["energy_exclusive"] is None  # whose processes they are is not known for an external server
     requests = outcome.tables["requests"].to_pylist()
     assert sum(r["energy_j"] for r in requests) == pytest.approx(row["run_energy_j"], rel=1e-9)
+    # An HTTP server stamps no scheduling: its requests' prefills are counted from their sends.
+    assert row["request_prefill_from"] == "sent" and 0 < row["request_prefill_share"] < 1
 
 
 def test_without_an_energy_site_an_external_server_has_no_energy_and_says_why(tmp_path):

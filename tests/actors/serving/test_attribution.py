@@ -128,3 +128,8 @@ def test_a_server_that_does_not_say_when_it_scheduled_splits_as_the_engine_that_
     queued = request_energy_split([served[0], queued_b], T0, T0 + 0.7, meter.energies_between)
     assert queued[1].prefill_energy_j > in_process[1].prefill_energy_j
     assert sum(e.energy_j for e in queued) == pytest.approx(meter.energy_between(T0, T0 + 0.7), rel=1e-9)
+    # The trial says which it was: where the share is exact, and where it is an upper bound.
+    from actors.serving.attribution import prefill_from
+
+    assert (prefill_from([A, B]), prefill_from(served), prefill_from([A, served[1]]), prefill_from([])) == (
+        "scheduled", "sent", "mixed", None)
