@@ -358,6 +358,7 @@ class TrialRunner:
                                if timing.duration_s is not None and timing.n_iterations else None)
         try:
             profile = profile_layers(backend, trial, load_info, telemetry, headline_s_per_iter=headline_s_per_iter)
+            layers = records_table("layers", profile.rows) if profile.rows else None
         except Exception as exc:
             self._log_failure("layer profiling pass failed", trial, exc)
             oom = self._is_oom(exc)
@@ -365,6 +366,6 @@ class TrialRunner:
             text = self._redacted(trial, _error_text(exc))
             return failed_pass(text), failed_outcome(Reason.OOM if oom else Reason.LAYER_PROFILE_FAILED,
                                                      f"layer profiling pass: {text}")
-        if profile.rows:
-            tables["layers"] = profile.rows
+        if layers is not None:
+            tables["layers"] = layers
         return profile.columns, None

@@ -326,7 +326,8 @@ def run(args: argparse.Namespace) -> int:
                     row = outcome.row
                     if row.get("status") != Status.OK:
                         raise RuntimeError(f"trial {row.get('status')}: {row.get('error')}")
-                    rows = outcome.tables.get("layers") or []
+                    layers = outcome.tables.get("layers")
+                    rows = layers.to_pylist() if layers is not None else []
                     if not rows:
                         raise RuntimeError(f"no layer rows: {row.get('layer_profile_status')}")
                     pass_handle = handles.get(f"{trial.trial_id}/layers")

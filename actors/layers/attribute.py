@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sweeper.core.results import LayerPass
+from sweeper.core.results.tables import LayerRecord
 
 if TYPE_CHECKING:
     from actors.layers.profiler import ModuleTime
@@ -39,16 +40,16 @@ class LayerProfile:
     """What the pass adds to a trial: trials-table columns and layers-table rows."""
 
     columns: LayerPass
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[LayerRecord] = field(default_factory=list)
 
     @classmethod
     def not_applicable(cls, why: str) -> LayerProfile:
         return cls(LayerPass(layer_profile_status=f"not applicable: {why}"))
 
 
-def attribute_energy(times: Sequence[ModuleTime], *, pass_energy_j: float | None,
-                     phase_energy_j: dict[str, float] | None) -> list[dict[str, Any]]:
-    """Layers-table rows (without ``trial_id``) from per-module, per-phase GPU times.
+def attribute_energy(times: Sequence[ModuleTime], *, trial_id: str, pass_energy_j: float | None,
+                     phase_energy_j: dict[str, float] | None) -> list[LayerRecord]:
+    """``trial_id``'s layers-table rows from per-module, per-phase GPU times.
 
     ``times`` holds the profiler's records (module, module_type, layer_index,
     phase, calls, gpu_time_s). ``time_share`` sums to 1 within each phase; with
@@ -82,9 +83,8 @@ def attribute_energy(times: Sequence[ModuleTime], *, pass_energy_j: float | None
         total_w = sum(weights.values())
         phase_j = {p: pass_energy_j * w / total_w for p, w in weights.items()}
 
-    return [{
-        "module": t.module, "module_type": t.module_type, "layer_index": t.layer_index,
-        "phase": t.phase, "calls": t.calls, "gpu_time_s": t.gpu_time_s, "time_share": share(t),
-        "energy_j": phase_j[t.phase] * share(t) if phase_j is not None else None,
-        "method": method, "gpu_time_method": t.gpu_time_method,
-    } for t in times]
+    return [LayerRecord(
+        trial_id=trial_id, module=t.module, module_type=t.module_type, layer_index=t.layer_index, phase=t.phase,
+        calls=t.calls, gpu_time_s=t.gpu_time_s, gpu_time_method=t.gpu_time_method, time_share=share(t),
+        energy_j=phase_j[t.phase] * share(t) if phase_j is not None else None, method=method,
+    ) for t in times]

@@ -102,7 +102,7 @@ def profile_layers(backend: Backend, trial: Trial, load: LoadInfo, telemetry: Te
     status = "ok"
     if telemetry.active and pass_energy_j is None:
         status = f"ok; no pass energy: {getattr(handle, 'error', None) or 'window not measured'}"
-    rows = [{"trial_id": trial.trial_id, **r}
-            for r in attribute_energy(times, pass_energy_j=pass_energy_j, phase_energy_j=phase_energy_j)]
+    rows = attribute_energy(times, trial_id=trial.trial_id, pass_energy_j=pass_energy_j,
+                            phase_energy_j=phase_energy_j)
     return LayerProfile(LayerPass(layer_profile_status=status, layer_profile_overhead=overhead,
                                   layer_profile_energy_j=pass_energy_j), rows)

@@ -17,6 +17,7 @@ import pyarrow as pa
 from sweeper.core.capacity import Capacity
 from sweeper.core.configuration import Configuration
 from sweeper.core.results import Part, RequestRecord, RowError, TrialResult
+from sweeper.core.results.tables import LayerRecord, StageRecord, TimelineSample
 from sweeper.core.search import SearchPoint
 
 
@@ -71,58 +72,10 @@ _RESULT: tuple[Column, ...] = tuple(c for part in _PARTS for c in _part_columns(
 # A request's row is a typed record (sweeper.core.results.requests), made whole by its producer.
 REQUESTS: tuple[Column, ...] = _part_columns(RequestRecord)
 
-TIMELINE: tuple[Column, ...] = (
-    _c("trial_id", S, "trial the sample belongs to"),
-    _c("t_s", F, "seconds from the start of the measured window (negative: idle baseline)"),
-    _c("gpu_index", I, "NVML (physical) index of the GPU"),
-    _c("gpu_uuid", S, "GPU UUID"),
-    _c("power_w", F, "instantaneous power"),
-    _c("energy_mj", F, "NVML total-energy counter (raw, mJ since driver load)"),
-    _c("util_gpu_pct", F, "GPU utilisation"),
-    _c("memory_used_bytes", I, "device memory used (whole GPU)"),
-    _c("sm_clock_mhz", F, "SM clock"),
-    _c("temperature_c", F, "GPU temperature"),
-    _c("phase", S, "offline: prefill | decode when the sample falls in a generate call's phase, else null; "
-                   "serving: ramp | steady | drain (the run's steady-state window and either side)"),
-)
-
-LAYERS: tuple[Column, ...] = (
-    _c("trial_id", S, "trial the profiling pass belongs to"),
-    _c("module", S, "qualified module name in the model (e.g. model.layers.3.self_attn; the root model: '')"),
-    _c("module_type", S, "role: decoder_block | attention | mlp | norm | embedding | rotary_embedding | "
-                         "final_norm | lm_head | other (leaf modules: the role of the unit they sit in); "
-                         "<role>_rest (decoder_block_rest, model_rest, ...): what a module holding profiled "
-                         "modules runs outside them (residual adds, mask set-up), so a phase's rows cover "
-                         "the whole forward"),
-    _c("layer_index", I, "decoder block index, null for modules outside the blocks"),
-    _c("phase", S, "prefill (forwards over the prompt) | decode (one-token forwards)"),
-    _c("calls", I, "forward calls of the module in this phase over the whole pass"),
-    _c("gpu_time_s", F, "the module's time over the whole pass, as gpu_time_method says; on CUDA the summed "
-                        "duration of the GPU kernels (and memcpy/memset) launched inside its forward, "
-                        "idle gaps between them excluded"),
-    _c("gpu_time_method", S, "cuda_kernel_time (torch.profiler/CUPTI kernel durations, the CUDA default) | "
-                             "host_clock (CPU runs: synchronous there) | cpu_op_time (the profiler's CPU op "
-                             "durations, a kernel-time pass run on a CPU)"),
-    _c("time_share", F, "gpu_time_s / the phase's summed gpu_time_s over all its rows (rests included)"),
-    _c("energy_j", F, "energy attributed to the module in this phase (null on CPU-only runs)"),
-    _c("method", S, "energy attribution method: gpu_time_share_of_phase_energy | gpu_time_share_of_window_energy"),
-)
-
-
-STAGES: tuple[Column, ...] = (
-    _c("trial_id", S, "trial the span is recorded with (a group's stages: with the first trial recorded after "
-                      "its load)"),
-    _c("stage", S, "actor_start | close | pre_load_idle | reference | materialize | load | engine_start | weights | "
-                   "engine_compile | kv_cache | cuda_graphs | engine_warmup (scope group; the last six: a vLLM "
-                   "engine's start, from its log) | compile | warmup | idle_baseline | measure | fidelity | layer_pass | harness "
-                   "(scope trial); sweeper/core/stages.py says what each holds"),
-    _c("scope", S, "group (once per loaded model) | trial"),
-    _c("started_at", TS, "when the span began (the actor's clock, UTC)"),
-    _c("duration_s", F, "the span's length; stages are timed exclusively (a stage nested in another pauses it), "
-                        "so one slot's spans never overlap"),
-    _c("node", S, "the node it ran on (host:ray-node-id prefix)"),
-    _c("gpu_ids", S, "node-local GPU ids the actor held, comma-separated; null: a CPU-only node"),
-)
+# The other per-trial tables' rows are typed records too (sweeper.core.results.tables).
+TIMELINE: tuple[Column, ...] = _part_columns(TimelineSample)
+LAYERS: tuple[Column, ...] = _part_columns(LayerRecord)
+STAGES: tuple[Column, ...] = _part_columns(StageRecord)
 
 
 def trials_columns() -> tuple[Column, ...]:
@@ -183,7 +136,7 @@ def to_table(kind: str, rows: list[dict[str, Any]] | pa.Table) -> pa.Table:
 
 
 # The tables whose rows actors make as typed records: the type each one's schema comes from.
-RECORDS: dict[str, type[Part]] = {"requests": RequestRecord}
+RECORDS: dict[str, type[Part]] = {"requests": RequestRecord, "stages": StageRecord, "layers": LayerRecord}
 
 
 def records_table(kind: str, records: Sequence[Part]) -> pa.Table:

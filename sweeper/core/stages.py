@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 Scope = Literal["group", "trial"]
 
@@ -74,12 +74,6 @@ class StageSpan:
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
             raise KeyError(f"unknown stage {self.stage!r}; known: {', '.join(STAGES)}")
-
-    def row(self, trial_id: str, node: str | None, gpu_ids: str | None) -> dict[str, Any]:
-        """The span as a ``stages`` table row, placed where it ran."""
-        return {"trial_id": trial_id, "stage": self.stage, "scope": STAGES[self.stage].scope,
-                "started_at": self.started_at, "duration_s": self.duration_s,
-                "node": node, "gpu_ids": gpu_ids}
 
 
 def stage_seconds(spans: list[StageSpan]) -> dict[str, float]:

@@ -8,6 +8,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from sweeper.core.results import Part, TrialResult
+from sweeper.core.results.tables import StageRecord
+from sweeper.core.schema import records_table
 from sweeper.core.stages import StageSpan
 from sweeper.core.trial import Trial
 from sweeper.run.events import Placement
@@ -68,7 +70,8 @@ class Recorder:
         t0 = time.monotonic()
         if stages:
             node, gpu_ids = (placement.node, placement.gpu_ids) if placement is not None else (None, None)
-            tables["stages"] = [span.row(trial.trial_id, node, gpu_ids) for span in stages]
+            tables["stages"] = records_table("stages", [StageRecord.of_span(span, trial.trial_id, node, gpu_ids)
+                                                        for span in stages])
         for kind, table in tables.items():
             self.store.write_shard(kind, trial.trial_id, table)
         self.store.write_shard("trials", trial.trial_id, [{**trial.columns(), **result.row()}])

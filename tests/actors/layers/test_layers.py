@@ -236,10 +236,10 @@ def test_time_shares_sum_to_one_per_phase(backends):
     backend, info = backends["tiny-llama"]
     with LayerProfiler(backend.model, select_units(backend.model, "leaf")) as profiler:
         generate(backend, info, profiler, 1, input_len=5, output_len=4)
-    rows = attribute_energy(profiler.results(), pass_energy_j=None, phase_energy_j=None)
+    rows = attribute_energy(profiler.results(), trial_id="t", pass_energy_j=None, phase_energy_j=None)
     for phase in (PREFILL, DECODE):
-        assert sum(r["time_share"] for r in rows if r["phase"] == phase) == pytest.approx(1.0)
-    assert all(r["energy_j"] is None and r["method"] is None for r in rows)  # no energy measured: null
+        assert sum(r.time_share for r in rows if r.phase == phase) == pytest.approx(1.0)
+    assert all(r.energy_j is None and r.method is None for r in rows)  # no energy measured: null
 
 
 @pytest.mark.parametrize("granularity,expected", [
@@ -381,30 +381,30 @@ TIMES = [mt("a", PREFILL, 3.0, 0), mt("b", PREFILL, 1.0, 1), mt("a", DECODE, 2.0
 
 def test_energy_follows_phase_energy_then_gpu_time_share():
     # 100 J measured; the timeline puts 30 J in prefill and 60 J in decode (10 J between calls)
-    rows = attribute_energy(TIMES, pass_energy_j=100.0, phase_energy_j={PREFILL: 30.0, DECODE: 60.0})
-    e = {(r["module"], r["phase"]): r["energy_j"] for r in rows}
+    rows = attribute_energy(TIMES, trial_id="t", pass_energy_j=100.0, phase_energy_j={PREFILL: 30.0, DECODE: 60.0})
+    e = {(r.module, r.phase): r.energy_j for r in rows}
     assert sum(e.values()) == pytest.approx(100.0)  # sums to the pass's measured energy
     prefill_j, decode_j = 100.0 * 30 / 90, 100.0 * 60 / 90
     assert e[("a", PREFILL)] == pytest.approx(prefill_j * 0.75)
     assert e[("b", PREFILL)] == pytest.approx(prefill_j * 0.25)
     assert e[("a", DECODE)] == pytest.approx(decode_j * 0.25)
     assert e[("b", DECODE)] == pytest.approx(decode_j * 0.75)
-    assert {r["method"] for r in rows} == {METHOD_PHASE}
-    assert [r["time_share"] for r in rows] == pytest.approx([0.75, 0.25, 0.25, 0.75])
+    assert {r.method for r in rows} == {METHOD_PHASE}
+    assert [r.time_share for r in rows] == pytest.approx([0.75, 0.25, 0.25, 0.75])
 
 
 def test_without_a_phase_split_energy_follows_gpu_time_over_the_pass():
     for phases in (None, {PREFILL: 5.0}, {PREFILL: 0.0, DECODE: 0.0}):
-        rows = attribute_energy(TIMES, pass_energy_j=24.0, phase_energy_j=phases)
-        assert {r["method"] for r in rows} == {METHOD_WINDOW}
-        assert [r["energy_j"] for r in rows] == pytest.approx([6.0, 2.0, 4.0, 12.0])  # 24 J x t / 12 s
+        rows = attribute_energy(TIMES, trial_id="t", pass_energy_j=24.0, phase_energy_j=phases)
+        assert {r.method for r in rows} == {METHOD_WINDOW}
+        assert [r.energy_j for r in rows] == pytest.approx([6.0, 2.0, 4.0, 12.0])  # 24 J x t / 12 s
 
 
 def test_a_phase_with_no_measured_time_is_split_evenly():
-    rows = attribute_energy([mt("a", DECODE, 0.0, 0), mt("b", DECODE, 0.0, 1)], pass_energy_j=10.0,
+    rows = attribute_energy(trial_id="t", times=[mt("a", DECODE, 0.0, 0), mt("b", DECODE, 0.0, 1)], pass_energy_j=10.0,
                             phase_energy_j={DECODE: 3.0})
-    assert [r["time_share"] for r in rows] == [0.5, 0.5]
-    assert sum(r["energy_j"] for r in rows) == pytest.approx(10.0)
+    assert [r.time_share for r in rows] == [0.5, 0.5]
+    assert sum(r.energy_j for r in rows) == pytest.approx(10.0)
 
 
 # -- the pass in the actor ------------------------------------------------------------------
@@ -437,7 +437,7 @@ def test_the_pass_runs_after_the_headline_and_reports_itself(runner):
     assert row["status"] == "ok", row.get("error")
     assert (trial.layer_profile, row["layer_profile_status"]) == ("submodule", "ok")  # the former: the trial's own column
     assert row["layer_profile_overhead"] > -1 and row["layer_profile_energy_j"] is None  # CPU: no energy
-    rows = outcome.tables["layers"]
+    rows = outcome.tables["layers"].to_pylist()
     units = select_units(runner.backend.model, "submodule")
     n_ranges = len(units) + len(rest_units(runner.backend.model, units))
     assert len(rows) == 2 * n_ranges and {r["trial_id"] for r in rows} == {trial.trial_id}
@@ -484,9 +484,9 @@ def test_pass_energy_is_split_by_phase_and_sums_to_the_window(runner):
     assert [m[0] for m in tel.marks] == [PREFILL, DECODE] * pass_iterations(trial)  # each call's intervals
     rows = profile.rows
     assert profile.columns.layer_profile_energy_j == 50.0 and profile.columns.layer_profile_status == "ok"
-    assert sum(r["energy_j"] for r in rows) == pytest.approx(50.0)
-    assert sum(r["energy_j"] for r in rows if r["phase"] == PREFILL) == pytest.approx(50.0 * 0.2 / 0.9)
-    assert {r["method"] for r in rows} == {METHOD_PHASE}
+    assert sum(r.energy_j for r in rows) == pytest.approx(50.0)
+    assert sum(r.energy_j for r in rows if r.phase == PREFILL) == pytest.approx(50.0 * 0.2 / 0.9)
+    assert {r.method for r in rows} == {METHOD_PHASE}
 
 
 def test_backends_without_layer_hooks_say_so_and_write_no_rows(runner, monkeypatch):
