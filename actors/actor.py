@@ -24,7 +24,7 @@ from actors.serving_measure import measure_serving_trial
 from actors.stages import StageClock, stage
 from actors.workload import PromptSources, answered
 from sweeper.core.backends import BACKENDS
-from sweeper.core.outcome import LoadResult, TrialOutcome
+from sweeper.core.outcome import LoadResult, Placement, TrialOutcome
 from sweeper.core.results import (
     ChoiceLikelihood,
     Environment,
@@ -215,10 +215,8 @@ class TrialRunner:
         if self.backend is not None:
             self.backend.close()
 
-    def ping(self) -> dict:
-        # pid: lets an operator (or a fault test) find the process that holds this actor
-        return {"hostname": self.env.hostname, "ray_node_id": self.env.ray_node_id,
-                "ray_gpu_ids": self.env.ray_gpu_ids, "pid": os.getpid()}
+    def ping(self) -> Placement:
+        return Placement(self.env.hostname or "", self.env.ray_node_id or "", self.env.ray_gpu_ids, os.getpid())
 
     # -- one trial ---------------------------------------------------------------
     def run(self, trial: Trial) -> TrialOutcome:

@@ -12,37 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sweeper.core.capacity import Capacity
+from sweeper.core.outcome import Placement
 from sweeper.core.results import TrialResult
 from sweeper.core.stages import StageSpan
 from sweeper.core.trial import Trial
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a group's actor runs: its node and the GPUs Ray gave it there."""
-
-    hostname: str
-    node_id: str
-    gpu_ids: str | None  # node-local, comma-separated; None: no GPU (CPU-only cluster)
-
-    @property
-    def node(self) -> str:
-        # Nodes of one host (a local test cluster) differ only in their Ray node id.
-        return f"{self.hostname}:{self.node_id[:8]}"
-
-    @property
-    def gpus(self) -> str:
-        return f"GPU {self.gpu_ids}" if self.gpu_ids else "CPU"
-
-    @property
-    def slots(self) -> tuple[str, ...]:
-        """One name per GPU held (``node GPU i``), or the node's ``CPU``: what the run's
-        per-GPU accounting counts a group's time and loads against."""
-        ids = [i.strip() for i in (self.gpu_ids or "").split(",") if i.strip()]
-        return tuple(f"{self.node} GPU {i}" for i in ids) or (f"{self.node} CPU",)
-
-    def __str__(self) -> str:
-        return f"{self.node} {self.gpus}"
 
 
 @dataclass(frozen=True)

@@ -519,10 +519,8 @@ class SweepRun:
             self.on_trial_done(g, outcome)
 
     # -- events --------------------------------------------------------------------------
-    def on_placed(self, g: GroupRun, where: dict[str, Any] | Placement | None) -> None:
+    def on_placed(self, g: GroupRun, where: Placement | None) -> None:
         """The group's actor got its resources and answered (or was handed over): show where it runs."""
-        if isinstance(where, dict):
-            where = Placement(where["hostname"], where["ray_node_id"] or "", where.get("ray_gpu_ids"))
         g.placement = where
         g.state, g.placed_s = GroupState.LOADING, self.clock()
         self.emit(GroupPlaced(g, g.placement))

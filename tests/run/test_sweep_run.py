@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from sweeper.core.outcome import LoadResult, TrialOutcome
+from sweeper.core.outcome import LoadResult, Placement, TrialOutcome
 from sweeper.core.results import TrialResult
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import make_plan
@@ -69,7 +69,7 @@ class ScriptedRunner:
 
     def call(self, actor: Any, kind: CallKind, trial: Trial | None = None, group: Any = None) -> _Future:
         if kind is CallKind.PING:
-            value: Any = {"hostname": "fake", "ray_node_id": f"node{actor}", "ray_gpu_ids": None}
+            value: Any = Placement("fake", f"node{actor}", None)
         elif kind is CallKind.LOAD:
             value = self.load(trial)
         else:
