@@ -11,7 +11,7 @@ import logging
 import os
 import time
 import traceback
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ from sweeper.core.results import (
     LayerPass,
     Outcome,
     Perplexity,
+    ServerSetup,
     Setup,
     TrialResult,
 )
@@ -67,6 +68,15 @@ def _error_text(exc: BaseException) -> str:
         f = frames[-1]
         text += f" (at {f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name})"
     return text
+
+
+@dataclass(frozen=True)
+class _LoadParts:
+    """The parts of a trial's result that its group's load decides, made once per trial."""
+
+    setup: Setup
+    server: ServerSetup
+    environment: Environment
 
 
 class TrialRunner:
@@ -227,7 +237,7 @@ class TrialRunner:
 
     def _run(self, trial: Trial) -> TrialOutcome:
         started = _now()
-        setup, environment = self._setup(), self._environment()
+        load = self._load_parts()
         try:
             backend, load_info = self._loaded()
             if self.telemetry is None:
@@ -241,13 +251,13 @@ class TrialRunner:
             tables: dict[str, Any] = {"requests": records_table("requests", measured.requests)}
         except RowError as exc:  # parts that do not make one result (one given twice), or a bad record
             log.error("trial %s: %s", trial.trial_id, self._redacted(trial, str(exc)))
-            return self._failed(trial, Reason.INVALID_ROW, str(exc), started, setup, environment)
+            return self._failed(trial, Reason.INVALID_ROW, str(exc), started, load)
         except Exception as exc:
             oom = self._is_oom(exc)
             if self.backend is not None:
                 self.backend.recover()
             return self._failed(trial, Reason.OOM if oom else Reason.EXCEPTION, _error_text(exc), started,
-                                setup, environment)
+                                load)
         if measured.timeline is not None:
             tables["timeline"] = measured.timeline
         # A serving run cut by its time limit says so itself (status failed, with what it measured).
@@ -268,8 +278,8 @@ class TrialRunner:
                 likelihood = self._likelihood(trial)
         # The trial's result, made here once: the window's parts and the actor's own.
         result = measured.result.replace(
-            outcome=replace(outcome, started_at=started, finished_at=_now()), setup=setup,
-            environment=environment, layer_pass=layer_pass, fidelity=fidelity, perplexity=perplexity,
+            outcome=replace(outcome, started_at=started, finished_at=_now()), setup=load.setup, server=load.server,
+            environment=load.environment, layer_pass=layer_pass, fidelity=fidelity, perplexity=perplexity,
             likelihood=likelihood)
         try:
             # Checked here, in the process that built them: a row the schema cannot hold
@@ -277,28 +287,29 @@ class TrialRunner:
             check_rows("trials", [result.row()])
         except RowError as exc:
             log.error("trial %s: %s", trial.trial_id, self._redacted(trial, str(exc)))
-            return self._failed(trial, Reason.INVALID_ROW, str(exc), started, setup, environment)
+            return self._failed(trial, Reason.INVALID_ROW, str(exc), started, load)
         return TrialOutcome(trial.trial_id, result, tables)
 
-    def _failed(self, trial: Trial, reason: Reason, text: str, started: datetime, setup: Setup,
-                environment: Environment) -> TrialOutcome:
+    def _failed(self, trial: Trial, reason: Reason, text: str, started: datetime, load: _LoadParts) -> TrialOutcome:
         outcome = failed_outcome(reason, self._redacted(trial, text), started_at=started)
-        return TrialOutcome(trial.trial_id, TrialResult(outcome, setup=setup, environment=environment))
+        return TrialOutcome(trial.trial_id, TrialResult(outcome, setup=load.setup, server=load.server,
+                                                        environment=load.environment))
 
-    def _setup(self) -> Setup:
-        """What this group's load gave each of its trials."""
+    def _load_parts(self) -> _LoadParts:
+        """What this group's load gave each of its trials, failed ones too."""
         info = self.load_info
-        return Setup(load_s=self.load_s, weight_memory_bytes=info.weight_memory_bytes if info else None,
-                     pre_load_idle_power_w=self.pre_load_idle.power_w if self.pre_load_idle else None,
-                     **(info.columns if info is not None else {}))
+        setup = Setup(load_s=self.load_s, weight_memory_bytes=info.weight_memory_bytes if info else None,
+                      pre_load_idle_power_w=self.pre_load_idle.power_w if self.pre_load_idle else None)
+        server = info.server if info is not None and info.server is not None else ServerSetup()
+        return _LoadParts(setup, server, self._environment())
 
     def _environment(self) -> Environment:
         """Where the trials of this load run: the process's node and software, the device the
         load landed on and the GPUs the telemetry meters (or why it meters none)."""
         info, telemetry = self.load_info, self.telemetry
+        env = telemetry.environment().applied_to(self.env) if telemetry is not None else self.env
         return replace(
-            self.env, **(telemetry.environment() if telemetry is not None else {}),
-            device=info.device if info else None, device_name=info.device_name if info else None,
+            env, device=info.device if info else None, device_name=info.device_name if info else None,
             energy_unmetered_reason=None if telemetry is None or telemetry.active else getattr(telemetry, "reason", None))
 
     def _quality(self, trial: Trial) -> tuple[Fidelity, Perplexity]:

@@ -331,7 +331,7 @@ class OfflineWindow(Window):
         return roofline(
             load.architecture, PRECISIONS[trial.precision], batch_size=self.batch_size,
             input_len=trial.input_len, output_len=trial.output_len,
-            gpu_names=held_gpu_names(telemetry.environment()["gpu_names"], load.device_name,
+            gpu_names=held_gpu_names(telemetry.environment().gpu_names, load.device_name,
                                      trial.tensor_parallel),
             throughput_tok_s=throughput.throughput_tok_s, tpot_s=latency.tpot_s,
         )

@@ -15,7 +15,7 @@ from actors.backends.speculation import SpeculationCounts
 from actors.records import Generation, PromptBatch, TopK, topk_of
 from actors.serving.client import Follow
 from actors.serving.records import ServedRun, ServingRequest
-from sweeper.core.results import Compile
+from sweeper.core.results import Compile, ServerSetup
 from sweeper.core.secrets import SecretValues
 
 Options = TypeVar("Options", bound=BaseModel)
@@ -31,9 +31,8 @@ class LoadInfo:
     # The model's HF config as a dict (``config.to_dict()``): the roofline's
     # FLOPs and bytes follow from it (sweeper.core.roofline). None: no roofline columns.
     architecture: dict[str, Any] | None = None
-    # The backend's own trials columns (declared in sweeper.core.schema), the same for
-    # every trial of the load: e.g. a server's engine, version and command line.
-    columns: dict[str, Any] = field(default_factory=dict)
+    # The server a server backend launched or reached, the same for every trial of the load.
+    server: ServerSetup | None = None
     # Why no GPU energy is metered for this load, where the device alone does not say
     # (a client of an external server): the rows' energy_unmetered_reason.
     unmetered_reason: str | None = None

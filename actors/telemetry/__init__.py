@@ -40,6 +40,7 @@ from actors.telemetry.sampler import TIMELINE_SCHEMA, Sampler, SamplerStats
 from actors.telemetry.telemetry import (
     GPU_COLUMNS,
     EnergyReport,
+    MeteredGpus,
     MeterReading,
     NullTelemetry,
     Telemetry,
@@ -55,6 +56,7 @@ __all__ = [
     "METHOD_POWER",
     "TIMELINE_SCHEMA",
     "GPU_COLUMNS",
+    "MeteredGpus",
     "EnergyReport",
     "baseline_part",
     "trial_baseline",

@@ -17,8 +17,8 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, replace
-from typing import Any, ClassVar, TypeVar
+from dataclasses import dataclass, fields, replace
+from typing import ClassVar, TypeVar
 
 import pyarrow as pa
 
@@ -28,11 +28,27 @@ from actors.telemetry.nvml import GpuInfo, NvmlUnavailableError, TelemetryError,
 from actors.telemetry.policy import DEFAULT_POLICY, SamplingPolicy
 from actors.telemetry.rapl import RaplReader
 from actors.telemetry.sampler import TIMELINE_SCHEMA, Sampler
+from sweeper.core.results import Environment
 
 log = logging.getLogger(__name__)
 
 # The held GPUs' columns (``environment``), the same for every trial of a telemetry.
-GPU_COLUMNS: tuple[str, ...] = ("gpu_uuids", "gpu_names", "gpu_power_limit_w", "driver_version")
+@dataclass(frozen=True)
+class MeteredGpus:
+    """The GPUs a telemetry meters, as a trial's row names them (all None: none metered)."""
+
+    gpu_uuids: str | None = None  # comma-separated, in the metered order
+    gpu_names: str | None = None
+    gpu_power_limit_w: float | None = None  # summed over them
+    driver_version: str | None = None
+
+    def applied_to(self, environment: Environment) -> Environment:
+        """``environment`` with these GPUs' columns."""
+        return replace(environment, gpu_uuids=self.gpu_uuids, gpu_names=self.gpu_names,
+                                   gpu_power_limit_w=self.gpu_power_limit_w, driver_version=self.driver_version)
+
+
+GPU_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(MeteredGpus))
 
 
 def default_sync() -> None:
@@ -198,8 +214,8 @@ class TelemetryBase(ABC):
         ``handle.error`` says why)."""
 
     @abstractmethod
-    def environment(self) -> dict[str, Any]:
-        """The held GPUs' columns: uuids, names, summed power limit, driver version."""
+    def environment(self) -> MeteredGpus:
+        """The held GPUs: uuids, names, summed power limit, driver version."""
 
     def gpu_processes(self) -> list[tuple[int, str]] | None:
         """(pid, name) of the compute processes on the metered GPUs now; None where that
@@ -389,17 +405,11 @@ class Telemetry(TelemetryBase):
         cv = statistics.stdev(energies) / mean
         return cv if math.isfinite(cv) else None
 
-    def _gpu_columns(self) -> dict[str, Any]:
+    def environment(self) -> MeteredGpus:
         limits = [g.power_limit_w for g in self.gpus if g.power_limit_w is not None]
-        return {
-            "gpu_uuids": ",".join(g.uuid for g in self.gpus),
-            "gpu_names": ",".join(g.name for g in self.gpus),
-            "gpu_power_limit_w": sum(limits) if limits else None,
-            "driver_version": self.gpus[0].driver_version if self.gpus else None,
-        }
-
-    def environment(self) -> dict[str, Any]:
-        return self._gpu_columns()
+        return MeteredGpus(gpu_uuids=",".join(g.uuid for g in self.gpus), gpu_names=",".join(g.name for g in self.gpus),
+                           gpu_power_limit_w=sum(limits) if limits else None,
+                           driver_version=self.gpus[0].driver_version if self.gpus else None)
 
     def gpu_processes(self) -> list[tuple[int, str]] | None:
         from actors.telemetry.nvml import gpu_processes
@@ -458,8 +468,8 @@ class NullTelemetry(TelemetryBase):
                iteration_bounds: list[tuple[float, float]]) -> EnergyReport | None:
         return None
 
-    def environment(self) -> dict[str, Any]:
-        return dict.fromkeys(GPU_COLUMNS)
+    def environment(self) -> MeteredGpus:
+        return MeteredGpus()
 
     def timeline_table(self, trial_id: str, t0_s: float, t1_s: float, marks: Marks | None = None) -> pa.Table:
         return _with_trial_id(TIMELINE_SCHEMA.empty_table(), trial_id, marks)

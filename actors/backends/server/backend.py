@@ -32,6 +32,7 @@ from actors.backends.vllm import start as vllm_start
 from actors.records import Generation
 from actors.serving.client import Follow
 from actors.serving.records import ServedRun, ServingRequest
+from sweeper.core.results import ServerSetup
 from sweeper.core.secrets import header_unsafe
 from sweeper.core.servers import (
     RequestDialect,
@@ -128,7 +129,7 @@ class ServerBackend(Backend):
         vocab = self._prepare_prompts(model_path, config)
         name = gpus[0].name if gpus else ("cpu" if options.launch is not None else "remote server")
         return LoadInfo(device=device, device_name=name, weight_memory_bytes=None, vocab_size=vocab,
-                        architecture=config or None, columns=self._columns(options),
+                        architecture=config or None, server=self._server_setup(options),
                         unmetered_reason=_unmetered_reason(options),
                         metered_gpus=",".join(self.metered_uuids) if options.energy is not None else None)
 
@@ -168,15 +169,15 @@ class ServerBackend(Backend):
             self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         return int(config.get("vocab_size") or (len(self.tokenizer) if self.tokenizer is not None else 0))
 
-    def _columns(self, options: ServerOptions) -> dict[str, Any]:
+    def _server_setup(self, options: ServerOptions) -> ServerSetup:
         engine, process = options.engine, self.process
-        return {
-            "server_engine": options.label(), "server_url": self.base_url,
-            "server_version": _server_version(self.base_url, engine.version_module if engine else None, self.headers),
-            "server_command": shlex.join(process.argv) if process else None,
-            "server_log": str(process.log_path) if process else None,
-            "server_ready_s": process.ready_s if process else None,
-        }
+        return ServerSetup(
+            server_engine=options.label(), server_url=self.base_url,
+            server_version=_server_version(self.base_url, engine.version_module if engine else None, self.headers),
+            server_command=shlex.join(process.argv) if process else None,
+            server_log=str(process.log_path) if process else None,
+            server_ready_s=process.ready_s if process else None,
+        )
 
     def _launch(self, spec: ModelSpec, options: ServerOptions, device: str) -> str:
         engine = options.engine

@@ -32,7 +32,7 @@ from sweeper.core.results.energy import (
 from sweeper.core.results.part import ColumnSpec, Part, RowError, column
 from sweeper.core.results.passes import Fidelity, LayerPass, Perplexity
 from sweeper.core.results.requests import RequestRecord
-from sweeper.core.results.run import Compile, Environment, Outcome, Setup
+from sweeper.core.results.run import Compile, Environment, Outcome, ServerSetup, Setup
 from sweeper.core.results.serving import (
            ClientTimeliness,
            Conversations,
@@ -47,5 +47,5 @@ from sweeper.core.results.window import Latency, Lengths, Memory, Roofline, Spec
 __all__ = ["Accuracy", "Baseline", "ChoiceLikelihood", "ClientTimeliness", "ColumnSpec", "Compile", "Conversations", "Energy", "Environment",
            "Fidelity", "HostEnergy", "Intervals", "IterationNoise", "Latency", "LayerPass", "Lengths",
            "Memory", "Occupancy", "Outcome", "Part", "PerRequestEnergy", "Perplexity", "PhaseEnergy",
-           "PrefixCacheUse", "RequestRecord", "Roofline", "RowError", "RunEnergy", "ServingRun", "Setup",
+           "PrefixCacheUse", "RequestRecord", "Roofline", "RowError", "RunEnergy", "ServerSetup", "ServingRun", "Setup",
            "Speculation", "Stability", "SteadyState", "Throughput", "TrialResult", "column"]

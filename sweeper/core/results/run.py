@@ -25,7 +25,8 @@ class Outcome(Part):
 
 @dataclass(frozen=True)
 class Setup(Part):
-    """What the group's model load gave every trial of the group: its time, its weights' memory, the GPUs' idle power before it, and the launched or external server."""
+    """What the group's model load gave every trial of the group: its time, its weights' memory
+    and the GPUs' idle power before it."""
 
     load_s: float | None = column("model load time of the trial's group (shared by its trials, not in duration_s)")
     weight_memory_bytes: int | None = column(
@@ -34,6 +35,13 @@ class Setup(Part):
     pre_load_idle_power_w: float | None = column(
         "the same GPUs' settled idle power before the group's model loaded (no context of ours on them): "
         "the untouched GPU, for comparison with idle_power_w")
+
+
+@dataclass(frozen=True)
+class ServerSetup(Part):
+    """The server a ``server`` backend's load launched or reached, the same for every trial of
+    the load (null throughout for in-process backends)."""
+
     server_engine: str | None = column(
         "server backend: the server measured (vllm | sglang | transformers: launched by sweeper; a "
         "command's program; an external server's base_url); null for in-process backends")

@@ -28,6 +28,7 @@ from sweeper.core.results.run import (
     Compile,
     Environment,
     Outcome,
+    ServerSetup,
     Setup,
 )
 from sweeper.core.results.serving import (
@@ -59,6 +60,7 @@ class TrialResult:
 
     outcome: Outcome
     setup: Setup = Setup()
+    server: ServerSetup = ServerSetup()
     compile: Compile = Compile()
     throughput: Throughput = Throughput()
     lengths: Lengths = Lengths()

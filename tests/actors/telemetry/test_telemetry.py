@@ -6,6 +6,7 @@ is the real code, driven on a fake clock so results are exact and repeatable.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -29,6 +30,7 @@ from actors.telemetry import (
     CounterCurve,
     DeviceMappingError,
     EnergyMeter,
+    MeteredGpus,
     MeterReading,
     NullTelemetry,
     RaplReader,
@@ -745,7 +747,8 @@ def trial_energy_columns(tel, handle, *, idle_power_w, marks, output_tokens, req
     return {**{name: value for part in parts for name, value in part.items()},
             "energy_per_request_j": ratio(parts[0].energy_j, requests),
             "iteration_energy_cv": report.iteration_energy_cv if report is not None else None,
-            "gpu_peak_memory_bytes": window_memory(window, None).gpu_peak_memory_bytes, **tel.environment()}
+            "gpu_peak_memory_bytes": window_memory(window, None).gpu_peak_memory_bytes,
+            **dataclasses.asdict(tel.environment())}
 
 
 def test_telemetry_trial_columns(monkeypatch, clock, tmp_path):
@@ -787,8 +790,8 @@ def test_telemetry_trial_columns(monkeypatch, clock, tmp_path):
     assert report.cpu_energy_j == cols["cpu_energy_j"] and report.iteration_energy_cv == cols["iteration_energy_cv"]
     assert trial_energy_columns(tel, handle, idle_power_w=idle_w, marks=marks, output_tokens=1200, requests=12,
                              decode_tokens=1188, iteration_bounds=bounds) == cols
-    assert tel.environment() == {"gpu_uuids": uuid(0), "gpu_names": "NVIDIA H200",
-                                 "gpu_power_limit_w": 700.0, "driver_version": "580.95.05"}
+    assert tel.environment() == MeteredGpus(gpu_uuids=uuid(0), gpu_names="NVIDIA H200", gpu_power_limit_w=700.0,
+                                            driver_version="580.95.05")
 
     table = tel.timeline_table("t-1", w.t_start_s, w.t_end_s, marks=marks)
     assert table.column_names[0] == "trial_id" and table.column_names[-1] == "phase"
@@ -847,7 +850,7 @@ def test_null_telemetry_reports_none_for_every_energy_column(monkeypatch, clock,
     assert tuple(cols) == TRIAL_COLUMNS
     assert all(cols[k] is None for k in TRIAL_COLUMNS)
     assert tel.report(handle, marks=[], iteration_bounds=[]) is None
-    assert set(tel.environment().values()) == {None}
+    assert tel.environment() == MeteredGpus()
     table = tel.timeline_table("t", 0.0, 1.0)
     assert table.num_rows == 0 and table.column_names == ["trial_id", *TIMELINE_SCHEMA.names]
     assert isinstance(table, pa.Table)
