@@ -19,18 +19,14 @@ it counts nothing and draws nothing itself.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-from sweeper.core.backends import BACKENDS
 from sweeper.core.capacity import Capacity
 from sweeper.core.errors import SweeperError, first_line
 from sweeper.core.outcome import LoadResult, TrialOutcome
 from sweeper.core.results import Setup, TrialResult
-from sweeper.core.secrets import SecretValues
 from sweeper.core.stages import StageSpan
 from sweeper.core.status import Reason, failed_outcome, skipped_outcome
 from sweeper.core.trial import Trial
@@ -67,6 +63,7 @@ from sweeper.run.events import (
     TrialStarted,
     TrialTimed,
 )
+from sweeper.run.group_launch import GroupLaunch
 from sweeper.run.group_run import Call, GroupRun, GroupState, RunOptions
 from sweeper.run.observer import Observer, Quiet
 from sweeper.run.recorder import Recorder
@@ -102,6 +99,8 @@ class SweepRun:
                  options: RunOptions | None = None, observer: Observer | None = None,
                  clock: Callable[[], float] = time.monotonic, search: SearchRun | None = None):
         self.plan, self.cluster, self.runner = plan, cluster, runner
+        # What each group's actor is asked for and handed (resources, its load's request).
+        self.launch = GroupLaunch(cluster, store.server_log_dir)
         self.options = options if options is not None else RunOptions()
         self.clock = clock
         self.observer: Observer = observer if observer is not None else Quiet()
@@ -219,17 +218,6 @@ class SweepRun:
             self._capacity_found(label, found)
         return start.todo
 
-    def _resources(self, group: TrialGroup) -> dict[str, Any]:
-        # One GPU per group (tensor parallel: several) when there are GPUs, or GPU nodes the
-        # autoscaler can launch (the request is what makes it launch one); otherwise a whole
-        # node's CPUs, so no two measured trials share a device.
-        t = group.trials[0]
-        extra = BACKENDS[t.backend].ray_resources(t.backend_options)
-        placed: dict[str, Any] = {"resources": extra} if extra else {}
-        if self.cluster.device == "cuda":
-            return {"num_gpus": group.num_gpus, "num_cpus": 1, **placed}
-        return {"num_gpus": 0, "num_cpus": self.cluster.min_node_cpus, **placed}
-
     # -- actions -------------------------------------------------------------------------
     def start_actor(self, g: GroupRun) -> None:
         g.actor = self.runner.start(g.resources)
@@ -245,19 +233,13 @@ class SweepRun:
         self.calls[self.runner.call(g.actor, kind, trial)] = Call(g, kind, g.attempt)
 
     def _submit_load(self, g: GroupRun) -> None:
-        # Variables the actor needs from the driver's environment (an external server's key)
-        # go with the load call, so they reach whichever node it lands on and no log of Ray's.
-        t = g.group.trials[0]
-        secrets = SecretValues.of({name: os.environ[name] for name in BACKENDS[t.backend].actor_env(t.backend_options)
-                                   if name in os.environ})
-        request = dataclasses.replace(g.group.load_request, server_log_dir=self.store.server_log_dir, secrets=secrets)
-        future = self.runner.call(g.actor, CallKind.LOAD, g.group.trials[0], request)
+        future = self.runner.call(g.actor, CallKind.LOAD, g.group.trials[0], self.launch.load_request(g.group))
         self.calls[future] = Call(g, CallKind.LOAD, g.attempt)
 
     def _start_groups(self, groups: list[TrialGroup]) -> None:
         """Request an actor for every group, in the plan's start order, except the readers of a
         reference another group computes: those are requested once that group is placed."""
-        runs = [GroupRun(group, self._resources(group), list(group.trials)) for group in groups]
+        runs = [GroupRun(group, self.launch.resources(group), list(group.trials)) for group in groups]
         computes = {t.load_key: g for g in runs for t in g.group.serves_reference}
         for g in runs:
             provider = computes.get(g.group.load_key)
@@ -440,7 +422,7 @@ class SweepRun:
         for trial in decision.points:
             group = TrialGroup(trial.load_key, (trial,))
             self.emit(TrialAdded(trial))
-            self._add(GroupRun(group, self._resources(group), [trial]))
+            self._add(GroupRun(group, self.launch.resources(group), [trial]))
 
     def _capacity_found(self, label: str, found: Capacity) -> None:
         self.recorder.record_derived("capacity", found.capacity_id or "", found)
