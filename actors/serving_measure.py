@@ -24,7 +24,7 @@ from actors.backends.base import Backend, LoadInfo
 from actors.backends.speculation import window_speculation
 from actors.measure import reply_lengths
 from actors.method import Figures, Measurement, Window, measure, ratio, window_energy, window_memory
-from actors.quality.accuracy import score, served_replies
+from actors.quality.accuracy import conversation_replies, score, served_replies
 from actors.serving import attribution, lateness
 from actors.serving.arrivals import run_offsets
 from actors.serving.attribution import RequestEnergy
@@ -105,7 +105,8 @@ class ServingWindow(Window):
         self.settings, self.rate = trial.serving, trial.request_rate
         self.started_s = clock()
         # Conversations: their first turns arrive by the process, later turns as replies end.
-        self.script = source.script(run_offsets(self.settings, request_rate=self.rate, seed=trial.seed).tolist()) \
+        self.script = source.script(run_offsets(self.settings, request_rate=self.rate, seed=trial.seed).tolist(),
+                                    keep_answered=trial.scoring is not None) \
             if isinstance(source, ConversationSource) else None
         self.measured = self.script.first if self.script is not None else self._requests(stream=0)
         if trial.scoring is not None:  # the measured run's replies are kept, to be judged after it
@@ -190,7 +191,9 @@ class ServingWindow(Window):
         requests = _request_records(trial, run, window, split, self.script)
         accuracy = None
         if trial.scoring is not None:
-            requests, accuracy = score(requests, served_replies(answered(self.source), run.requests), trial.scoring)
+            replies = (conversation_replies(self.script, run.requests) if self.script is not None
+                       else served_replies(answered(self.source), run.requests))
+            requests, accuracy = score(requests, replies, trial.scoring)
         return Figures(parts=(*parts, accuracy), requests=requests,
                        verdict=verdict, t_zero_s=run.t_start_s, t_end_s=self.t_end_s, marks=_marks(run, window),
                        outcome=_outcome(run))

@@ -199,11 +199,13 @@ class ConversationSource(PromptSource):
         n = len(self._firsts)
         return [self._firsts[(stream * count + j) % n] for j in range(count)]
 
-    def script(self, offsets_s: Sequence[float]) -> ConversationScript:
-        """One conversation per arrival offset, the sample's in order (cycled if shorter)."""
+    def script(self, offsets_s: Sequence[float], *, keep_answered: bool = False) -> ConversationScript:
+        """One conversation per arrival offset, the sample's in order (cycled if shorter);
+        ``keep_answered``: keep each answered turn's reply (a scored trial judges them)."""
         n = len(self.dialogues)
         chosen = [self.dialogues[j % n] for j in range(len(offsets_s))]
-        return ConversationScript(chosen, offsets_s, self.encoder, self.settings, self.stop_at_eos)
+        return ConversationScript(chosen, offsets_s, self.encoder, self.settings, self.stop_at_eos,
+                                  keep_answered=keep_answered)
 
 
 class NoPromptsLeft(ValueError):

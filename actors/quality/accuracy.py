@@ -20,6 +20,7 @@ from sweeper.core.scoring import Reference, ScoringSettings, judge, wilson_inter
 
 if TYPE_CHECKING:  # types only: quality sits below the backends, workload and serving it reads
     from actors.records import Generation
+    from actors.serving.conversations import ConversationScript
     from actors.serving.records import ServedRequest
     from actors.workload import DatasetSource, Prompt
 
@@ -63,6 +64,21 @@ def served_replies(dataset: DatasetSource, requests: Sequence[ServedRequest]) ->
     prompts = dataset.requests(len(requests), 0)
     return [_reply(prompts[r.index], r.reply_ids, r.reply_text, r.output_tokens, dataset.decode) if r.ok else None
             for r in requests]
+
+
+def conversation_replies(script: ConversationScript, requests: Sequence[ServedRequest]) -> list[Reply | None]:
+    """A conversation run's replies in its requests' order: each turn the file gives an answer,
+    judged on the reply the model gave it there (its history the conversation so far); None for
+    a turn without an answer, or one that failed."""
+    replies: list[Reply | None] = []
+    for r in requests:
+        where = script.turn_of(r.index)
+        turn, output_len = script.turn(*where) if where is not None else (None, 0)
+        if turn is None or turn.answer is None or not r.ok:
+            replies.append(None)
+            continue
+        replies.append(Reply(script.reply_text(r), Reference(turn.answer), cut=r.output_tokens >= output_len))
+    return replies
 
 
 def _reply(prompt: Prompt, ids: Sequence[int] | None, text: str | None, tokens: int,

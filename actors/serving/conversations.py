@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from actors.serving.records import ServedRequest, ServedRun, ServingRequest
-from sweeper.core.datasets import ConversationRecord, fallback_tokens
+from sweeper.core.datasets import ConversationRecord, ConversationTurn, fallback_tokens
 from sweeper.core.results import Conversations
 from sweeper.core.settings import ConversationSettings
 
@@ -103,9 +103,10 @@ class ConversationScript:
     built when the previous one finishes (``next_turn``)."""
 
     def __init__(self, dialogues: Sequence[Dialogue], offsets_s: Sequence[float], encoder: HistoryEncoder,
-                 settings: ConversationSettings, stop_at_eos: bool) -> None:
+                 settings: ConversationSettings, stop_at_eos: bool, *, keep_answered: bool = False) -> None:
         self.dialogues, self.encoder, self.settings = list(dialogues), encoder, settings
-        self.stop_at_eos = stop_at_eos
+        # A scored trial keeps the reply of every turn with an answer, to judge it after the run.
+        self.stop_at_eos, self.keep_answered = stop_at_eos, keep_answered
         # Request index of conversation c's turn t: base[c] + t.
         self.base = np.concatenate([[0], np.cumsum([d.turns for d in self.dialogues])]).astype(int).tolist()
         self._where = {self.base[c] + t: (c, t) for c, d in enumerate(self.dialogues) for t in range(d.turns)}
@@ -115,6 +116,16 @@ class ConversationScript:
     def turn_of(self, index: int) -> tuple[int, int] | None:
         """(conversation, turn) of a request index, or None for a request of no conversation."""
         return self._where.get(index)
+
+    def turn(self, conversation: int, turn: int) -> tuple[ConversationTurn, int]:
+        """A conversation's turn as the file has it, and its reply's length (exact, or the cap)."""
+        dialogue = self.dialogues[conversation]
+        return dialogue.record.turns[turn], dialogue.output_lens[turn]
+
+    def reply_text(self, done: ServedRequest) -> str:
+        """A finished turn's reply as text (the model's, where it kept one; else empty)."""
+        reply = done.reply_text if done.reply_text is not None else done.reply_ids
+        return self.encoder.text(reply) if reply else ""
 
     def turns_of(self, conversation: int) -> int:
         return self.dialogues[conversation].turns
@@ -156,7 +167,8 @@ class ConversationScript:
             self.base[c] + t, self.encoder.ids(system, history, user), dialogue.output_lens[t], offset_s,
             self.stop_at_eos, text=user, conversation_id=c, turn=t,
             messages=self.encoder.messages(system, history, user),
-            keeps_reply=self.settings.history == "model" and t + 1 < dialogue.turns)
+            keeps_reply=(self.settings.history == "model" and t + 1 < dialogue.turns)
+            or (self.keep_answered and turns[t].answer is not None))
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ field; the plan turns it into one line and exit code 2 before anything runs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -81,10 +82,12 @@ class PromptRecord:
 
 @dataclass(frozen=True)
 class ConversationTurn:
-    """One user turn of a conversation and the file's reply to it (None: the file has none)."""
+    """One user turn of a conversation and the file's reply to it (None: the file has none),
+    with the answer a scored trial judges the model's reply against (None: not scored)."""
 
     user: str
     reference: str | None = None
+    answer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -371,12 +374,23 @@ def _conversation(where: str, number: int, messages: list) -> ConversationRecord
                 raise DatasetError(where, "a system message may only open a conversation", number, "conversations")
             system = text
         elif role in _USER_ROLES:
-            turns.append(ConversationTurn(text))  # after another user turn: that one has no reply in the file
+            # After another user turn: that one has no reply in the file.
+            turns.append(ConversationTurn(text, answer=_turn_answer(where, number, message)))
         else:
             if not turns or turns[-1].reference is not None:
                 raise DatasetError(where, "an assistant turn that answers no user turn", number, "conversations")
-            turns[-1] = ConversationTurn(turns[-1].user, text)
+            turns[-1] = dataclasses.replace(turns[-1], reference=text)
     return ConversationRecord(tuple(turns), system)
+
+
+def _turn_answer(where: str, number: int, message: object) -> str | None:
+    """A user turn's ``answer`` (a text or a number), for scoring its reply; None: not given."""
+    answer = message.get("answer") if isinstance(message, dict) else None
+    if answer is None:
+        return None
+    if isinstance(answer, bool) or not isinstance(answer, str | int | float) or not str(answer).strip():
+        raise DatasetError(where, "a turn's answer is a text or a number", number, "conversations.answer")
+    return str(answer)
 
 
 def _message(where: str, number: int, message: object) -> tuple[str, str]:

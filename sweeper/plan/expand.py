@@ -254,7 +254,10 @@ def dataset_settings(sweep: Sweep, sweep_path: str = "<sweep>",
     base = Path(sweep_path).parent if sweep_path != "<sweep>" else None
     path = dataset_path(w.dataset_name, base)
     fmt, conversations, records = _read_prompt_file(sweep, sweep_path, path)
-    _check_answers(sweep, sweep_path, str(path), records)
+    if conversations is None:
+        _check_answers(sweep, sweep_path, str(path), records)
+    else:
+        _check_turn_answers(sweep, sweep_path, str(path), conversations)
     if conversations is not None and w.history == "reference":
         _check_reference_history(sweep_path, path, conversations)
     if w.output_lengths == "reference":
@@ -343,6 +346,18 @@ def _check_answers(sweep: Sweep, sweep_path: str, where: str, records: list[Prom
         raise SweepFileError(sweep_path, "workload.dataset", str(DatasetError(
             where, "has no choices, which scoring.likelihood scores by (give each record \"choices\")",
             unchosen, "choices")))
+
+
+def _check_turn_answers(sweep: Sweep, sweep_path: str, where: str, conversations: list[ConversationRecord]) -> None:
+    """A scored sweep's conversations each have a turn with an answer (the turns without one are
+    sent, and not judged); the first conversation without any is named."""
+    if sweep.scoring is None:
+        return
+    missing = next((i for i, c in enumerate(conversations, 1) if all(t.answer is None for t in c.turns)), None)
+    if missing is not None:
+        raise SweepFileError(sweep_path, "workload.dataset", str(DatasetError(
+            where, f"has no turn with an answer, which scoring: {sweep.scoring.method} judges replies against "
+            "(give a user turn an \"answer\")", missing, "conversations.answer")))
 
 
 def _without_reference(records: list[PromptRecord]) -> int | None:

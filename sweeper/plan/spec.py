@@ -551,9 +551,8 @@ class Sweep(_Strict):
             raise ValueError("scoring: judges replies against the prompts' reference answers, and random prompts "
                              "have none; set workload.dataset to a prompt file with an \"answer\" per record, "
                              "or to arithmetic")
-        if w.conversations:
-            raise ValueError("scoring: scores one reply per prompt; conversations are not scored (score their "
-                             "first turns as a plain prompt file)")
+        if w.conversations and self.scoring.likelihood:
+            raise ValueError("scoring.likelihood: scores a prompt's choices, and a conversation's turns have none")
         if w.output_lengths != "natural":
             raise ValueError("scoring: a reply is judged where the model ended it; set workload.output_len: natural "
                              "(with max_output_len, the longest a reply may run)")

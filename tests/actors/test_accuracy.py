@@ -130,3 +130,42 @@ def test_the_bundled_model_scores_multiple_choice_by_each_choice_s_likelihood(sm
     assert abs(row["likelihood_accuracy"] * 6 - right) <= near_ties, (row["likelihood_accuracy"], right, margins)
     assert row["likelihood_accuracy_ci95_low"] <= row["likelihood_accuracy"] <= row["likelihood_accuracy_ci95_high"]
     assert 0.0 <= row["likelihood_accuracy_norm"] <= 1.0
+
+
+def test_a_conversation_s_answered_turns_are_judged_on_the_replies_given_there(tmp_path, smollm2_dir):
+    """Three conversations of two arithmetic turns each, every user turn with its answer, one
+    closing with a turn that has none: the server answers every third problem of its answer file
+    wrong, so 4 of the 6 answered turns are right; the unanswered turn is sent and not judged."""
+    records = arithmetic_records(ArithmeticSettings(size=6, difficulty=1, seed=5))
+    assert len({r.prompt for r in records}) == 6
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("".join(json.dumps({"prompt": r.prompt, "answer": r.answer}) + "\n" for r in records))
+    turns = [[{"role": "user", "content": r.prompt, "answer": r.answer} for r in records[i:i + 2]]
+             for i in (0, 2, 4)]
+    turns[2].append({"role": "user", "content": "Thank you!"})
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"conversations": t}) + "\n" for t in turns))
+    server = launch(tmp_path, "--answers", str(answers), "--wrong-every", "3")
+    try:
+        server.wait_ready(READY_S)
+        outcome = run_one_trial({
+            "name": "scored-chats", "models": ["smollm2-135m"], "backends": "server", "precisions": "bf16",
+            "backend_options": {"server": {"base_url": server.base_url, "model": "fault", "dialect": "openai"}},
+            "workload": {"mode": "serving", "dataset": str(chats), "conversations": True, "chat": True,
+                         "turn_gap_s": 0.0, "output_len": "natural", "max_output_len": 12, "request_rate": 50,
+                         "num_prompts": 3},
+            "scoring": "numeric",
+            "measure": {"warmup_iters": 1, "idle_s": 0.3, "min_window_s": 0.05},
+        }, "cpu")
+    finally:
+        server.stop(2.0)
+    row, requests = outcome.row, outcome.tables["requests"].to_pylist()
+    assert row["status"] == "ok", row.get("error")
+    assert row["conversations_completed"] == 3 and len(requests) == 7
+    assert (row["n_scored"], row["n_correct"], row["n_truncated"]) == (6, 4, 0)
+    # Each judged turn by what its reply said: the file's answer, or (records 3 and 6) one more.
+    said = sorted((r["correct"], r["extracted_answer"]) for r in requests if r["correct"] is not None)
+    assert said == sorted([(True, str(records[i].answer)) for i in (0, 1, 3, 4)]
+                          + [(False, str(int(records[i].answer) + 1)) for i in (2, 5)])
+    unjudged = [r for r in requests if r["correct"] is None]
+    assert [r["turn"] for r in unjudged] == [2]  # "Thank you!" has no answer: sent, not judged

@@ -94,10 +94,38 @@ def test_bad_scoring_input_names_its_field(workload, top, field, problem):
     assert message.startswith(f"<sweep>: {field}: ") and problem in message and "\n" not in message, message
 
 
-def test_conversations_are_not_scored():
-    with pytest.raises(SweepFileError, match="conversations are not scored"):
-        parse_sweep({**sweep({"mode": "serving", "dataset": "c.jsonl", "conversations": True, "request_rate": 1,
-                              "num_prompts": 2, **SCORED}, scoring="exact"), "batch_sizes": None})
+def _chats(tmp_path, *conversations) -> dict:
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"conversations": c}) + "\n" for c in conversations))
+    return {**sweep({"mode": "serving", "dataset": "c.jsonl", "conversations": True, "request_rate": 1,
+                     "num_prompts": 2, **SCORED}, scoring="numeric"), "batch_sizes": None}
+
+
+def test_a_scored_conversation_file_needs_an_answered_turn_in_every_conversation(tmp_path):
+    asked = [{"role": "user", "content": "2 + 2?", "answer": 4}, {"role": "user", "content": "and 3 + 3?"}]
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(_chats(tmp_path, asked, [{"role": "user", "content": "hi"}])))
+    proc = run_cli("plan", str(tmp_path / "s.yaml"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 's.yaml'}: workload.dataset: {tmp_path / 'c.jsonl'} record 2 field "
+        "'conversations.answer': has no turn with an answer, which scoring: numeric judges replies against "
+        "(give a user turn an \"answer\")"], proc.stderr
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(_chats(tmp_path, asked)))
+    assert run_cli("plan", str(tmp_path / "s.yaml")).returncode == 0  # turns without one are sent, not judged
+
+
+@pytest.mark.parametrize(("answer", "problem"), [
+    ([4], "a turn's answer is a text or a number"), ("  ", "a turn's answer is a text or a number"),
+    (True, "a turn's answer is a text or a number")])
+def test_a_turn_s_bad_answer_names_the_record_and_field(tmp_path, answer, problem):
+    data = _chats(tmp_path, [{"role": "user", "content": "2 + 2?", "answer": answer}])
+    with pytest.raises(SweepFileError) as err:
+        expand(parse_sweep(data), sweep_path=str(tmp_path / "s.yaml"))
+    assert "record 1 field 'conversations.answer': " + problem in str(err.value)
+
+
+def test_conversations_are_not_scored_by_likelihood(tmp_path):
+    data = _chats(tmp_path, [{"role": "user", "content": "2 + 2?", "answer": 4}])
+    with pytest.raises(SweepFileError, match="scoring.likelihood: scores a prompt's choices"):
+        parse_sweep({**data, "scoring": {"method": "choice", "likelihood": True}})
 
 
 def test_a_prompt_file_without_answers_under_scoring_is_one_line_naming_the_file_and_field_with_exit_2(tmp_path):
