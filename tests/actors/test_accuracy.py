@@ -15,6 +15,27 @@ from tests.actors.backends.test_server_backend import READY_S, launch, run_one_t
 TASK = {"size": 8, "difficulty": 2, "seed": 3}
 
 
+def scored_through_server(tmp_path, answers, workload: dict, *server_args: str) -> tuple[dict, list[dict]]:
+    """One scored serving trial through the fault server, which answers the prompts of
+    ``answers`` (every third one wrong) and judged by ``numeric``: its row and request rows."""
+    server = launch(tmp_path, "--answers", str(answers), "--wrong-every", "3", *server_args)
+    try:
+        server.wait_ready(READY_S)
+        outcome = run_one_trial({
+            "name": "scored", "models": ["smollm2-135m"], "backends": "server", "precisions": "bf16",
+            "backend_options": {"server": {"base_url": server.base_url, "model": "fault", "dialect": "openai"}},
+            "workload": {"mode": "serving", "output_len": "natural", "max_output_len": 12, "request_rate": 50,
+                         **workload},
+            "scoring": "numeric",
+            "measure": {"warmup_iters": 1, "idle_s": 0.3, "min_window_s": 0.05},
+        }, "cpu")
+    finally:
+        server.stop(2.0)
+    row = outcome.row
+    assert row["status"] == "ok", row.get("error")
+    return row, outcome.tables["requests"].to_pylist()
+
+
 def test_a_served_trial_s_accuracy_is_the_share_the_server_answered_right(tmp_path, smollm2_dir):
     """Of the task's 8 problems the server answers 2 wrong (records 3 and 6: the answer + 1) and
     rambles on 2 until the output length cuts them (records 4 and 8): 4 right, 2 truncated."""
@@ -22,21 +43,8 @@ def test_a_served_trial_s_accuracy_is_the_share_the_server_answered_right(tmp_pa
     assert len({r.prompt for r in records}) == len(records)
     answers = tmp_path / "answers.jsonl"
     answers.write_text("".join(json.dumps({"prompt": r.prompt, "answer": r.answer}) + "\n" for r in records))
-    server = launch(tmp_path, "--answers", str(answers), "--wrong-every", "3", "--ramble-every", "4")
-    try:
-        server.wait_ready(READY_S)
-        outcome = run_one_trial({
-            "name": "scored", "models": ["smollm2-135m"], "backends": "server", "precisions": "bf16",
-            "backend_options": {"server": {"base_url": server.base_url, "model": "fault", "dialect": "openai"}},
-            "workload": {"mode": "serving", "dataset": {"arithmetic": TASK}, "output_len": "natural",
-                         "max_output_len": 12, "request_rate": 50, "num_prompts": 8},
-            "scoring": "numeric",
-            "measure": {"warmup_iters": 1, "idle_s": 0.3, "min_window_s": 0.05},
-        }, "cpu")
-    finally:
-        server.stop(2.0)
-    row, requests = outcome.row, outcome.tables["requests"].to_pylist()
-    assert row["status"] == "ok", row.get("error")
+    row, requests = scored_through_server(tmp_path, answers, {"dataset": {"arithmetic": TASK}, "num_prompts": 8},
+                                          "--ramble-every", "4")
     assert (row["n_scored"], row["n_correct"], row["n_truncated"]) == (8, 4, 2)
     assert row["accuracy"] == 0.5
     assert (row["accuracy_ci95_low"], row["accuracy_ci95_high"]) == pytest.approx(wilson_interval(4, 8))
@@ -145,22 +153,8 @@ def test_a_conversation_s_answered_turns_are_judged_on_the_replies_given_there(t
     turns[2].append({"role": "user", "content": "Thank you!"})
     chats = tmp_path / "chats.jsonl"
     chats.write_text("".join(json.dumps({"conversations": t}) + "\n" for t in turns))
-    server = launch(tmp_path, "--answers", str(answers), "--wrong-every", "3")
-    try:
-        server.wait_ready(READY_S)
-        outcome = run_one_trial({
-            "name": "scored-chats", "models": ["smollm2-135m"], "backends": "server", "precisions": "bf16",
-            "backend_options": {"server": {"base_url": server.base_url, "model": "fault", "dialect": "openai"}},
-            "workload": {"mode": "serving", "dataset": str(chats), "conversations": True, "chat": True,
-                         "turn_gap_s": 0.0, "output_len": "natural", "max_output_len": 12, "request_rate": 50,
-                         "num_prompts": 3},
-            "scoring": "numeric",
-            "measure": {"warmup_iters": 1, "idle_s": 0.3, "min_window_s": 0.05},
-        }, "cpu")
-    finally:
-        server.stop(2.0)
-    row, requests = outcome.row, outcome.tables["requests"].to_pylist()
-    assert row["status"] == "ok", row.get("error")
+    row, requests = scored_through_server(tmp_path, answers, {"dataset": str(chats), "conversations": True,
+                                                             "chat": True, "turn_gap_s": 0.0, "num_prompts": 3})
     assert row["conversations_completed"] == 3 and len(requests) == 7
     assert (row["n_scored"], row["n_correct"], row["n_truncated"]) == (6, 4, 0)
     # Each judged turn by what its reply said: the file's answer, or (records 3 and 6) one more.
