@@ -45,6 +45,7 @@ from actors.serving.stats import (
 from actors.stability import Verdict
 from actors.workload import ConversationSource, PromptSource, answered, prompt_source
 from sweeper.core.results import (
+    Accuracy,
     ClientTimeliness,
     Energy,
     HostEnergy,
@@ -188,15 +189,20 @@ class ServingWindow(Window):
         )
         verdict = _verdict(throughput, steady, whole, client, energy, window, trial, telemetry, handle,
                            engine_window=engine_window)
-        requests = _request_records(trial, run, window, split, self.script)
-        accuracy = None
-        if trial.scoring is not None:
-            replies = (conversation_replies(self.script, run.requests) if self.script is not None
-                       else served_replies(answered(self.source), run.requests))
-            requests, accuracy = score(requests, replies, trial.scoring)
+        requests, accuracy = self._scored(_request_records(trial, run, window, split, self.script), run)
         return Figures(parts=(*parts, accuracy), requests=requests,
                        verdict=verdict, t_zero_s=run.t_start_s, t_end_s=self.t_end_s, marks=_marks(run, window),
                        outcome=_outcome(run))
+
+
+    def _scored(self, requests: list[RequestRecord], run: ServedRun) -> tuple[list[RequestRecord], Accuracy | None]:
+        """The run's request records judged against their answers (a scored trial), and its accuracy."""
+        if self.trial.scoring is None:
+            return requests, None
+        replies = (conversation_replies(self.script, run.requests) if self.script is not None
+                   else served_replies(answered(self.source), run.requests))
+        return score(requests, replies, self.trial.scoring)
+
 
 
 def _outcome(run: ServedRun) -> Outcome:
