@@ -66,6 +66,7 @@ from sweeper.run.events import (
 from sweeper.run.group_launch import GroupLaunch
 from sweeper.run.group_run import Call, GroupRun, GroupState, RunOptions
 from sweeper.run.observer import Observer, Quiet
+from sweeper.run.oom_pruning import OomPruning
 from sweeper.run.recorder import Recorder
 from sweeper.run.resume import is_settled, predicted_oom, resume_filter
 from sweeper.run.search import SearchRun
@@ -102,6 +103,8 @@ class SweepRun:
         # What each group's actor is asked for and handed (resources, its load's request).
         self.launch = GroupLaunch(cluster, store.server_log_dir)
         self.options = options if options is not None else RunOptions()
+        # The out-of-memory rule: told each result, it returns the pending trials to skip.
+        self.oom_pruning = OomPruning(self.options.oom_pruning)
         self.clock = clock
         self.observer: Observer = observer if observer is not None else Quiet()
         self.recorder = Recorder(store)
@@ -443,15 +446,12 @@ class SweepRun:
         if trial is None:
             raise RuntimeError(f"{g.label}: a result arrived with no trial running")
         self._record(g, trial, result, tables, stages or [], ran=True)
-        if self.options.oom_pruning and result.outcome.reason == Reason.OOM:
-            # The group's trials may have been split among copies: prune them all.
-            for t, copy in [(t, h) for h in self.open if h.group is g.group for t in predicted_oom(trial, h.pending)]:
-                copy.pending.remove(t)
-                text = (f"predicted out of memory: batch {trial.batch_size} of the same shape ran out "
-                        f"({trial.trial_id})")
-                skipped = TrialResult(skipped_outcome(Reason.PREDICTED_OOM, text))
-                self.recorder.record(t, skipped)
-                self.emit(TrialRecorded(t, skipped, ran=False))
+        # The group's trials may have been split among copies: the policy sees them all.
+        copies = [h for h in self.open if h.group is g.group]
+        for skip in self.oom_pruning.after(trial, result, [t for h in copies for t in h.pending]):
+            next(h for h in copies if skip.trial in h.pending).pending.remove(skip.trial)
+            self.recorder.record(skip.trial, skip.result)
+            self.emit(TrialRecorded(skip.trial, skip.result, ran=False))
 
     def fail_rest(self, g: GroupRun, reason: Reason, text: str) -> None:
         queue = ([g.current] if g.current is not None else []) + g.pending
