@@ -67,6 +67,8 @@
 #               letter and by each choice's likelihood, the same precisions
 #   capacity_peer  bench capacity-peer: one configuration's capacity under an SLO (p99 TTFT 500 ms, TPOT 50 ms)
 #               by sweeper's search through launch: vllm and by vllm bench sweep serve_workload: GPU-s, bracket
+#               (one call each: CAPACITY_PEER_ARGS="... --steps peer", then "--steps sweeper"; the peer's range
+#               ends at all --num-prompts at once, so it needs enough prompts to saturate: BENCHMARKS §33)
 #   typed_rows  bench/typed_rows_gpu.yaml + typed_rows_serving_gpu.yaml: every kind of row built from
 #               typed parts on a GPU, and which GPU columns came out null (issue #40)
 #   stability_sweep  bench/stability_gpu.yaml: 10 fixed-shape 1B trials (transformers bf16/int8/nf4,
