@@ -90,7 +90,7 @@ class TrialRunner:
         self.pre_load_idle: IdleBaseline | None = None
         self.env = environment.capture()
         self._quality_parts: tuple[Fidelity, Perplexity] | None = None  # the group's, once per load
-        self._likelihoods: dict[int, ChoiceLikelihood] = {}  # by prompt source, once per load
+        self._likelihoods: dict[tuple[Any, ...], ChoiceLikelihood] = {}  # by prompt source, once per load
         self._reference: Any = None  # the reference step's outputs, or why there are none
         self._sources: PromptSources | None = None  # the loaded model's prompt sources, built once each
         self.loads = 0  # models this process has loaded (more than one: handed on between groups)
@@ -341,12 +341,11 @@ class TrialRunner:
 
         backend, _ = self._loaded()
         assert self._sources is not None  # the trial was measured: its prompts were built
-        source = self._sources.for_trial(trial)
-        key = id(source)  # sources are built once per prompt set and kept for the load
+        key = self._sources.key(trial)  # the trials of one prompt source score the same questions
         if key not in self._likelihoods:
             chat = trial.prompts is not None and bool(trial.prompts.chat)
-            self._likelihoods[key] = likelihood_columns(backend, answered(source), self._sources.tokenizer(trial),
-                                                        chat=chat)
+            self._likelihoods[key] = likelihood_columns(backend, answered(self._sources.for_trial(trial)),
+                                                        self._sources.tokenizer(trial), chat=chat)
         return self._likelihoods[key]
 
     def _profile_layers(self, trial: Trial, measured: Measurement,

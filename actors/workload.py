@@ -261,9 +261,14 @@ class PromptSources:
         self._sources: dict[tuple[Any, ...], PromptSource] = {}
         self._tokenizers: dict[tuple[str, str], Any] = {}
 
+    @staticmethod
+    def key(trial: Trial) -> tuple[Any, ...]:
+        """What a trial's prompt source depends on: trials with one key share one source."""
+        return (trial.prompts, trial.input_len, trial.output_len, trial.output_lengths, trial.seed,
+                trial.stops_at_eos)
+
     def for_trial(self, trial: Trial) -> PromptSource:
-        key = (trial.prompts, trial.input_len, trial.output_len, trial.output_lengths, trial.seed,
-               trial.stops_at_eos)
+        key = self.key(trial)
         if key not in self._sources:
             self._sources[key] = prompt_source(trial, self.vocab_size, self.max_positions,
                                                tokenizer=self.tokenizer(trial) if trial.prompts else None)

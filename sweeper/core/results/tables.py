@@ -3,9 +3,10 @@
 Each is a typed record whose fields are its table's columns (``sweeper.core.schema`` generates
 the schema and docs/SCHEMA.md from them, as for trials and requests), made whole by its one
 producer: ``StageRecord`` by the recorder from an actor's stage spans, ``LayerRecord`` by the
-layer-profiling pass, ``TimelineSample`` by the telemetry sampler (which builds its table
-column-wise, from arrays, against the schema this class declares: thousands of samples a
-trial are not made one object each).
+layer-profiling pass. ``TimelineSample`` only declares the stored timeline: the telemetry
+sampler keeps its samples column-wise in a compact buffer of its own (``TIMELINE_SCHEMA``:
+narrower integers, thousands of samples a trial, never one object each), which the results
+directory casts to this schema when the shard is written (``sweeper.run.shards``).
 """
 
 from __future__ import annotations
