@@ -163,6 +163,26 @@ class Backend(ABC):
         lse = np.log(np.exp(logprobs).sum(axis=-1))
         return logprobs[np.arange(len(targets)), targets] - lse
 
+    def continuation_logprobs(self, prompt_ids: np.ndarray, continuations: Sequence[Sequence[int]]) -> list[float]:
+        """log p(c | prompt) for each continuation c (the sum of its tokens' log-probabilities,
+        renormalized in float64 as ``sequence_logprobs``): what multiple choice by likelihood
+        needs. One forward over all of them, right-padded: a causal model's positions do not
+        see the padding after them, so each row reads only its own tokens."""
+        prompt = np.asarray(prompt_ids, dtype=np.int64)
+        longest = max(len(c) for c in continuations)
+        batch = np.zeros((len(continuations), len(prompt) + longest), dtype=np.int64)
+        batch[:, :len(prompt)] = prompt
+        for i, c in enumerate(continuations):
+            batch[i, len(prompt):len(prompt) + len(c)] = c
+        # Position len(prompt) - 1 + j predicts the continuation's token j: the last longest + 1.
+        logprobs = self.next_token_logprobs(batch, last=longest + 1).astype(np.float64)
+        sums = []
+        for i, c in enumerate(continuations):
+            rows = logprobs[i, :len(c)]
+            lse = np.log(np.exp(rows).sum(axis=-1))
+            sums.append(float((rows[np.arange(len(c)), np.asarray(c, dtype=np.int64)] - lse).sum()))
+        return sums
+
     # -- serving mode (actors.serving); optional ------------------------------------------
     def serve(self, requests: Sequence[ServingRequest], *, max_concurrency: int | None,
               deadline_s: float, follow: Follow | None = None) -> ServedRun:

@@ -4,8 +4,8 @@ A question's generated letter (``actors.quality.accuracy``) is what the measured
 for; a small model often names no letter at all, or the first one. HellaSwag-style tasks, and
 lm-evaluation-harness's multiple-choice scoring, ask instead which choice's text the model
 gives the highest log-likelihood as the continuation of the prompt. This pass does that after
-the measured window, teacher-forced with ``Backend.sequence_logprobs`` (the full distribution
-on transformers, ``prompt_logprobs`` on vLLM), once per loaded model and prompt set:
+the measured window, teacher-forced with ``Backend.continuation_logprobs`` (one forward over a question's
+choices on transformers, ``prompt_logprobs`` on vLLM), once per loaded model and prompt set:
 
 - ``acc``: argmax over choices of the summed log-probabilities of the choice's tokens;
 - ``acc_norm``: the same divided by the choice's length in characters.
@@ -30,12 +30,6 @@ from sweeper.core.results import ChoiceLikelihood
 from sweeper.core.scoring import wilson_interval
 
 log = logging.getLogger(__name__)
-
-
-def continuation_logprob(backend: Backend, prompt_ids: np.ndarray, continuation_ids: Sequence[int]) -> float:
-    """log p(continuation | prompt): the sum of its tokens' teacher-forced log-probabilities."""
-    ids = np.concatenate([np.asarray(prompt_ids, dtype=np.int64), np.asarray(continuation_ids, dtype=np.int64)])
-    return float(backend.sequence_logprobs(ids, last=len(continuation_ids)).sum())
 
 
 def chosen(logprobs: Sequence[float], choices: Sequence[str]) -> tuple[int, int]:
@@ -72,9 +66,9 @@ def likelihood_columns(backend: Backend, source: DatasetSource, tokenizer: Any, 
         for prompt in asked:
             reference = prompt.reference
             assert reference is not None and reference.choices  # questions() keeps only these
-            scores = [continuation_logprob(backend, prompt.ids,
-                                           tokenizer(delimiter + text, add_special_tokens=False)["input_ids"])
-                      for text in reference.choices]
+            scores = backend.continuation_logprobs(
+                prompt.ids, [tokenizer(delimiter + text, add_special_tokens=False)["input_ids"]
+                             for text in reference.choices])
             by_sum, by_char = chosen(scores, reference.choices)
             answer = reference.answer.upper()
             right += LETTERS[by_sum] == answer

@@ -452,6 +452,13 @@ class VllmBackend(Backend):
                                                                        strict=True)], dtype=np.float64)
         return values if last is None else values[len(values) - min(last, len(values)):]
 
+    def continuation_logprobs(self, prompt_ids: np.ndarray, continuations: Sequence[Sequence[int]]) -> list[float]:
+        """Each continuation's own ``prompt_logprobs`` pass (the engine's prefix cache holds the
+        shared prompt after the first)."""
+        prompt = np.asarray(prompt_ids, dtype=np.int64)
+        return [float(self.sequence_logprobs(np.concatenate([prompt, np.asarray(c, dtype=np.int64)]), last=len(c)).sum())
+                for c in continuations]
+
     def topk_logprobs(self, token_ids: np.ndarray, last: int, k: int) -> TopK:
         """One prefill per row: ``prompt_logprobs`` gives the distribution of each prompt token
         after the ones before it (positions 1..len-1), and the one sampled token's
