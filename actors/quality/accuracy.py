@@ -11,7 +11,7 @@ energy shares (``RequestRecord.energy_j``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,12 +27,14 @@ if TYPE_CHECKING:  # types only: quality sits below the backends, workload and s
 
 @dataclass(frozen=True)
 class Reply:
-    """One measured reply to judge: its text, its prompt's answer, and whether it reached its
-    output length (the cap of a reply that ends where the model ends it)."""
+    """One measured reply to judge: its text, its prompt's answer, whether it reached its output
+    length (the cap of a reply that ends where the model ends it), and which question it answers
+    (a window that sends a prompt again asks the same question again; None: a question of its own)."""
 
     text: str
     reference: Reference
     cut: bool
+    question: Hashable | None = None
 
 
 def _text(ids: Sequence[int] | None, text: str | None, decode: Callable[[Sequence[int]], str] | None) -> str:
@@ -77,7 +79,8 @@ def conversation_replies(script: ConversationScript, requests: Sequence[ServedRe
         if turn is None or turn.answer is None or not r.ok:
             replies.append(None)
             continue
-        replies.append(Reply(script.reply_text(r), Reference(turn.answer), cut=r.output_tokens >= output_len))
+        replies.append(Reply(script.reply_text(r), Reference(turn.answer), cut=r.output_tokens >= output_len,
+                             question=where))
     return replies
 
 
@@ -85,38 +88,56 @@ def _reply(prompt: Prompt, ids: Sequence[int] | None, text: str | None, tokens: 
            decode: Callable[[Sequence[int]], str] | None) -> Reply | None:
     if prompt.reference is None:
         return None
-    return Reply(_text(ids, text, decode), prompt.reference, cut=tokens >= prompt.output_len)
+    return Reply(_text(ids, text, decode), prompt.reference, cut=tokens >= prompt.output_len,
+                 question=prompt.text if prompt.text is not None else prompt.ids.tobytes())
 
 
 def score(records: Sequence[RequestRecord], replies: Sequence[Reply | None],
           settings: ScoringSettings) -> tuple[list[RequestRecord], Accuracy]:
     """Each record with its reply's judgement (records and replies in one order), and the trial's
     accuracy over them."""
-    judged = []
-    for record, reply in zip(records, replies, strict=True):
+    judged: list[RequestRecord] = []
+    scored: list[RequestRecord] = []
+    questions: list[Hashable] = []
+    for i, (record, reply) in enumerate(zip(records, replies, strict=True)):
         if reply is None:
             judged.append(record)
             continue
         j = judge(reply.text, reply.reference, settings, cut=reply.cut)
         judged.append(dataclasses.replace(record, correct=j.correct, extracted_answer=j.extracted,
                                           truncated=j.truncated))
-    return judged, accuracy_of([r for r in judged if r.correct is not None])
+        scored.append(judged[-1])
+        questions.append(reply.question if reply.question is not None else ("reply", i))
+    return judged, accuracy_of(scored, questions)
 
 
-def accuracy_of(scored: Sequence[RequestRecord]) -> Accuracy:
-    """The trial's figures over its judged requests. Energy per correct answer divides the judged
-    requests' own energy (their shares of the window's, ``energy_j``) by the correct ones: the
-    cost of the answers, wrong ones included, per answer that was right."""
+def accuracy_of(scored: Sequence[RequestRecord], questions: Sequence[Hashable] | None = None) -> Accuracy:
+    """The trial's figures over its judged requests, ``questions[i]`` the question request i
+    answers (None: each a question of its own).
+
+    The accuracy weighs each distinct question once: the mean over questions of the share of
+    its replies judged right. A window longer than its dataset sends prompts again, and a
+    greedy engine answers a prompt it has seen the same way: a repeat is the same draw again,
+    not a new one, so counting replies would weigh the repeated prompts more and narrow the
+    interval without cause. The Wilson interval is over the distinct questions (for shares
+    between 0 and 1 it is conservative: their mean varies no more than 0/1 outcomes would).
+    Energy per correct answer divides the judged requests' own energy (their shares of the
+    window's, ``energy_j``) by the correct replies: the cost of the answers, wrong ones
+    included, per answer that was right."""
     n = len(scored)
     if n == 0:
-        return Accuracy(n_scored=0, n_correct=0, n_truncated=0)
+        return Accuracy(n_scored=0, n_correct=0, n_questions=0, n_truncated=0)
     correct = sum(1 for r in scored if r.correct)
-    interval = wilson_interval(correct, n)
+    by_question: dict[Hashable, list[bool]] = {}
+    for i, r in enumerate(scored):
+        by_question.setdefault(questions[i] if questions is not None else i, []).append(bool(r.correct))
+    accuracy = sum(sum(v) / len(v) for v in by_question.values()) / len(by_question)
+    interval = wilson_interval(accuracy * len(by_question), len(by_question))
     assert interval is not None
     energies = [r.energy_j for r in scored]
     energy_j = sum(e for e in energies if e is not None) if all(e is not None for e in energies) else None
     return Accuracy(
-        n_scored=n, n_correct=correct, accuracy=correct / n,
+        n_scored=n, n_correct=correct, n_questions=len(by_question), accuracy=accuracy,
         accuracy_ci95_low=interval[0], accuracy_ci95_high=interval[1],
         n_truncated=sum(1 for r in scored if r.truncated),
         # Null, not infinite, with no correct answer: no answer was bought at any price.

@@ -262,9 +262,10 @@ def judge(reply: str, reference: Reference, settings: ScoringSettings, *, cut: b
     return Judgement(extracted is not None and scorer.matches(extracted, reference, settings), shown, False)
 
 
-def wilson_interval(correct: int, n: int, z: float = Z95) -> tuple[float, float] | None:
+def wilson_interval(correct: float, n: int, z: float = Z95) -> tuple[float, float] | None:
     """The Wilson score interval of ``correct`` successes in ``n`` trials (None for n = 0): it
-    stays inside [0, 1] and is not empty at 0 or n successes, as the normal approximation is."""
+    stays inside [0, 1] and is not empty at 0 or n successes, as the normal approximation is.
+    ``correct`` may be fractional: n times a mean of shares (``accuracy_of``)."""
     if n <= 0:
         return None
     p = correct / n

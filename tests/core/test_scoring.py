@@ -173,10 +173,24 @@ def test_a_trials_accuracy_counts_its_judged_requests_and_divides_their_energy_b
     assert [r.correct for r in judged] == [True, False, False, None]
     assert [r.truncated for r in judged] == [False, False, True, None]
     assert [r.extracted_answer for r in judged] == ["42", "41", "40", None]
-    assert (acc.n_scored, acc.n_correct, acc.n_truncated) == (3, 1, 1)
+    assert (acc.n_scored, acc.n_correct, acc.n_truncated, acc.n_questions) == (3, 1, 1, 3)
     assert acc.accuracy == pytest.approx(1 / 3)
     assert acc.energy_per_correct_j == pytest.approx(60.0) and acc.correct_per_kj == pytest.approx(1000 / 60)
     assert (acc.accuracy_ci95_low, acc.accuracy_ci95_high) == pytest.approx(wilson_interval(1, 3))
+
+
+def test_a_prompt_sent_again_is_one_question_in_the_accuracy_and_its_interval():
+    """Four replies to question a (all right) and one to b (wrong): by reply 4/5, by question 1/2,
+    and the interval is over the 2 questions, not the 5 replies; the energy per correct answer
+    still pays for every reply."""
+    a, b = Reply("42", Reference("42"), False, question="a"), Reply("41", Reference("42"), False, question="b")
+    _, acc = score(records(1.0, 1.0, 1.0, 1.0, 1.0), [a, a, b, a, a], NUMERIC)
+    assert (acc.n_scored, acc.n_correct, acc.n_questions) == (5, 4, 2)
+    assert acc.accuracy == pytest.approx(0.5)
+    assert (acc.accuracy_ci95_low, acc.accuracy_ci95_high) == pytest.approx(wilson_interval(1, 2))
+    assert acc.energy_per_correct_j == pytest.approx(5.0 / 4)
+    split = score(records(1.0, 1.0, 1.0), [a, Reply("7", Reference("42"), False, question="a"), b], NUMERIC)[1]
+    assert split.accuracy == pytest.approx((0.5 + 0.0) / 2) and split.n_questions == 2
 
 
 def test_no_correct_answer_costs_null_not_infinity_and_no_energy_leaves_both_null():

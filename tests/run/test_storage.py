@@ -367,7 +367,7 @@ def test_schema_names_carry_units():
                    "capacity_id", "probe_step", "slo_attainment_target", "search_id", "search_step",
                    "search_params",
                    # scoring: the method (JSON), counts of replies, a share and its interval
-                   "scoring", "n_scored", "n_correct", "n_truncated", "accuracy", "accuracy_ci95_low",
+                   "scoring", "n_scored", "n_correct", "n_questions", "n_truncated", "accuracy", "accuracy_ci95_low",
                    "accuracy_ci95_high", "likelihood_n_scored", "likelihood_accuracy", "likelihood_accuracy_ci95_low",
                    "likelihood_accuracy_ci95_high", "likelihood_accuracy_norm", "likelihood_status"}
     for col in TRIALS:

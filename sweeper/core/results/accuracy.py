@@ -16,10 +16,15 @@ class Accuracy(Part):
         "replies judged: every completed request of the measured window (serving: of the measured run) whose "
         "prompt has a reference answer")
     n_correct: int | None = column("of them, those judged right")
-    accuracy: float | None = column("n_correct / n_scored (replies cut by the output length count as wrong)")
+    n_questions: int | None = column(
+        "distinct prompts (conversations: turns) among the scored replies; below n_scored where the window sent "
+        "prompts again")
+    accuracy: float | None = column(
+        "the mean over the n_questions of the share of each one's replies judged right: n_correct / n_scored "
+        "where each was sent once (replies cut by the output length count as wrong)")
     accuracy_ci95_low: float | None = column(
-        "the Wilson 95 % score interval's lower end for accuracy (over the n_scored replies, as independent "
-        "draws; docs/METHOD.md)")
+        "the Wilson 95 % score interval's lower end for accuracy, over the n_questions distinct prompts (a prompt "
+        "sent again is not a new draw; docs/METHOD.md)")
     accuracy_ci95_high: float | None = column("the Wilson 95 % score interval's upper end for accuracy")
     n_truncated: int | None = column(
         "scored replies cut by the output length (max_output_len) before the model ended them: counted wrong")
