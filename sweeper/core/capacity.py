@@ -11,6 +11,14 @@ on one loaded engine, and this module decides what the next probe is from the on
 3. bisection, geometric, between the highest pass and the lowest fail, until they are within
    ``resolution`` of each other (for concurrency: also adjacent integers).
 
+A probe whose figures cannot be trusted (flagged unstable without having fallen behind, or too
+few requests to tell the attainment target) is measured once more at the same load before the
+search goes on, its arrivals ``STRETCH`` times as long (``num_prompts`` and ``duration_s``): a
+short window on an engine still settling (the first probe on a freshly started ``vllm serve``
+on an H100 read p99 TPOT 18.8 ms falling to 10.4 ms across its 2.1 s window) must not end a
+search. The longer probe's verdict replaces the first's; if it is still untrusted, the answer
+says so (``precise``).
+
 A probe passes when its trial is ``ok``, its SLO attainment (the share of its requests
 meeting every bound) is at least the target, and, for a request rate, the engine kept up (not
 ``saturated``); a concurrency probe offers no rate to keep up with, so its SLO alone judges it.
@@ -42,6 +50,8 @@ DEFAULT_ATTAINMENT = 0.99
 # Each pass's load times this, while bracketing: a knee anywhere in [low, high] is bracketed
 # in log2(high / low) probes.
 GROWTH = 2.0
+# An untrusted probe's re-measure runs its arrivals this many times as long; once per load.
+STRETCH = 2
 # Loads are rounded to this many significant digits, so that a probe's trial id (its load is
 # part of it) is the same on every machine and every resume.
 _DIGITS = 6
@@ -74,11 +84,15 @@ class LoadSearch(Settings):
         """``load`` as the axis holds it: requests in flight are whole numbers."""
         return int(load) if self.integer else float(load)
 
-    def max_probes(self) -> int:
-        """Probes a search can take at most: ``low``, the bracket's doublings, the bisection's halvings."""
+    def max_steps(self) -> int:
+        """Loads a search probes at most: ``low``, the bracket's doublings, the bisection's halvings."""
         bracket = math.ceil(math.log(self.high / self.low, GROWTH))
         bisect = max(0, math.ceil(math.log2(math.log(GROWTH) / math.log1p(self.resolution))))
         return 1 + bracket + bisect
+
+    def max_probes(self) -> int:
+        """Probes a search can take at most: each load's, and a longer re-measure of each."""
+        return 2 * self.max_steps()
 
 
 class ProbeVerdict(str, enum.Enum):
@@ -113,14 +127,16 @@ class Probe:
     trustworthy: bool
     why_not: str | None
     figures: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    # How many times the configuration's arrivals it ran (a re-measure: STRETCH).
+    stretch: int = 1
 
     @classmethod
-    def from_row(cls, search: LoadSearch, load: float, row: Mapping[str, Any]) -> Probe:
+    def from_row(cls, search: LoadSearch, load: float, row: Mapping[str, Any], stretch: int = 1) -> Probe:
         verdict = judge(search, row)
         why_not = _distrust(search, row)
         return cls(load=float(load), trial_id=str(row.get("trial_id")), verdict=verdict,
                    trustworthy=why_not is None, why_not=why_not,
-                   figures={k: row.get(k) for k in PROBE_COLUMNS})
+                   figures={k: row.get(k) for k in PROBE_COLUMNS}, stretch=stretch)
 
     @property
     def gpus(self) -> int:
@@ -179,12 +195,34 @@ def _round(load: float) -> float:
     return float(f"{load:.{_DIGITS}g}")
 
 
-def next_load(search: LoadSearch, probes: Sequence[Probe]) -> float | int | None:
-    """The load of the next probe, or None: the search has its answer (``capacity`` says which)."""
+@dataclass(frozen=True)
+class NextProbe:
+    """What the search asks for next: a load, and how many times the arrivals to run there."""
+
+    load: float | int
+    stretch: int = 1
+
+
+def next_probe(search: LoadSearch, probes: Sequence[Probe]) -> NextProbe | None:
+    """The next probe, or None: the search has its answer (``capacity`` says which)."""
     if not probes:
-        return search.value(search.low)
+        return NextProbe(search.value(search.low))
     if any(p.verdict is ProbeVerdict.FAILED for p in probes):
         return None
+    last = probes[-1]
+    if not last.trustworthy and last.stretch == 1:
+        return NextProbe(search.value(last.load), STRETCH)
+    load = _next_load(search, latest(probes))
+    return NextProbe(load) if load is not None else None
+
+
+def latest(probes: Sequence[Probe]) -> list[Probe]:
+    """Each load's last probe (a re-measure's verdict replaces its first's), in load order."""
+    by_load = {p.load: p for p in probes}
+    return [by_load[load] for load in sorted(by_load)]
+
+
+def _next_load(search: LoadSearch, probes: Sequence[Probe]) -> float | int | None:
     passes = [p.load for p in probes if p.verdict is ProbeVerdict.PASS]
     fails = [p.load for p in probes if p.verdict.fails]
     if not passes:
@@ -278,12 +316,12 @@ class Capacity(Part):
 def capacity(search: LoadSearch, probes: Sequence[Probe], identity: Mapping[str, Any]) -> Capacity:
     """The search's answer from its probes (complete or not); ``identity``: the configuration's
     own columns (model, backend, ... of any of its probes' rows)."""
-    passes = [p for p in probes if p.verdict is ProbeVerdict.PASS]
-    fails = [p for p in probes if p.verdict.fails]
+    passes = [p for p in latest(probes) if p.verdict is ProbeVerdict.PASS]
+    fails = [p for p in latest(probes) if p.verdict.fails]
     at = max(passes, key=lambda p: p.load) if passes else None
     above = min(fails, key=lambda p: p.load) if fails else None
     bounded = _bounded_by(search, probes, at, above)
-    precise, why = _precision(search, bounded, at, above)
+    precise, why = _precision(search, bounded, at, above, latest(probes))
     figures = at.figures if at is not None else {}
     if at is None:
         rate = None
@@ -314,7 +352,7 @@ def capacity(search: LoadSearch, probes: Sequence[Probe], identity: Mapping[str,
 def _bounded_by(search: LoadSearch, probes: Sequence[Probe], at: Probe | None, above: Probe | None) -> BoundedBy:
     if any(p.verdict is ProbeVerdict.FAILED for p in probes):
         return BoundedBy.FAILED
-    if next_load(search, probes) is not None:
+    if next_probe(search, probes) is not None:
         return BoundedBy.INCOMPLETE
     if at is None:
         return BoundedBy.LOW
@@ -324,11 +362,14 @@ def _bounded_by(search: LoadSearch, probes: Sequence[Probe], at: Probe | None, a
 
 
 def _precision(search: LoadSearch, bounded: BoundedBy, at: Probe | None,
-               above: Probe | None) -> tuple[bool, str | None]:
-    if bounded in (BoundedBy.FAILED, BoundedBy.INCOMPLETE, BoundedBy.LOW):
+               above: Probe | None, measured: Sequence[Probe]) -> tuple[bool, str | None]:
+    if bounded is BoundedBy.LOW:
+        low = measured[0] if measured else None
+        doubt = f" (the probe there, {low.load:g}, is {low.why_not})" if low is not None and low.why_not else ""
+        return False, f"no load in the range held{doubt}"
+    if bounded in (BoundedBy.FAILED, BoundedBy.INCOMPLETE):
         return False, {BoundedBy.FAILED: "a probe's trial failed",
-                       BoundedBy.INCOMPLETE: "the search was stopped before its bracket closed",
-                       BoundedBy.LOW: "no load in the range held"}[bounded]
+                       BoundedBy.INCOMPLETE: "the search was stopped before its bracket closed"}[bounded]
     if bounded is BoundedBy.HIGH:
         return False, f"the range's top ({search.high:g}) held: the capacity is at least that"
     for name, probe in (("at capacity", at), ("above it", above)):

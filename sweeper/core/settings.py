@@ -280,6 +280,19 @@ class ServingSettings(Settings):
         # The attainment target judges probes afterwards; it shapes no request of the run.
         return self.model_dump(mode="json", exclude_none=True, exclude={"slo": {"attainment"}})
 
+    def stretched(self, times: int) -> ServingSettings:
+        """The same arrivals ``times`` as long (``num_prompts`` and ``duration_s``): a capacity
+        probe measured again (``sweeper.core.capacity.STRETCH``)."""
+        return self.model_copy(update={
+            "num_prompts": self.num_prompts * times if self.num_prompts is not None else None,
+            "duration_s": self.duration_s * times if self.duration_s is not None else None})
+
+    def unstretched(self, times: int) -> ServingSettings:
+        """What ``stretched(times)`` was made from."""
+        return self.model_copy(update={
+            "num_prompts": self.num_prompts // times if self.num_prompts is not None else None,
+            "duration_s": self.duration_s / times if self.duration_s is not None else None})
+
 
 # How long each generated sequence is:
 # fixed: exactly output_len tokens, end-of-sequence ignored (the timing control);

@@ -78,6 +78,9 @@ class Trial:
     # A capacity search's probe: the search, and the probe's step in it (0: the range's low).
     load_search: LoadSearch | None = None
     probe_step: int | None = None
+    # A probe measured again: its arrivals this many times the configuration's (``serving``
+    # holds them stretched, so its id is its own; its capacity id is the configuration's).
+    probe_stretch: int = 1
     # A configuration search's point (sweeper.run.search): its id, and the point's step in it.
     search_id: str | None = None
     search_step: int | None = None
@@ -114,13 +117,22 @@ class Trial:
         """The configuration a capacity search's probe measures: its identity less the load."""
         if self.load_search is None:
             return None
-        return capacity_id(self.identity(), self.load_search.axis)
+        base = self
+        if self.probe_stretch != 1 and self.serving is not None:
+            base = dataclasses.replace(self, serving=self.serving.unstretched(self.probe_stretch), probe_stretch=1)
+        return capacity_id(base.identity(), self.load_search.axis)
 
-    def probe(self, load: float | int, step: int) -> Trial:
-        """This configuration's probe at ``load`` (its capacity search's step ``step``)."""
-        if self.load_search is None:
+    def probe(self, load: float | int, step: int, stretch: int = 1) -> Trial:
+        """This configuration's probe at ``load`` (its capacity search's step ``step``), its
+        arrivals ``stretch`` times as long (a probe measured again)."""
+        if self.load_search is None or self.serving is None:
             raise TypeError(f"{self.label()}: not a capacity search's trial")
-        return dataclasses.replace(self.with_axes(**{self.load_search.axis: load}), probe_step=step)
+        if self.probe_stretch != 1:
+            raise TypeError(f"{self.label()}: a re-measure is not a configuration to probe from")
+        probe = dataclasses.replace(self.with_axes(**{self.load_search.axis: load}), probe_step=step)
+        if stretch == 1:
+            return probe
+        return dataclasses.replace(probe, serving=self.serving.stretched(stretch), probe_stretch=stretch)
 
     def with_axes(self, **values: Any) -> Trial:
         """This trial with other values for some of its axes (a new trial id)."""

@@ -84,8 +84,9 @@ def _capacity_line(load: LoadSearch, bounds: SearchBounds) -> str:
     unit = "req/s" if load.axis == "request_rate" else "requests in flight"
     target = f"{load.attainment:.3g} of requests within the SLO" if load.attainment is not None else "no SLO"
     return (f"capacity search: {load.axis} from {load.low:g} to {load.high:g} {unit}, to "
-            f"{load.resolution:.0%}, holding {target} without saturating: at most {bounds.probes} probe(s) "
-            f"per configuration, on one loaded engine (the {load.axis} column shows each one's first)")
+            f"{load.resolution:.0%}, holding {target} without saturating: at most {load.max_steps()} load(s) "
+            f"per configuration, on one loaded engine, each measured again for twice as long if its figures "
+            f"are not to be trusted (the {load.axis} column shows each one's first)")
 
 
 def _search_line(search: SearchSettings, bounds: SearchBounds) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweeper.core.capacity import PROBE_COLUMNS, Capacity, LoadSearch, Probe, capacity, next_load
+from sweeper.core.capacity import PROBE_COLUMNS, Capacity, LoadSearch, Probe, capacity, next_probe
 from sweeper.core.trial import Trial
 from sweeper.run.resume import is_settled
 from sweeper.run.storage import ResultStore
@@ -38,17 +38,17 @@ class CapacityRun:
 
     def next_trial(self) -> Trial | None:
         """The next probe's trial, or None: the search has its answer."""
-        load = next_load(self.search, self.probes)
-        if load is None:
+        ask = next_probe(self.search, self.probes)
+        if ask is None:
             return None
-        trial = self.seed.probe(load, len(self.probes))
+        trial = self.seed.probe(ask.load, len(self.probes), ask.stretch)
         if not self.asked or self.asked[-1] != trial.trial_id:
             self.asked.append(trial.trial_id)
         return trial
 
     def tell(self, trial: Trial, row: Mapping[str, Any]) -> None:
         """A probe's result (its trials row, or the row's columns the policy reads)."""
-        self.probes.append(Probe.from_row(self.search, trial.point[self.search.axis], row))
+        self.probes.append(Probe.from_row(self.search, trial.point[self.search.axis], row, trial.probe_stretch))
 
     def advance(self, store: ResultStore, retry_failed: bool) -> Trial | None:
         """The next probe that is not stored yet (stored ones are read back and told), or None."""

@@ -15,7 +15,7 @@ from sweeper.core.capacity import (
     Probe,
     ProbeVerdict,
     capacity,
-    next_load,
+    next_probe,
 )
 
 
@@ -29,9 +29,10 @@ def row(load: float, *, passes: bool, status: str = "ok", saturated: bool = Fals
 def search_to_end(search: LoadSearch, holds, **row_options) -> list[Probe]:
     """Run the policy against a truth (``holds(load)``) until it has its answer."""
     probes: list[Probe] = []
-    while (load := next_load(search, probes)) is not None:
+    while (ask := next_probe(search, probes)) is not None:
         assert len(probes) < 100, "the search did not end"
-        probes.append(Probe.from_row(search, load, row(load, passes=holds(load), **row_options)))
+        probes.append(Probe.from_row(search, ask.load, row(ask.load, passes=holds(ask.load), **row_options),
+                                     ask.stretch))
     return probes
 
 
@@ -84,8 +85,8 @@ def test_what_bounded_it_the_range_a_failure_or_the_engine():
     # The SLO held everywhere but the engine fell behind past 30: saturation bounded it.
     no_slo = LoadSearch(axis="request_rate", low=2, high=100)
     probes = []
-    while (load := next_load(no_slo, probes)) is not None:
-        probes.append(Probe.from_row(no_slo, load, row(load, passes=False, saturated=load > 30)))
+    while (ask := next_probe(no_slo, probes)) is not None:
+        probes.append(Probe.from_row(no_slo, ask.load, row(ask.load, passes=False, saturated=ask.load > 30)))
     assert capacity(no_slo, probes, {}).bounded_by == BoundedBy.SATURATION
 
 
@@ -98,10 +99,33 @@ def test_an_untrustworthy_knee_is_reported_approximate_not_precise():
     assert not shaky.precise and "unstable: window too short" in shaky.imprecise_reason
     # Past the knee, a probe flagged unstable because the engine fell behind is its verdict, not a doubt.
     probes: list[Probe] = []
-    while (load := next_load(search, probes)) is not None:
-        over = load > 20
-        probes.append(Probe.from_row(search, load, row(load, passes=not over, saturated=over, unstable=over)))
-    assert capacity(search, probes, {}).precise
+    while (ask := next_probe(search, probes)) is not None:
+        over = ask.load > 20
+        probes.append(Probe.from_row(search, ask.load, row(ask.load, passes=not over, saturated=over, unstable=over)))
+    assert capacity(search, probes, {}).precise and all(p.stretch == 1 for p in probes)
+
+
+def test_an_untrusted_probe_is_measured_again_for_longer_and_its_second_verdict_counts():
+    """The GPU case: the first probe on a freshly started server is short and still settling
+    (unstable) and misses the SLO; measured again for twice as long it holds, and the search goes
+    on to the knee instead of reporting that nothing in the range held."""
+    search = LoadSearch(axis="request_rate", low=10, high=320, resolution=0.1, attainment=0.99)
+    probes: list[Probe] = []
+    while (ask := next_probe(search, probes)) is not None:
+        settling = not probes
+        holds = ask.load <= 100 and not settling
+        probes.append(Probe.from_row(search, ask.load, row(ask.load, passes=holds, unstable=settling), ask.stretch))
+    assert [(p.load, p.stretch) for p in probes[:3]] == [(10, 1), (10, 2), (20, 1)]
+    assert sum(p.stretch == 2 for p in probes) == 1  # a trusted probe is not measured again
+    found = capacity(search, probes, {})
+    assert found.bounded_by == BoundedBy.SLO and found.precise and found.capacity_load <= 100 < found.fail_load
+    assert found.n_probes == len(probes) <= search.max_probes()
+    # Still untrusted after its second, longer run: the answer says which probe and why.
+    doubted = search_to_end(search, lambda load: False, unstable=True)
+    assert [(p.load, p.stretch) for p in doubted] == [(10, 1), (10, 2)]
+    low = capacity(search, doubted, {})
+    assert low.bounded_by == BoundedBy.LOW and not low.precise
+    assert low.imprecise_reason == "no load in the range held (the probe there, 10, is unstable: window too short)"
 
 
 def test_the_policy_depends_only_on_the_probes_so_a_replay_asks_the_same_loads():
@@ -109,9 +133,9 @@ def test_the_policy_depends_only_on_the_probes_so_a_replay_asks_the_same_loads()
     first = search_to_end(search, lambda load: load <= 77)
     replayed: list[Probe] = []
     for p in first:
-        assert next_load(search, replayed) == p.load
+        assert next_probe(search, replayed).load == p.load
         replayed.append(p)
-    assert next_load(search, replayed) is None
+    assert next_probe(search, replayed) is None
 
 
 def test_a_configurations_gpu_seconds_hold_its_probes_and_the_one_load_they_ran_on():

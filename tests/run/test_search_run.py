@@ -73,15 +73,16 @@ def run(tmp_path, sweep, runner: ScriptedRunner, *, cluster=CPU, out: str = "out
     return sweep_run, pq.read_table(tmp_path / out / "trials.parquet").to_pylist()
 
 
-def interrupt_after(count: int):
-    """A script that answers from the truth, then stops the run (Ctrl-C) at trial ``count + 1``."""
+def interrupt_after(count: int, answer=None):
+    """A script that answers from the truth (or ``answer``), then stops the run (Ctrl-C) at
+    trial ``count + 1``."""
     ran: list[str] = []
 
     def script(trial: Trial, attempt: int) -> Any:
         if len(ran) >= count:
             raise KeyboardInterrupt
         ran.append(trial.trial_id)
-        return served(trial)
+        return answer(trial, attempt) if answer is not None else served(trial)
 
     return script
 
@@ -130,6 +131,31 @@ def test_a_capacity_search_stopped_anywhere_resumes_to_the_same_answer_without_m
     b = pq.read_table(tmp_path / "cut" / "capacity.parquet").to_pylist()
     assert [(r["capacity_load"], r["fail_load"], r["n_probes"]) for r in a] == \
         [(r["capacity_load"], r["fail_load"], r["n_probes"]) for r in b]
+
+
+def settling(trial: Trial, attempt: int) -> dict[str, Any]:
+    """The engine still settles during the first, short probe: unstable, and it misses the SLO."""
+    if trial.request_rate == 10 and trial.probe_stretch == 1:
+        return {**served(trial), "slo_attainment": 0.5, "unstable": True, "unstable_reason": "window too short"}
+    return served(trial)
+
+
+@pytest.mark.parametrize("stop_after", [None, 1, 2])
+def test_an_unsteady_probe_is_measured_again_for_longer_on_the_same_engine_and_resumes(tmp_path, stop_after):
+    sweep = serving_sweep(request_rate={"capacity": {"low": 10, "high": 1000, "resolution": 0.05}},
+                          precisions=("bf16",), noop={"max_batch": 8})
+    if stop_after is not None:
+        with pytest.raises(KeyboardInterrupt):
+            run(tmp_path, sweep, ScriptedRunner(interrupt_after(stop_after, settling)))
+    runner = ScriptedRunner(settling)
+    _, rows = run(tmp_path, sweep, runner)
+    assert len(runner.started) == 1  # the re-measure runs on the engine the search holds
+    at_low = sorted((r for r in rows if r["request_rate"] == 10), key=lambda r: r["probe_step"])
+    assert [(r["num_prompts"], r["probe_step"]) for r in at_low] == [(400, 0), (800, 1)]
+    assert len({r["capacity_id"] for r in rows}) == 1 and len({r["trial_id"] for r in rows}) == len(rows)
+    (c,) = pq.read_table(tmp_path / "out" / "capacity.parquet").to_pylist()
+    assert c["bounded_by"] == "slo" and c["precise"] and c["n_probes"] == len(rows)
+    assert c["capacity_load"] <= knee(_trial_of(sweep, rows[0])) < c["fail_load"]
 
 
 def test_a_failed_probe_ends_its_search_and_says_so(tmp_path):

@@ -15,7 +15,7 @@ from actors.backends.base import ModelSpec
 from actors.backends.noop import NoopBackend
 from actors.serving_measure import measure_serving_trial
 from actors.telemetry import NullTelemetry
-from sweeper.core.capacity import BoundedBy, Probe, capacity, next_load
+from sweeper.core.capacity import BoundedBy, Probe, capacity, next_probe
 from sweeper.plan.expand import expand
 from sweeper.plan.spec import parse_sweep
 from tests.fake_nvml import FakeClock
@@ -34,13 +34,14 @@ def find_capacity(max_batch: int, output_len: int, step_s: float, seed: int, *, 
     first = expand(sweep)[0][0]
     search = first.load_search
     probes: list[Probe] = []
-    while (load := next_load(search, probes)) is not None:
-        trial = first.probe(load, len(probes))
+    while (ask := next_probe(search, probes)) is not None:
+        trial = first.probe(ask.load, len(probes), ask.stretch)
         backend, clock = NoopBackend(), FakeClock(100.0)  # virtual time: it moves only when the engine sleeps
         backend.clock, backend.sleep = clock, clock.sleep
         info = backend.load(ModelSpec("synthetic", "tiny-llama", "fp32", trial.backend_options, serving=True))
         measured = measure_serving_trial(backend, trial, info, NullTelemetry(reason="test"), clock=clock)
-        probes.append(Probe.from_row(search, load, {**measured.row, "status": "ok", "trial_id": trial.trial_id}))
+        probes.append(Probe.from_row(search, ask.load, {**measured.row, "status": "ok", "trial_id": trial.trial_id},
+                                     ask.stretch))
     return capacity(search, probes, first.columns()), probes
 
 
@@ -91,13 +92,14 @@ def test_a_concurrency_search_finds_the_engines_batch_and_its_rate():
     first = expand(sweep)[0][0]
     search = first.load_search
     probes: list[Probe] = []
-    while (load := next_load(search, probes)) is not None:
-        trial = first.probe(load, len(probes))
+    while (ask := next_probe(search, probes)) is not None:
+        trial = first.probe(ask.load, len(probes), ask.stretch)
         backend, clock = NoopBackend(), FakeClock(100.0)
         backend.clock, backend.sleep = clock, clock.sleep
         info = backend.load(ModelSpec("synthetic", "tiny-llama", "fp32", trial.backend_options, serving=True))
         measured = measure_serving_trial(backend, trial, info, NullTelemetry(reason="test"), clock=clock)
-        probes.append(Probe.from_row(search, load, {**measured.row, "status": "ok", "trial_id": trial.trial_id}))
+        probes.append(Probe.from_row(search, ask.load, {**measured.row, "status": "ok", "trial_id": trial.trial_id},
+                                     ask.stretch))
     found = capacity(search, probes, first.columns())
     assert (found.capacity_concurrency, found.fail_load, found.bounded_by) == (8, 9, BoundedBy.SLO)
     assert found.capacity_req_s == pytest.approx(8 / (10 * 0.01), rel=0.01)  # the engine's knee, in req/s
