@@ -18,9 +18,12 @@ its GPU time (the server holds the GPU from its start to its stop).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -46,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8391, help="the peer's server port")
     parser.add_argument("--eager", action="store_true", help="both servers with --enforce-eager (shorter starts)")
     parser.add_argument("--steps", default="peer,sweeper", help="which to run, in order")
+    parser.add_argument("--timeout-s", type=float, default=540.0,
+                        help="each step's limit: past it the step's processes (its server too) are stopped and "
+                             "what it measured so far is kept")
     parser.add_argument("--out", required=True)
 
 
@@ -75,18 +81,57 @@ def peer(args: argparse.Namespace, model: str, out_dir: Path) -> dict[str, Any]:
            # Its default after each run resets the server's caches, which it knows how to do only for a
            # command that starts with `vllm`; the server here runs with its prefix cache off: nothing to reset.
            "--after-bench-cmd", "true"]
-    t0 = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    wall_s = time.monotonic() - t0
-    (out_dir / "sweep.log").write_text(done.stdout[-20000:] + "\n" + done.stderr[-20000:])
+    done = bounded(cmd, args.timeout_s, out_dir / "sweep.log")
     runs = [json.loads(p.read_text()) for p in sorted(out_dir.rglob("run=*.json"))]
     levels = sorted(({"request_rate": _rate(r), "request_throughput": r.get("request_throughput"),
                       "p99_ttft_ms": r.get("p99_ttft_ms"), "p99_tpot_ms": r.get("p99_tpot_ms"),
                       "completed": r.get("completed"), "duration_s": r.get("duration"),
                       "max_concurrency": r.get("max_concurrency")} for r in runs),
                     key=lambda r: r["request_rate"])
-    return {"command": cmd, "returncode": done.returncode, "wall_s": wall_s, "runs": levels,
-            **knee(levels, args), **({"error": done.stderr[-3000:]} if done.returncode else {})}
+    return {"command": cmd, **done.record(), "runs": levels, **knee(levels, args)}
+
+
+class Bounded:
+    """A step's process as it ended: its exit status (None: stopped at the limit) and wall time."""
+
+    def __init__(self, returncode: int | None, wall_s: float, stderr: str, interrupted: bool = False) -> None:
+        self.returncode, self.wall_s, self.stderr, self.interrupted = returncode, wall_s, stderr, interrupted
+
+    def record(self) -> dict[str, Any]:
+        return {"returncode": self.returncode, "wall_s": self.wall_s,
+                "timed_out": self.returncode is None and not self.interrupted,
+                **({"interrupted": True} if self.interrupted else {}),
+                **({"error": self.stderr[-3000:]} if self.returncode != 0 else {})}
+
+
+def bounded(cmd: list[str], timeout_s: float, log: Path) -> Bounded:
+    """Run ``cmd`` in its own process group for at most ``timeout_s``. Past it (or on Ctrl-C) the
+    whole group is stopped, SIGINT first (sweeper stops its trials and keeps their results), then
+    SIGKILL: vLLM's sweep starts ``vllm serve`` as its child, which outlives a killed parent and
+    keeps the GPU's memory (2026-12-07: the next step's engines found 4.5 of 79 GiB free)."""
+    t0 = time.monotonic()
+    returncode: int | None = None
+    interrupted = False
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt) as stop:
+            interrupted = isinstance(stop, KeyboardInterrupt)
+            _stop_group(proc)
+    return Bounded(returncode, time.monotonic() - t0, log.read_text()[-20000:], interrupted)
+
+
+def _stop_group(proc: subprocess.Popen[str]) -> None:
+    for sig, grace_s in ((signal.SIGINT, 30.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=grace_s)
+            break
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            continue
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the group's stragglers (the server's engine core)
 
 
 def _rate(run: dict[str, Any]) -> float:
@@ -125,12 +170,9 @@ def ours(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     }
     path = out_dir / "capacity_peer.yaml"
     path.write_text(yaml.safe_dump(sweep))
-    t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "sweeper", "run", str(path), "-o", str(out_dir / "results"), "-q"],
-                          capture_output=True, text=True, timeout=900)
-    wall_s = time.monotonic() - t0
-    (out_dir / "sweeper.log").write_text(done.stdout[-20000:] + "\n" + done.stderr[-20000:])
-    result: dict[str, Any] = {"returncode": done.returncode, "wall_s": wall_s}
+    done = bounded([sys.executable, "-m", "sweeper", "run", str(path), "-o", str(out_dir / "results"), "-q"],
+                   args.timeout_s, out_dir / "sweeper.log")
+    result: dict[str, Any] = done.record()
     capacity = out_dir / "results" / "capacity.parquet"
     if capacity.is_file():
         import pyarrow.parquet as pq
@@ -140,10 +182,9 @@ def ours(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
                 "slo_attainment", "energy_per_request_j", "ttft_p99_s", "tpot_p99_s")
         result["capacity"] = [{k: r.get(k) for k in keys} for r in rows]
         probes = pq.read_table(out_dir / "results" / "trials.parquet",
-                               columns=["request_rate", "slo_attainment", "duration_s", "status"]).to_pylist()
-        result["probes"] = sorted(probes, key=lambda r: r["request_rate"] or 0.0)
-    if done.returncode:
-        result["error"] = done.stderr[-3000:]
+                               columns=["request_rate", "num_prompts", "probe_step", "slo_attainment", "duration_s",
+                                        "ttft_p99_s", "tpot_p99_s", "unstable_reason", "status"]).to_pylist()
+        result["probes"] = sorted(probes, key=lambda r: r["probe_step"] or 0)
     return result
 
 
@@ -159,4 +200,6 @@ def run(args: argparse.Namespace) -> int:
         where.mkdir(parents=True, exist_ok=True)
         results[step] = peer(args, model, where) if step == "peer" else ours(args, where)
         write_record(out, "capacity-peer", results)
+        if results[step].get("interrupted"):
+            return 130  # Ctrl-C: what the step measured is written, the next step is not started
     return 0

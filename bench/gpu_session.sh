@@ -68,7 +68,9 @@
 #   capacity_peer  bench capacity-peer: one configuration's capacity under an SLO (p99 TTFT 500 ms, TPOT 50 ms)
 #               by sweeper's search through launch: vllm and by vllm bench sweep serve_workload: GPU-s, bracket
 #               (one call each: CAPACITY_PEER_ARGS="... --steps peer", then "--steps sweeper"; the peer's range
-#               ends at all --num-prompts at once, so it needs enough prompts to saturate: BENCHMARKS §33)
+#               ends at all --num-prompts at once, so it needs enough prompts to saturate, and its serial
+#               first run costs --num-prompts x ~1 s: 300 did not fit 570 s. Next: "--eager --resolution 0.1
+#               --slo-ttft-ms 100 --slo-tpot-ms 10 --low 2 --num-prompts 120": BENCHMARKS §33)
 #   typed_rows  bench/typed_rows_gpu.yaml + typed_rows_serving_gpu.yaml: every kind of row built from
 #               typed parts on a GPU, and which GPU columns came out null (issue #40)
 #   stability_sweep  bench/stability_gpu.yaml: 10 fixed-shape 1B trials (transformers bf16/int8/nf4,
@@ -348,7 +350,10 @@ for kind in ('trials', 'requests', 'timeline'):
                       cp "$RESULTS/$1/requests.parquet" "$OUT/${1}_requests.parquet"
                       cp -r "$RESULTS/$1/report" "$OUT/${1}_report" 2>/dev/null || true ;;
         capacity_peer)  # sweeper's capacity search against vllm bench sweep serve_workload, one vllm serve each
+                      # The bench stops its own step (and the server that step started) 60 s before the
+                      # session's limit, so that what it measured is written.
                       timeout -s INT -k 30 "${STEP_TIMEOUT_S:-560}" python3 -m bench capacity-peer \
+                          --timeout-s $(( ${STEP_TIMEOUT_S:-560} - 60 )) \
                           --out "$OUT/capacity_peer.json" ${CAPACITY_PEER_ARGS:-} 2>&1 | tail -20
                       tar czf "$OUT/capacity_peer_logs.tgz" -C "$OUT" capacity_peer_peer capacity_peer_sweeper 2>/dev/null
                       rm -rf "$OUT/capacity_peer_peer" "$OUT/capacity_peer_sweeper" ;;

@@ -32,3 +32,35 @@ def test_the_peer_s_server_is_sweeper_s_launch_command_on_a_fixed_port():
     argv = serve_argv(args, "/models/m")
     assert argv[argv.index("--port") + 1] == "8391" and argv[argv.index("--host") + 1] == "127.0.0.1"
     assert "--enforce-eager" in argv and "--load-format" in argv and "{port}" not in " ".join(argv)
+
+
+def test_a_step_past_its_limit_is_stopped_with_the_server_it_started(tmp_path):
+    """vLLM's sweep starts `vllm serve` as its child; a step stopped at its limit must not leave
+    that child holding the GPU. Here the "server" is a grandchild that ignores SIGINT."""
+    import time
+
+    from bench.capacity_peer import bounded
+
+    pid_file = tmp_path / "server.pid"
+    script = f"bash -c 'trap \"\" INT; echo $$ > {pid_file}; exec sleep 300' & wait"
+    done = bounded(["bash", "-c", script], 3.0, tmp_path / "step.log")
+    assert done.returncode is None and done.record()["timed_out"]
+    server = int(pid_file.read_text())
+    for _ in range(100):  # the group's SIGKILL is sent before bounded returns; reaping may lag
+        if not _alive(server):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the step's server (pid {server}) outlived it")
+    quick = bounded(["bash", "-c", "echo measured; exit 3"], 30.0, tmp_path / "quick.log")
+    assert quick.returncode == 3 and "measured" in (tmp_path / "quick.log").read_text()
+    assert quick.record()["error"].strip() == "measured"
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed but not yet reaped by whoever adopted it, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
