@@ -128,19 +128,29 @@ def accuracy_of(scored: Sequence[RequestRecord], questions: Sequence[Hashable] |
     if n == 0:
         return Accuracy(n_scored=0, n_correct=0, n_questions=0, n_truncated=0)
     correct = sum(1 for r in scored if r.correct)
-    by_question: dict[Hashable, list[bool]] = {}
-    for i, r in enumerate(scored):
-        by_question.setdefault(questions[i] if questions is not None else i, []).append(bool(r.correct))
-    accuracy = sum(sum(v) / len(v) for v in by_question.values()) / len(by_question)
-    interval = wilson_interval(accuracy * len(by_question), len(by_question))
+    accuracy, n_questions = _question_mean([bool(r.correct) for r in scored], questions)
+    interval = wilson_interval(accuracy * n_questions, n_questions)
     assert interval is not None
-    energies = [r.energy_j for r in scored]
-    energy_j = sum(e for e in energies if e is not None) if all(e is not None for e in energies) else None
+    energy_j = _energy_j(scored)
     return Accuracy(
-        n_scored=n, n_correct=correct, n_questions=len(by_question), accuracy=accuracy,
+        n_scored=n, n_correct=correct, n_questions=n_questions, accuracy=accuracy,
         accuracy_ci95_low=interval[0], accuracy_ci95_high=interval[1],
         n_truncated=sum(1 for r in scored if r.truncated),
         # Null, not infinite, with no correct answer: no answer was bought at any price.
         energy_per_correct_j=energy_j / correct if energy_j is not None and correct else None,
         correct_per_kj=correct / (energy_j / 1000.0) if energy_j else None,
     )
+
+
+def _question_mean(correct: Sequence[bool], questions: Sequence[Hashable] | None) -> tuple[float, int]:
+    """The mean over distinct questions of each one's share of right replies, and how many."""
+    by_question: dict[Hashable, list[bool]] = {}
+    for i, right in enumerate(correct):
+        by_question.setdefault(questions[i] if questions is not None else i, []).append(right)
+    return sum(sum(v) / len(v) for v in by_question.values()) / len(by_question), len(by_question)
+
+
+def _energy_j(scored: Sequence[RequestRecord]) -> float | None:
+    """The judged requests' energy summed (None where any is unattributed: no GPU)."""
+    energies = [r.energy_j for r in scored]
+    return sum(e for e in energies if e is not None) if all(e is not None for e in energies) else None
