@@ -12,6 +12,7 @@ at least ``MIN_SAVING_S``, so a short tail never costs a model load.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # A split saves at least this much wall time, or it is not made: it costs a model load's
@@ -39,3 +40,44 @@ def best_split(pending: int, mean_trial_s: float, load_s: float) -> Split | None
             if best is None or saving_s > best.saving_s:
                 best = Split(moved=k, saving_s=saving_s)
     return best if best is not None and best.saving_s >= MIN_SAVING_S else None
+
+
+@dataclass(frozen=True)
+class RunningGroup:
+    """What the split rule reads of a group: a snapshot the scheduler takes, not the group."""
+
+    key: int  # the scheduler's handle for the group (its place in the open groups)
+    running: bool  # running a trial now (a group waiting for a slot or loading is not split)
+    pending: int  # trials still queued behind the current one
+    mean_trial_s: float | None  # seconds per finished trial so far; None before the first
+    gpus: int
+    withdrawn: bool  # a copy split off it earlier was never placed: the cluster is busier than it looks
+    load_s: float  # what another load of its model costs here (the backend's longest this run)
+
+
+@dataclass(frozen=True)
+class SplitDecision:
+    key: int  # the group to split
+    moved: int  # its last trials that go to the new copy
+    saving_s: float
+
+
+@dataclass(frozen=True)
+class Splitting:
+    """The split rule as a policy: told the running groups while a slot is idle, it returns
+    the split that ends a group soonest (the scheduler makes the copy), or None."""
+
+    enabled: bool = True
+
+    def decide(self, groups: Sequence[RunningGroup]) -> SplitDecision | None:
+        if not self.enabled:
+            return None
+        best: SplitDecision | None = None
+        for g in groups:
+            # Tensor-parallel groups stay whole: the free GPUs may sit on different nodes.
+            if not g.running or g.mean_trial_s is None or g.gpus > 1 or g.withdrawn:
+                continue
+            split = best_split(g.pending, g.mean_trial_s, g.load_s)
+            if split is not None and (best is None or split.saving_s > best.saving_s):
+                best = SplitDecision(g.key, split.moved, split.saving_s)
+        return best

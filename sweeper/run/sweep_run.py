@@ -71,7 +71,7 @@ from sweeper.run.recorder import Recorder
 from sweeper.run.resume import is_settled, predicted_oom, resume_filter
 from sweeper.run.search import SearchRun
 from sweeper.run.search_policy import Decision, SearchPolicy
-from sweeper.run.splitting import best_split
+from sweeper.run.splitting import RunningGroup, Splitting
 from sweeper.run.storage import ResultStore
 from sweeper.run.summary import RunSummary
 
@@ -105,6 +105,8 @@ class SweepRun:
         self.options = options if options is not None else RunOptions()
         # The out-of-memory rule: told each result, it returns the pending trials to skip.
         self.oom_pruning = OomPruning(self.options.oom_pruning)
+        # The split rule: told the running groups while a slot is idle, it picks one to split.
+        self.splitting = Splitting(self.options.split_groups)
         self.clock = clock
         self.observer: Observer = observer if observer is not None else Quiet()
         self.recorder = Recorder(store)
@@ -322,23 +324,18 @@ class SweepRun:
     def _split_long_group(self) -> bool:
         """Give the last trials of the running group that gains most to a second copy of its
         model on an idle slot (``sweeper.run.splitting``); True if one was split."""
-        if not self.options.split_groups or not self._idle_slot():
+        if not self.splitting.enabled or not self._idle_slot():
             return False
-        best: tuple[float, GroupRun, int] | None = None
-        for g in self.open:
-            # Tensor-parallel groups stay whole: the free GPUs may sit on different nodes.
-            if (g.state is not GroupState.RUNNING or g.mean_trial_s is None or g.resources["num_gpus"] > 1
-                    or g.splits_withdrawn):
-                continue
-            # What another load costs: the longest placement-to-loaded of the backend this run
-            # (a fresh process's imports included), so a cheap hand-over does not make splits look free.
-            load_s = self.longest_load_s.get(g.group.backend, 0.0)
-            split = best_split(len(g.pending), g.mean_trial_s, load_s)
-            if split is not None and (best is None or split.saving_s > best[0]):
-                best = (split.saving_s, g, split.moved)
-        if best is None:
+        # What another load costs: the longest placement-to-loaded of the backend this run
+        # (a fresh process's imports included), so a cheap hand-over does not make splits look free.
+        decision = self.splitting.decide([
+            RunningGroup(key=i, running=g.state is GroupState.RUNNING, pending=len(g.pending),
+                         mean_trial_s=g.mean_trial_s, gpus=g.resources["num_gpus"], withdrawn=g.splits_withdrawn > 0,
+                         load_s=self.longest_load_s.get(g.group.backend, 0.0))
+            for i, g in enumerate(self.open)])
+        if decision is None:
             return False
-        _, g, moved = best
+        g, moved = self.open[decision.key], decision.moved
         h = GroupRun(g.group, g.resources, g.pending[-moved:])
         del g.pending[-moved:]
         self.emit(GroupSplit(g, h, moved))

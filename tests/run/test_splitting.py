@@ -16,7 +16,7 @@ from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import parse_sweep
 from sweeper.run.cluster import ClusterInfo
 from sweeper.run.observer import Quiet
-from sweeper.run.splitting import MIN_SAVING_S, Split, best_split
+from sweeper.run.splitting import MIN_SAVING_S, RunningGroup, Split, SplitDecision, Splitting, best_split
 from sweeper.run.storage import ResultStore
 from sweeper.run.sweep_run import CallKind, GroupState, RunOptions, SweepRun
 from tests.fake_nvml import FakeClock
@@ -37,6 +37,27 @@ def test_the_split_balances_both_copies_and_pays_for_the_load():
     assert best_split(2, 0.9 * MIN_SAVING_S, 0.0) is None
     assert best_split(2, 2 * MIN_SAVING_S, 0.0) == Split(moved=1, saving_s=2 * MIN_SAVING_S)
     assert best_split(1, 100.0, 0.0) is None and best_split(5, 0.0, 0.0) is None
+
+
+def _group(key: int, *, pending: int = 100, mean_trial_s: float | None = 10.0, running: bool = True, gpus: int = 1,
+           withdrawn: bool = False, load_s: float = 50.0) -> RunningGroup:
+    return RunningGroup(key=key, running=running, pending=pending, mean_trial_s=mean_trial_s, gpus=gpus,
+                        withdrawn=withdrawn, load_s=load_s)
+
+
+def test_the_policy_splits_the_group_that_gains_most_and_never_one_it_must_not():
+    policy = Splitting()
+    decision = policy.decide([_group(0, pending=10), _group(1, pending=100), _group(2, pending=40)])
+    assert decision == SplitDecision(key=1, moved=best_split(100, 10.0, 50.0).moved,
+                                     saving_s=best_split(100, 10.0, 50.0).saving_s)
+    # The one that gains most, but each in turn cannot be split: waiting or loading, no trial
+    # timed yet, tensor parallel (its free GPUs may sit on different nodes), or a copy of it
+    # was withdrawn before (the cluster is busier than its free slots say).
+    for barred in ({"running": False}, {"mean_trial_s": None}, {"gpus": 2}, {"withdrawn": True}):
+        decision = policy.decide([_group(0, pending=10), _group(1, pending=100, **barred)])
+        assert decision is not None and decision.key == 0, barred
+    assert policy.decide([_group(0, pending=1), _group(1, load_s=10_000.0)]) is None  # nothing worth a load
+    assert Splitting(enabled=False).decide([_group(0)]) is None  # --no-split
 
 
 @dataclass
