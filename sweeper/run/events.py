@@ -1,19 +1,23 @@
 """What a sweep run tells its listeners: one typed event per thing that happened.
 
 The scheduler (``sweeper.run.sweep_run``) decides what runs where and emits these; it keeps
-no counts and draws nothing. Its listeners do the rest: the run's accounting
-(``RunSummary.on_event``: counts, busy time, the per-GPU table) and the run's ``Observer``
-(the command line's live view, a notebook's log, a test's list). A group is named by an
+no counts, writes nothing and draws nothing. Its listeners do the rest: the ``Recorder``
+(each result's shards, capacity and search rows), the run's accounting (``RunSummary.on_event``:
+counts, busy time, the per-GPU table) and the run's ``Observer`` (the command line's live view,
+a notebook's log, a test's list). A group is named by an
 opaque ``group`` key (two groups may share a label) and its ``label``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from sweeper.core.capacity import Capacity
 from sweeper.core.outcome import Placement
 from sweeper.core.results import TrialResult
+from sweeper.core.search import SearchPoint
 from sweeper.core.stages import StageSpan
 from sweeper.core.trial import Trial
 
@@ -34,9 +38,22 @@ class Notice(RunEvent):
 
 @dataclass(frozen=True)
 class PlanSkipped(RunEvent):
-    """The plan's skipped trials (unsupported here) were recorded, before anything ran."""
+    """The plan's skipped trials (unsupported here), each with the result that says why: to be
+    recorded before anything runs."""
 
-    count: int
+    skips: tuple[tuple[Trial, TrialResult], ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.skips)
+
+
+@dataclass(frozen=True)
+class SearchPointFound(RunEvent):
+    """A configuration search's evaluated point as search.parquet's row (``key``: its shard)."""
+
+    key: str
+    point: SearchPoint
 
 
 @dataclass(frozen=True)
@@ -115,6 +132,10 @@ class TrialRecorded(RunEvent):
     ran: bool
     stages: tuple[StageSpan, ...] = field(default=())
     slots: int = 1
+    # What the recorder writes beside the row: the trial's other tables (requests, timeline,
+    # ...) and where it ran.
+    tables: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    placement: Placement | None = None
 
 
 @dataclass(frozen=True)

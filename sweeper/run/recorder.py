@@ -12,7 +12,14 @@ from sweeper.core.results.tables import StageRecord
 from sweeper.core.schema import records_table
 from sweeper.core.stages import StageSpan
 from sweeper.core.trial import Trial
-from sweeper.run.events import Placement
+from sweeper.run.events import (
+    CapacityFound,
+    Placement,
+    PlanSkipped,
+    RunEvent,
+    SearchPointFound,
+    TrialRecorded,
+)
 from sweeper.run.storage import ResultStore
 
 
@@ -43,6 +50,19 @@ class Recorder:
         self._pending.append(self._pool.submit(self._write, trial, result, dict(tables or {}), stages, placement))
         while len(self._pending) > self.MAX_PENDING:
             self._pending.popleft().result()
+
+    def on_event(self, event: RunEvent) -> None:
+        """Write what the run's event says was decided (the recorder is one of its listeners)."""
+        match event:
+            case TrialRecorded():
+                self.record(event.trial, event.result, dict(event.tables), list(event.stages), event.placement)
+            case PlanSkipped(skips=skips):
+                for trial, result in skips:
+                    self.record(trial, result)
+            case CapacityFound(capacity=found):
+                self.record_derived("capacity", found.capacity_id or "", found)
+            case SearchPointFound(key=key, point=point):
+                self.record_derived("search", key, point)
 
     def record_derived(self, kind: str, key: str, row: Part) -> None:
         """A derived table's row (a capacity search's answer, a search point), written after

@@ -57,6 +57,7 @@ from sweeper.run.events import (
     RunEnded,
     RunEvent,
     RunStarted,
+    SearchPointFound,
     SplitWithdrawn,
     TrialAdded,
     TrialRecorded,
@@ -114,7 +115,9 @@ class SweepRun:
         self.summary = RunSummary(planned=len(plan.trials), slots=cluster.slots,
                                   slot_unit="GPU(s)" if cluster.device == "cuda" else "node(s)")
         # Who hears what happened: the accounting first, so that a view reads settled counts.
-        self.listeners: tuple[Callable[[RunEvent], None], ...] = (self.summary.on_event, self.observer.on_event)
+        # The recorder first: a result is handed to its writer before anyone is told of it.
+        self.listeners: tuple[Callable[[RunEvent], None], ...] = (
+            self.recorder.on_event, self.summary.on_event, self.observer.on_event)
         self.groups: list[GroupRun] = []
         # The groups not done yet, in the order they started: what hand-over and splitting
         # look through after every trial, so that finished groups cost them nothing.
@@ -136,9 +139,8 @@ class SweepRun:
         # A search's grid is its space, not its work: only its points run. A space with no
         # runnable point at all records the grid's skips, which say why.
         if search is None or not self.plan.runnable:
-            for p in self.plan.skipped:
-                self.recorder.record(p.trial, TrialResult(skipped_outcome(Reason.UNSUPPORTED, p.skip_reason or "")))
-            self.emit(PlanSkipped(len(self.plan.skipped)))
+            self.emit(PlanSkipped(tuple((p.trial, TrialResult(skipped_outcome(Reason.UNSUPPORTED, p.skip_reason or "")))
+                                        for p in self.plan.skipped)))
         todo = self._resume()
         self.emit(RunStarted(len(todo), self.cluster.slots))
         try:
@@ -147,7 +149,7 @@ class SweepRun:
                 self.step()
             if search is not None:
                 for key, point in search.point_rows():
-                    self.recorder.record_derived("search", key, point)
+                    self.emit(SearchPointFound(key, point))
             self.recorder.flush()
         except KeyboardInterrupt:
             # Running trials are dropped, not recorded: a second run finds them missing.
@@ -407,8 +409,7 @@ class SweepRun:
     def _record(self, g: GroupRun, trial: Trial, result: TrialResult, tables: dict[str, Any],
                 stages: list[StageSpan], *, ran: bool) -> None:
         spans, g.load_stages = g.load_stages + stages, []
-        self.recorder.record(trial, result, tables, spans, g.placement)
-        self.emit(TrialRecorded(trial, result, ran, tuple(spans), self._width(g)))
+        self.emit(TrialRecorded(trial, result, ran, tuple(spans), self._width(g), tables=tables, placement=g.placement))
         self._apply(g, self.searches.on_recorded(trial, {**trial.columns(), **result.row()}))
 
     def _apply(self, g: GroupRun, decision: Decision) -> None:
@@ -425,7 +426,6 @@ class SweepRun:
             self._add(GroupRun(group, self.launch.resources(group), [trial]))
 
     def _capacity_found(self, label: str, found: Capacity) -> None:
-        self.recorder.record_derived("capacity", found.capacity_id or "", found)
         self.emit(CapacityFound(label, found))
 
     def searched_plan(self) -> tuple[list[str], dict[str, list[str]]] | None:
@@ -447,7 +447,6 @@ class SweepRun:
         copies = [h for h in self.open if h.group is g.group]
         for skip in self.oom_pruning.after(trial, result, [t for h in copies for t in h.pending]):
             next(h for h in copies if skip.trial in h.pending).pending.remove(skip.trial)
-            self.recorder.record(skip.trial, skip.result)
             self.emit(TrialRecorded(skip.trial, skip.result, ran=False))
 
     def fail_rest(self, g: GroupRun, reason: Reason, text: str) -> None:
