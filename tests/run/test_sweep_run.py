@@ -428,6 +428,33 @@ def test_shards_are_written_off_the_drivers_thread_in_order_and_a_failed_write_i
     assert trials[2].trial_id in {p.stem for p in (tmp_path / "out" / "shards" / "requests").glob("*.parquet")}
 
 
+def test_the_recorder_writes_what_the_run_s_events_say_and_nothing_else(tmp_path):
+    """The recorder is a listener: a recorded trial's row and tables, the plan's skips and a
+    capacity search's answer reach disk through their events alone; other events write nothing."""
+    from sweeper.core.capacity import Capacity
+    from sweeper.core.status import Reason, skipped_outcome
+    from sweeper.run.events import CapacityFound, PlanSkipped
+    from sweeper.run.sweep_run import Recorder
+
+    ran, skipped = make_plan(_sweep(), "cpu").runnable[:2]
+    store = ResultStore(str(tmp_path / "out"))
+    recorder = Recorder(store)
+    try:
+        recorder.on_event(Polled())
+        recorder.on_event(TrialRecorded(ran, TrialResult.from_row(ok_row(ran)), ran=True,
+                                        tables={"requests": [{"trial_id": ran.trial_id, "iteration": 0}]}))
+        recorder.on_event(PlanSkipped(((skipped, TrialResult(skipped_outcome(Reason.UNSUPPORTED, "no GPU"))),)))
+        recorder.on_event(CapacityFound("c", Capacity(capacity_id="c0ffee", bounded_by="low")))
+        recorder.flush()
+    finally:
+        recorder.shutdown()
+    shards = tmp_path / "out" / "shards"
+    assert {p.stem for p in (shards / "trials").glob("*.parquet")} == {ran.trial_id, skipped.trial_id}
+    assert {p.stem for p in (shards / "requests").glob("*.parquet")} == {ran.trial_id}
+    assert [p.stem for p in (shards / "capacity").glob("*.parquet")] == ["c0ffee"]
+    assert pq.read_table(shards / "trials" / f"{skipped.trial_id}.parquet").column("status").to_pylist() == ["skipped"]
+
+
 def test_a_finished_groups_close_does_not_hold_up_the_sweep_and_a_hung_one_is_killed(tmp_path):
     """Closing an actor (a vLLM engine's processes ending) takes seconds: the driver asks for
     it and goes on with the other groups, ends the actor once its close returns, and kills one
