@@ -21,15 +21,14 @@ import argparse
 import contextlib
 import json
 import math
-import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from actors.backends.server.reaper import stop_group
 from bench.benchkit import write_record
 
 VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main"]
@@ -104,11 +103,12 @@ class Bounded:
                 **({"error": self.stderr[-3000:]} if self.returncode != 0 else {})}
 
 
-def bounded(cmd: list[str], timeout_s: float, log: Path) -> Bounded:
+def bounded(cmd: list[str], timeout_s: float, log: Path, grace_s: float = 30.0) -> Bounded:
     """Run ``cmd`` in its own process group for at most ``timeout_s``. Past it (or on Ctrl-C) the
-    whole group is stopped, SIGINT first (sweeper stops its trials and keeps their results), then
-    SIGKILL: vLLM's sweep starts ``vllm serve`` as its child, which outlives a killed parent and
-    keeps the GPU's memory (2026-12-07: the next step's engines found 4.5 of 79 GiB free)."""
+    whole group is stopped: SIGTERM (sweeper stops its trials and keeps their results), then
+    SIGKILL to what is left after ``grace_s`` (``actors.backends.server.reaper.stop_group``).
+    vLLM's sweep starts ``vllm serve`` as its child, which outlives a killed parent and keeps
+    the GPU's memory (2026-12-07: the next step's engines found 4.5 of 79 GiB free)."""
     t0 = time.monotonic()
     returncode: int | None = None
     interrupted = False
@@ -118,20 +118,13 @@ def bounded(cmd: list[str], timeout_s: float, log: Path) -> Bounded:
             returncode = proc.wait(timeout=timeout_s)
         except (subprocess.TimeoutExpired, KeyboardInterrupt) as stop:
             interrupted = isinstance(stop, KeyboardInterrupt)
-            _stop_group(proc)
+            stop_group(proc.pid, grace_s)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5.0)
     return Bounded(returncode, time.monotonic() - t0, log.read_text()[-20000:], interrupted)
 
 
-def _stop_group(proc: subprocess.Popen[str]) -> None:
-    for sig, grace_s in ((signal.SIGINT, 30.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=grace_s)
-            break
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            continue
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # the group's stragglers (the server's engine core)
+
 
 
 def _rate(run: dict[str, Any]) -> float:
