@@ -16,7 +16,14 @@ from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import parse_sweep
 from sweeper.run.cluster import ClusterInfo
 from sweeper.run.observer import Quiet
-from sweeper.run.splitting import MIN_SAVING_S, RunningGroup, Split, SplitDecision, Splitting, best_split
+from sweeper.run.splitting import (
+    MIN_SAVING_S,
+    RunningGroup,
+    Split,
+    SplitDecision,
+    Splitting,
+    best_split,
+)
 from sweeper.run.storage import ResultStore
 from sweeper.run.sweep_run import CallKind, GroupState, RunOptions, SweepRun
 from tests.fake_nvml import FakeClock
