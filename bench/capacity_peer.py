@@ -25,6 +25,7 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,11 +91,14 @@ def peer(args: argparse.Namespace, model: str, out_dir: Path) -> dict[str, Any]:
     return {"command": cmd, **done.record(), "runs": levels, **knee(levels, args)}
 
 
+@dataclass(frozen=True)
 class Bounded:
-    """A step's process as it ended: its exit status (None: stopped at the limit) and wall time."""
+    """A step's process as it ended: its exit status (None: stopped), wall time and output's tail."""
 
-    def __init__(self, returncode: int | None, wall_s: float, stderr: str, interrupted: bool = False) -> None:
-        self.returncode, self.wall_s, self.stderr, self.interrupted = returncode, wall_s, stderr, interrupted
+    returncode: int | None
+    wall_s: float
+    stderr: str
+    interrupted: bool = False  # stopped by Ctrl-C, not by its limit
 
     def record(self) -> dict[str, Any]:
         return {"returncode": self.returncode, "wall_s": self.wall_s,

@@ -316,12 +316,13 @@ class Capacity(Part):
 def capacity(search: LoadSearch, probes: Sequence[Probe], identity: Mapping[str, Any]) -> Capacity:
     """The search's answer from its probes (complete or not); ``identity``: the configuration's
     own columns (model, backend, ... of any of its probes' rows)."""
-    passes = [p for p in latest(probes) if p.verdict is ProbeVerdict.PASS]
-    fails = [p for p in latest(probes) if p.verdict.fails]
+    measured = latest(probes)
+    passes = [p for p in measured if p.verdict is ProbeVerdict.PASS]
+    fails = [p for p in measured if p.verdict.fails]
     at = max(passes, key=lambda p: p.load) if passes else None
     above = min(fails, key=lambda p: p.load) if fails else None
     bounded = _bounded_by(search, probes, at, above)
-    precise, why = _precision(search, bounded, at, above, latest(probes))
+    precise, why = _precision(search, bounded, at, above, measured)
     figures = at.figures if at is not None else {}
     if at is None:
         rate = None
