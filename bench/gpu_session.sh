@@ -342,7 +342,7 @@ for kind in ('trials', 'requests', 'timeline'):
                           -o "$RESULTS/spec_launch" -q 2>&1 | tee "$OUT/spec_launch_run.log" | tail -20
                       cp "$RESULTS/spec_launch/trials.parquet" "$OUT/spec_launch_trials.parquet"
                       cp -r "$RESULTS/spec_launch/servers" "$OUT/spec_launch_servers" 2>/dev/null || true ;;
-        burst|accuracy|accuracy_offline|choices_offline)  # a burst's send lateness in-process vs launched; accuracy beside joules
+        burst|accuracy|accuracy_offline|choices_offline|accuracy_transformers)  # a burst's send lateness in-process vs launched; accuracy beside joules
                       timeout -s INT -k 30 "${STEP_TIMEOUT_S:-540}" python3 -m sweeper run "bench/${1}_gpu.yaml" \
                           -o "$RESULTS/$1" -q 2>&1 | tee "$OUT/${1}_run.log" | tail -20
                       python3 -m sweeper report "$RESULTS/$1" >> "$OUT/${1}_run.log" 2>&1

@@ -25,6 +25,11 @@ if TYPE_CHECKING:  # types only: quality sits below the backends, workload and s
     from actors.workload import DatasetSource, Prompt
 
 
+# What a request row keeps of a judged reply: enough to read the verdict's grounds (a task's
+# replies are short), bounded so that a rambling reply cannot swell requests.parquet.
+REPLY_CHARS = 2000
+
+
 @dataclass(frozen=True)
 class Reply:
     """One measured reply to judge: its text, its prompt's answer, whether it reached its output
@@ -105,7 +110,7 @@ def score(records: Sequence[RequestRecord], replies: Sequence[Reply | None],
             continue
         j = judge(reply.text, reply.reference, settings, cut=reply.cut)
         judged.append(dataclasses.replace(record, correct=j.correct, extracted_answer=j.extracted,
-                                          truncated=j.truncated))
+                                          truncated=j.truncated, reply=reply.text[:REPLY_CHARS]))
         scored.append(judged[-1])
         questions.append(reply.question if reply.question is not None else ("reply", i))
     return judged, accuracy_of(scored, questions)

@@ -56,6 +56,8 @@ def test_a_served_trial_s_accuracy_is_the_share_the_server_answered_right(tmp_pa
     wrong = [r for r in requests if not r["correct"] and not r["truncated"]]
     assert len(wrong) == 2 and all(r["extracted_answer"] is not None for r in wrong)
     right = [r for r in requests if r["correct"]]
+    # Each row keeps the reply it was judged on: the extracted answer is read from it.
+    assert all(r["reply"] and r["extracted_answer"] in r["reply"] for r in right + wrong)
     assert sorted(r["extracted_answer"] for r in right) == sorted(
         a for i, a in enumerate(by_answer.values(), 1) if i % 3 and i % 4)
 

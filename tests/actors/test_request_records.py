@@ -27,7 +27,7 @@ OFFLINE_ONLY = frozenset({"iteration"})
 # test reads the column where requests are cut).
 FAILED_ONLY = frozenset({"error"})
 # Set only in a scored trial (the sweep file's scoring: tests/actors/test_accuracy.py fills them).
-SCORED_ONLY = frozenset({"correct", "extracted_answer", "truncated"})
+SCORED_ONLY = frozenset({"correct", "extracted_answer", "truncated", "reply"})
 
 
 def _actor_trial(sweep: dict):

@@ -173,6 +173,7 @@ def test_a_trials_accuracy_counts_its_judged_requests_and_divides_their_energy_b
     assert [r.correct for r in judged] == [True, False, False, None]
     assert [r.truncated for r in judged] == [False, False, True, None]
     assert [r.extracted_answer for r in judged] == ["42", "41", "40", None]
+    assert [r.reply for r in judged] == ["42", "41", "40 and", None]  # what the reader checks
     assert (acc.n_scored, acc.n_correct, acc.n_truncated, acc.n_questions) == (3, 1, 1, 3)
     assert acc.accuracy == pytest.approx(1 / 3)
     assert acc.energy_per_correct_j == pytest.approx(60.0) and acc.correct_per_kj == pytest.approx(1000 / 60)

@@ -80,3 +80,6 @@ class RequestRecord(Part):
     truncated: bool | None = column(
         "scored trials: the reply reached its output length (max_output_len) before the model ended it; "
         "null where unscored")
+    reply: str | None = column(
+        "scored trials: the reply as judged (its first 2,000 characters), so that a reader can check "
+        "the verdict; null where unscored")
