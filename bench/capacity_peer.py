@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from actors.backends.server.reaper import stop_group
+from actors.backends.server.reaper import stop_groups, tree_groups
 from bench.benchkit import write_record
 
 VLLM = [sys.executable, "-m", "vllm.entrypoints.cli.main"]
@@ -109,10 +109,11 @@ class Bounded:
 
 def bounded(cmd: list[str], timeout_s: float, log: Path, grace_s: float = 30.0) -> Bounded:
     """Run ``cmd`` in its own process group for at most ``timeout_s``. Past it (or on Ctrl-C) the
-    whole group is stopped: SIGTERM (sweeper stops its trials and keeps their results), then
-    SIGKILL to what is left after ``grace_s`` (``actors.backends.server.reaper.stop_group``).
-    vLLM's sweep starts ``vllm serve`` as its child, which outlives a killed parent and keeps
-    the GPU's memory (2026-12-07: the next step's engines found 4.5 of 79 GiB free)."""
+    whole tree is stopped, its own group and every group a descendant started: SIGTERM (sweeper
+    stops its trials and keeps their results), then SIGKILL to what is left after ``grace_s``
+    (``actors.backends.server.reaper.stop_groups``). vLLM's sweep starts ``vllm serve`` as its
+    child in a session of its own, which outlives a killed parent and keeps the GPU's memory
+    (2026-12-07, twice: the next step's engines found 4.5 of 79 GiB free)."""
     t0 = time.monotonic()
     returncode: int | None = None
     interrupted = False
@@ -122,7 +123,7 @@ def bounded(cmd: list[str], timeout_s: float, log: Path, grace_s: float = 30.0) 
             returncode = proc.wait(timeout=timeout_s)
         except (subprocess.TimeoutExpired, KeyboardInterrupt) as stop:
             interrupted = isinstance(stop, KeyboardInterrupt)
-            stop_group(proc.pid, grace_s)
+            stop_groups(tree_groups(proc.pid), grace_s)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5.0)
     return Bounded(returncode, time.monotonic() - t0, log.read_text()[-20000:], interrupted)

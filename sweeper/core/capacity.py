@@ -182,13 +182,27 @@ def _distrust(search: LoadSearch, row: Mapping[str, Any]) -> str | None:
     if row.get("unstable") and not row.get("saturated"):
         return f"unstable: {row.get('unstable_reason') or 'the trial was flagged'}"
     n = row.get("n_requests") or 0
-    if search.attainment is not None and search.attainment < 1:
-        # Below this count one request more or less moves the attainment past the target.
+    if search.attainment is not None and search.attainment < 1 and _one_request_flips(search.attainment, row, n):
+        # Below this count any pass hangs on one request (it needs every request within the SLO).
         needed = math.ceil(1 / (1 - search.attainment))
-        if n < needed:
-            return (f"{n} requests cannot tell {search.attainment:.0%} attainment (one late request is "
-                    f"{1 / max(n, 1):.1%}); raise workload.num_prompts to at least {needed}")
+        return (f"{n} requests cannot tell {search.attainment:.0%} attainment (one late request is "
+                f"{1 / max(n, 1):.1%}); raise workload.num_prompts to at least {needed}")
     return None
+
+
+def _one_request_flips(target: float, row: Mapping[str, Any], n: int) -> bool:
+    """Whether one request judged the other way would turn the probe's verdict on the SLO, with
+    fewer requests than the target can tell apart: a pass needs every one of them on time, and
+    a fail by one request is as thin. A fail by many (none of 56 on time: the SLO is out of reach
+    at this load) is settled however few they are, and measuring it again buys nothing."""
+    if n >= math.ceil(1 / (1 - target)):
+        return False
+    attainment = row.get("slo_attainment")
+    if attainment is None:
+        return True
+    met = round(attainment * n)
+    passed = met >= target * n
+    return passed or (met + 1) >= target * n
 
 
 def _round(load: float) -> float:

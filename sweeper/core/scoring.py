@@ -57,7 +57,7 @@ class Reference:
 @dataclass(frozen=True)
 class Judgement:
     """One reply judged: right or wrong, what the scorer read from it (None: nothing), and
-    whether the output length cut it (then it counts as wrong, whatever it holds)."""
+    whether the output length cut it (then only an answer it stated before the cut counts)."""
 
     correct: bool
     extracted: str | None
@@ -177,6 +177,18 @@ def extract_numeric(reply: str, settings: ScoringSettings) -> str | None:
     return found[-1] if found else None
 
 
+# An answer a reply states as its answer: after GSM8K's marker, or after "answer is" / "answer:",
+# and followed by more text, so that the cut did not fall inside it (a "36" cut from "360").
+_STATED_NUMBER = re.compile(r"(?:####|\banswer(?:\s+is)?\s*[:\-]?)\s*[$€£]?(" + _NUMBER.pattern + r")(?=\D)",
+                            re.IGNORECASE)
+
+
+def stated_numeric(reply: str, settings: ScoringSettings) -> str | None:
+    """The last number the reply states as its answer (``####``, "answer is", "answer:")."""
+    found = _STATED_NUMBER.findall(reply)
+    return found[-1] if found else None
+
+
 def matches_numeric(extracted: str, reference: Reference, settings: ScoringSettings) -> bool:
     got, want = parse_number(extracted), parse_number(reference.answer)
     if got is None or want is None:
@@ -197,6 +209,17 @@ def extract_regex(reply: str, settings: ScoringSettings) -> str | None:
     assert settings.pattern is not None  # the settings' own check
     found = re.search(settings.pattern, reply)
     if found is None:
+        return None
+    value = found.group(1) if found.re.groups else found.group()
+    return value if value is not None and value.strip() else None
+
+
+def stated_regex(reply: str, settings: ScoringSettings) -> str | None:
+    """The pattern's first match where the reply goes on after it (the user's pattern says what
+    an answer looks like; one at the reply's very end may be cut short)."""
+    assert settings.pattern is not None
+    found = re.search(settings.pattern, reply)
+    if found is None or found.end() >= len(reply):
         return None
     value = found.group(1) if found.re.groups else found.group()
     return value if value is not None and value.strip() else None
@@ -226,6 +249,17 @@ def extract_choice(reply: str, settings: ScoringSettings, choices: tuple[str, ..
     return None
 
 
+def stated_choice(reply: str, settings: ScoringSettings, choices: tuple[str, ...] | None = None) -> str | None:
+    """The letter the reply names as its answer: alone at its start, or the last after "answer is"."""
+    valid = LETTERS[:len(choices)] if choices else LETTERS
+    found = _LETTER_ALONE.search(reply)
+    if found is not None and found.group(1).upper() in valid and found.end() < len(reply):
+        return found.group(1).upper()
+    stated = [m.group(1).upper() for m in _LETTER_STATED.finditer(reply)
+              if m.group(1).upper() in valid and m.end() < len(reply)]
+    return stated[-1] if stated else None
+
+
 def matches_choice(extracted: str, reference: Reference, settings: ScoringSettings) -> bool:
     return extracted.upper() == reference.answer.upper()
 
@@ -239,22 +273,34 @@ class Scorer:
     extract: Callable[[str, ScoringSettings, Reference], str | None]
     matches: Callable[[str, Reference, ScoringSettings], bool]
     settings: frozenset[str] = frozenset()
+    # The answer a reply the output length cut had stated before the cut (None where it stated
+    # none); a scorer without it (exact: the whole reply is the answer) counts every cut reply wrong.
+    stated: Callable[[str, ScoringSettings, Reference], str | None] | None = None
 
 
 SCORERS: dict[str, Scorer] = {s.name: s for s in (
     Scorer("exact", lambda reply, s, ref: extract_exact(reply, s), matches_exact),
-    Scorer("numeric", lambda reply, s, ref: extract_numeric(reply, s), matches_numeric, frozenset({"tolerance"})),
-    Scorer("regex", lambda reply, s, ref: extract_regex(reply, s), matches_exact, frozenset({"pattern"})),
+    Scorer("numeric", lambda reply, s, ref: extract_numeric(reply, s), matches_numeric, frozenset({"tolerance"}),
+           lambda reply, s, ref: stated_numeric(reply, s)),
+    Scorer("regex", lambda reply, s, ref: extract_regex(reply, s), matches_exact, frozenset({"pattern"}),
+           lambda reply, s, ref: stated_regex(reply, s)),
     Scorer("choice", lambda reply, s, ref: extract_choice(reply, s, ref.choices), matches_choice,
-           frozenset({"likelihood"})),
+           frozenset({"likelihood"}), lambda reply, s, ref: stated_choice(reply, s, ref.choices)),
 )}
 
 
 def judge(reply: str, reference: Reference, settings: ScoringSettings, *, cut: bool) -> Judgement:
     """One reply against its reference. ``cut``: the output length ended the reply before the
-    model did; it counts as wrong and truncated (its last number may be a step of its working,
-    its letter one of several it meant to weigh), with what the scorer read kept for a look."""
+    model did. Such a reply is truncated, and it is judged only on an answer it had stated as
+    its answer before the cut (``Scorer.stated``): its last number may be a step of its working,
+    its letter one of several it meant to weigh, but "#### 22" or "the answer is 22" followed by
+    a loop of restatements is an answer given (a reader's check of 50 GPU replies, 2026-12-07).
+    Without a stated answer it is wrong, with what the scorer read kept for a look."""
     scorer = SCORERS[settings.method]
+    if cut:
+        stated = scorer.stated(reply, settings, reference) if scorer.stated is not None else None
+        if stated is not None:
+            return Judgement(scorer.matches(stated, reference, settings), stated[:MAX_ANSWER_CHARS], True)
     extracted = scorer.extract(reply, settings, reference)
     shown = extracted[:MAX_ANSWER_CHARS] if extracted is not None else None
     if cut:

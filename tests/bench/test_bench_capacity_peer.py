@@ -36,13 +36,14 @@ def test_the_peer_s_server_is_sweeper_s_launch_command_on_a_fixed_port():
 
 def test_a_step_past_its_limit_is_stopped_with_the_server_it_started(tmp_path):
     """vLLM's sweep starts `vllm serve` as its child; a step stopped at its limit must not leave
-    that child holding the GPU. Here the "server" is a grandchild that ignores SIGTERM."""
+    that child holding the GPU. Here the "server" is a grandchild that ignores SIGTERM, in a
+    session of its own (as vLLM's sweep starts it): a stop of the step's group alone misses it."""
     import time
 
     from bench.capacity_peer import bounded
 
     pid_file = tmp_path / "server.pid"
-    script = f"bash -c 'trap \"\" TERM; echo $$ > {pid_file}; exec sleep 300' & wait"
+    script = f"setsid bash -c 'trap \"\" TERM; echo $$ > {pid_file}; exec sleep 300' & wait"
     done = bounded(["bash", "-c", script], 3.0, tmp_path / "step.log", grace_s=1.0)
     assert done.returncode is None and done.record()["timed_out"]
     server = int(pid_file.read_text())

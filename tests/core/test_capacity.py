@@ -10,8 +10,10 @@ import random
 import pytest
 
 from sweeper.core.capacity import (
+    STRETCH,
     BoundedBy,
     LoadSearch,
+    NextProbe,
     Probe,
     ProbeVerdict,
     capacity,
@@ -103,6 +105,22 @@ def test_an_untrustworthy_knee_is_reported_approximate_not_precise():
         over = ask.load > 20
         probes.append(Probe.from_row(search, ask.load, row(ask.load, passes=not over, saturated=over, unstable=over)))
     assert capacity(search, probes, {}).precise and all(p.stretch == 1 for p in probes)
+
+
+def test_a_few_requests_settle_a_verdict_no_one_request_could_turn():
+    """The GPU case (2026-12-07, an eager server whose TPOT at any load exceeded the SLO's): 56
+    requests at the range's low, none on time. One request more or less cannot make that a
+    pass, so it is not measured again; one late request of 56 can, so that fail is."""
+    search = LoadSearch(axis="request_rate", low=5, high=320, resolution=0.1, attainment=0.99)
+    none_on_time = Probe.from_row(search, 5, {**row(5, passes=False, n=56), "slo_attainment": 0.0})
+    assert none_on_time.trustworthy and next_probe(search, [none_on_time]) is None
+    found = capacity(search, [none_on_time], {})
+    assert found.bounded_by == BoundedBy.LOW and found.capacity_load is None
+    one_late = Probe.from_row(search, 5, {**row(5, passes=False, n=56), "slo_attainment": 55 / 56})
+    assert not one_late.trustworthy and next_probe(search, [one_late]) == NextProbe(5, STRETCH)
+    all_on_time = Probe.from_row(search, 5, row(5, passes=True, n=56))
+    assert not all_on_time.trustworthy  # a pass of 56 hangs on each of them
+    assert Probe.from_row(search, 5, {**row(5, passes=False, n=100), "slo_attainment": 0.98}).trustworthy
 
 
 def test_an_untrusted_probe_is_measured_again_for_longer_and_its_second_verdict_counts():

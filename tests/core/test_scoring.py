@@ -136,11 +136,30 @@ def test_bad_answers_name_the_record_and_field(tmp_path, line, problem):
     assert f"record 1 {problem}" in str(err.value)
 
 
-def test_a_reply_cut_by_the_output_length_is_wrong_and_truncated_whatever_it_holds():
+def test_a_reply_cut_by_the_output_length_counts_only_an_answer_it_stated_before_the_cut():
     cut = judge("Step one: 40 + 2 = 42, so", Reference("42"), NUMERIC, cut=True)
-    assert (cut.correct, cut.truncated, cut.extracted) == (False, True, "42")
+    assert (cut.correct, cut.truncated, cut.extracted) == (False, True, "42")  # a step of its working
     nothing = judge("Let me think step by step about", Reference("42"), NUMERIC, cut=True)
     assert (nothing.correct, nothing.truncated, nothing.extracted) == (False, True, None)
+    # Replies read on the GPU (bench step accuracy_transformers): the answer stated, then a loop.
+    looped = judge("So 8 + 3 = 11. #### 11 Liam has 11 stickers. #### 11 Liam has 11 st", Reference("11"), NUMERIC,
+                   cut=True)
+    assert (looped.correct, looped.truncated, looped.extracted) == (True, True, "11")
+    revised = judge("#### 420 Jonas has 13 + 20 = 33 books. The answer is 33. Jonas", Reference("33"), NUMERIC, cut=True)
+    assert revised.correct and revised.extracted == "33"  # the last answer stated
+    stated_wrong = judge("The answer is 6. Ben buys 1 more, so 6 + 1 = 7", Reference("7"), NUMERIC, cut=True)
+    assert not stated_wrong.correct and stated_wrong.extracted == "6"  # its answer, not a later step
+    # A number at the very end may be cut short ("36" of "360"): not an answer stated.
+    assert not judge("The answer is 36", Reference("36"), NUMERIC, cut=True).correct
+    assert judge("The answer is 36", Reference("36"), NUMERIC, cut=False).correct
+    # Multiple choice: a letter named as the answer; a regex's match the reply goes on after.
+    assert judge("The answer is (C). Because the", Reference("C", ABCD), CHOICE, cut=True).correct
+    assert not judge("A, B or C? Let me weigh", Reference("C", ABCD), CHOICE, cut=True).correct
+    regex = ScoringSettings(method="regex", pattern=r"ANSWER: (\w+)")
+    assert judge("ANSWER: paris and then", Reference("Paris"), regex, cut=True).correct
+    assert not judge("ANSWER: par", Reference("Paris"), regex, cut=True).correct
+    # exact judges the whole reply: a cut one is never it.
+    assert not judge("paris", Reference("paris"), ScoringSettings(method="exact"), cut=True).correct
 
 
 @pytest.mark.parametrize(("k", "n"), [(0, 10), (10, 10), (5, 10), (81, 100), (1, 3), (999, 1000)])

@@ -93,6 +93,49 @@ def stop_group(pgid: int, timeout_s: float) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+def tree_groups(pid: int) -> set[int]:
+    """The process groups of ``pid`` and of every process descended from it, read now.
+
+    A child that starts a session of its own (``setsid``; vLLM's sweep starts its `vllm serve`
+    so) leaves its parent's group, and a stop of that group alone leaves it running. The tree
+    is read before anything is signalled: once a parent dies, its children are adopted by init
+    and no longer lead back to it.
+    """
+    children: dict[int, list[int]] = {}
+    groups: dict[int, int] = {}
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        pids = []
+    for p in pids:
+        fields = _stat_fields(p)
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(p)
+            groups[p] = int(fields[2])
+    found: set[int] = set()
+    with contextlib.suppress(ProcessLookupError):
+        found.add(os.getpgid(pid))
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(groups[child])
+            todo.append(child)
+    return found
+
+
+def stop_groups(pgids: set[int], timeout_s: float) -> None:
+    """``stop_group`` for several groups at once: SIGTERM to each, one shared bound, then SIGKILL."""
+    for pgid in pgids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(group_running(g) for g in pgids):
+        time.sleep(0.05)
+    for pgid in pgids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
 def _wait_for_either(watched: int, server: int) -> str:
     """'launcher' or 'server': which of the two processes ended first."""
     try:

@@ -72,8 +72,9 @@ class RequestRecord(Part):
     error: str | None = column("serving: why the request failed or did not finish; null if it completed")
     # Scored trials (the sweep file's scoring): the reply judged against its prompt's answer.
     correct: bool | None = column(
-        "scored trials: the reply's answer is the prompt's reference answer (a reply cut by the output length "
-        "is false); null where unscored (no scoring, a failed request, a prompt without an answer)")
+        "scored trials: the reply's answer is the prompt's reference answer (a reply cut by the output length: "
+        "the answer it stated before the cut, as after '####' or 'the answer is', else false); null where "
+        "unscored (no scoring, a failed request, a prompt without an answer)")
     extracted_answer: str | None = column(
         "scored trials: what the scoring method read from the reply as its answer (cut to 200 characters); "
         "null where it found none, or unscored")
