@@ -31,6 +31,7 @@ from sweeper.core.stages import StageSpan
 from sweeper.core.status import Reason, failed_outcome, skipped_outcome
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import Plan, TrialGroup
+from sweeper.run.actor_policies import HandOver, OpenGroup, ReferenceReaders, Retries
 from sweeper.run.actor_runner import (
     ACTOR_CLASS,
     CLOSE_TIMEOUT_S,
@@ -108,6 +109,8 @@ class SweepRun:
         self.oom_pruning = OomPruning(self.options.oom_pruning)
         # The split rule: told the running groups while a slot is idle, it picks one to split.
         self.splitting = Splitting(self.options.split_groups)
+        # Whether work whose actor died is tried again (sweeper.run.actor_policies).
+        self.retries = Retries(self.options.max_retries)
         self.clock = clock
         self.observer: Observer = observer if observer is not None else Quiet()
         self.recorder = Recorder(store)
@@ -247,12 +250,9 @@ class SweepRun:
         """Request an actor for every group, in the plan's start order, except the readers of a
         reference another group computes: those are requested once that group is placed."""
         runs = [GroupRun(group, self.launch.resources(group), list(group.trials)) for group in groups]
-        computes = {t.load_key: g for g in runs for t in g.group.serves_reference}
-        for g in runs:
-            provider = computes.get(g.group.load_key)
-            if provider is not None:
-                provider.readers.append(g)
-                g.state = GroupState.HELD
+        for reader, provider in ReferenceReaders.held(groups).items():
+            runs[provider].readers.append(runs[reader])
+            runs[reader].state = GroupState.HELD
         for g in runs:
             self.groups.append(g)
             self.open.append(g)
@@ -382,10 +382,12 @@ class SweepRun:
         return len(self.open) < self.cluster.slots
 
     def _successor(self, g: GroupRun) -> GroupRun | None:
-        """The first group still waiting for an actor that ``g``'s could serve: the same
-        resources, and backends that let an actor go on after closing them."""
-        return next((h for h in self.open if h.state is GroupState.WAITING and h.resources == g.resources
-                     and h.group.may_follow(g.group)), None)
+        """The waiting group ``g``'s actor goes on to, if any (``HandOver``)."""
+        def seen(h: GroupRun) -> OpenGroup:
+            return OpenGroup(key=id(h), group=h.group, resources=h.resources, waiting=h.state is GroupState.WAITING)
+
+        key = HandOver.successor(seen(g), [seen(h) for h in self.open])
+        return next((h for h in self.open if id(h) == key), None)
 
     def hand_over(self, g: GroupRun, h: GroupRun) -> None:
         """``g`` is done: its actor, already started and holding its GPU, loads ``h``'s model
@@ -530,9 +532,10 @@ class SweepRun:
                                   f"replaced each time")
 
     def _load_lost(self, g: GroupRun, reason: Reason, retry_text: str, error: Callable[[int], str]) -> None:
-        g.deaths += 1
-        if g.deaths <= self.options.max_retries:
-            self.emit(Retrying(g.deaths, self.options.max_retries, retry_text))
+        decision = self.retries.after_death(g.deaths)
+        g.deaths = decision.deaths
+        if decision.retry:
+            self.emit(Retrying(decision.deaths, decision.max_retries, retry_text))
             self.replace_actor(g)
             return
         # on_loaded ends the group and kills its actor: a hung one must not hold its GPU.
@@ -545,11 +548,12 @@ class SweepRun:
 
     def on_actor_died(self, g: GroupRun, text: str) -> None:
         """The actor died running a trial: retry it on a fresh actor, or record it failed."""
-        g.deaths += 1
-        if g.deaths <= self.options.max_retries:
+        decision = self.retries.after_death(g.deaths)
+        g.deaths = decision.deaths
+        if decision.retry:
             # g.current stays: it re-runs once the fresh actor has loaded.
             label = g.current.label() if g.current is not None else g.label
-            self.emit(Retrying(g.deaths, self.options.max_retries, f"actor died running {label}: {text}"))
+            self.emit(Retrying(decision.deaths, decision.max_retries, f"actor died running {label}: {text}"))
         else:
             self.finish(g, self._failed(g, Reason.ACTOR_DIED, f"actor died {g.deaths} time(s) running this trial: "
                                                              f"{text}"), {})
