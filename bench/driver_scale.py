@@ -98,9 +98,9 @@ def sweeper_run(trials: int, gpus: int, step_s: float) -> dict[str, Any]:
 
     from sweeper.plan.expand import make_plan
     from sweeper.plan.spec import parse_sweep
+    from sweeper.run.assembly import run_plan
     from sweeper.run.cluster import ClusterInfo
     from sweeper.run.storage import ResultStore
-    from sweeper.run.sweep_run import run_plan
 
     plan = make_plan(parse_sweep(sweep_dict(trials, gpus, step_s)), "cuda", check_hub=False)
     cpus = max(os.cpu_count() or 1, gpus + 1)

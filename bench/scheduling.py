@@ -100,9 +100,9 @@ def run(args: argparse.Namespace) -> None:
 
     from sweeper.plan.expand import make_plan
     from sweeper.plan.spec import parse_sweep
+    from sweeper.run.assembly import run_plan
     from sweeper.run.cluster import connect
     from sweeper.run.storage import ResultStore
-    from sweeper.run.sweep_run import run_plan
 
     gpus = args.nodes * args.gpus_per_node
     groups = args.groups or gpus

@@ -39,12 +39,13 @@ from ray.cluster_utils import Cluster
 
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
+from sweeper.run.assembly import build_sweep_run
 from sweeper.run.cluster import ClusterInfo, connect
 from sweeper.run.events import GroupPlaced, GroupSplit, RunEvent, TrialRecorded, TrialStarted
 from sweeper.run.observer import Quiet
 from sweeper.run.search import SearchRun
 from sweeper.run.storage import ResultStore
-from sweeper.run.sweep_run import RayActorRunner, RunOptions, SweepRun
+from sweeper.run.sweep_run import RayActorRunner, RunOptions
 
 # Notice a killed node in about a second, not Ray's default of ~15 s.
 FAST_HEALTH_CHECK = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 200,
@@ -279,7 +280,7 @@ def _run(scenario: str, cluster: Cluster, workers: list, info: ClusterInfo, swee
         gate = OpenGateWhenAllRun(Path(gate_file), info.gpus)
         search = SearchRun(plan, plan.sweep.search, info.device, parallel=info.gpus)
     try:
-        summary = SweepRun(plan, ResultStore(str(out)), info, RayActorRunner(), options=RunOptions(max_retries=2),
+        summary = build_sweep_run(plan, ResultStore(str(out)), info, RayActorRunner(), options=RunOptions(max_retries=2),
                            observer=gate or splits, search=search).run()
     finally:
         stop.set()

@@ -194,6 +194,16 @@ def test_no_import_cycles():
             visit(m, [m])
 
 
+def test_the_scheduler_reads_neither_the_results_directory_nor_the_backend_registry():
+    """``SweepRun`` decides what runs where: it is handed its result writer, its start and its
+    actors' requests (``sweeper.run.assembly``), so it imports none of what builds them."""
+    modules = _modules()
+    imported = _imports(modules["sweeper.run.sweep_run"], top_level_only=False)
+    banned = {"sweeper.run.storage", "sweeper.run.recorder", "sweeper.run.resume", "sweeper.core.backends",
+              "sweeper.run.shards"}
+    assert not imported & banned, imported & banned
+
+
 def test_the_command_line_starts_without_pandas():
     """Every test's and every user's `sweeper` command pays for its imports: pandas (about 0.3 s,
     pulled in by pyarrow.dataset) is imported where results are read, not when the CLI and its

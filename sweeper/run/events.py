@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from sweeper.core.capacity import Capacity
 from sweeper.core.outcome import Placement
@@ -225,3 +225,22 @@ class CapacityFound(Notice):
         if c.energy_per_request_j is not None:
             where += f", {c.energy_per_request_j:.4g} J/request there"
         return where + ("" if c.precise or c.imprecise_reason is None else f"; approximate: {c.imprecise_reason}")
+
+
+class ResultSink(Protocol):
+    """The listener that writes what a run records (``sweeper.run.recorder.Recorder``). The
+    scheduler hands it every event first, and at the end, on an interrupt or on a failed write
+    has it write what finished; ``uri`` names where (for the message of a failed write) and
+    ``write_s`` is the time its writing took."""
+
+    @property
+    def uri(self) -> str: ...
+
+    @property
+    def write_s(self) -> float: ...
+
+    def on_event(self, event: RunEvent) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def shutdown(self) -> None: ...

@@ -43,6 +43,10 @@ class Recorder:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sweeper-writer")
         self._pending: deque[Future[None]] = deque()
 
+    @property
+    def uri(self) -> str:
+        return self.store.uri
+
     def record(self, trial: Trial, result: TrialResult, tables: dict[str, Any] | None = None,
                stages: list[StageSpan] | None = None, placement: Placement | None = None) -> None:
         while self._pending and self._pending[0].done():

@@ -31,13 +31,14 @@ from sweeper.plan.capabilities import Capabilities, NodeTypes
 from sweeper.plan.expand import Plan, PlannedTrial, expand, make_plan
 from sweeper.plan.servers import check_energy_sites, check_servers
 from sweeper.plan.spec import Sweep, load_sweep
+from sweeper.run.assembly import build_sweep_run
 from sweeper.run.lock import RunLock
 from sweeper.run.observer import Observer, Quiet
 from sweeper.run.resume import is_settled
 from sweeper.run.search_policy import SearchPolicy
 from sweeper.run.storage import ResultStore, StoredTrial, check_destination
 from sweeper.run.summary import RunSummary
-from sweeper.run.sweep_run import RayActorRunner, RunOptions, SweepRun
+from sweeper.run.sweep_run import RayActorRunner, RunOptions
 
 if TYPE_CHECKING:
 
@@ -242,8 +243,8 @@ def run_sweep(setup: RunSetup, options: RunOptions | None = None, *, address: st
 
         widest = max((t.num_gpus for t in plan.runnable), default=1)
         search = SearchRun(plan, sweep.search, cluster.device, parallel=cluster.slots // max(widest, 1))
-    sweep_run = SweepRun(plan, store, cluster, RayActorRunner(), options=options, observer=observer,
-                         search=search)
+    sweep_run = build_sweep_run(plan, store, cluster, RayActorRunner(), options=options, observer=observer,
+                                search=search)
     summary = sweep_run.run()
     searched = sweep_run.searched_plan()
     if searched is not None:

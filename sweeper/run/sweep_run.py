@@ -11,9 +11,12 @@ group, each with an explicit ``GroupState``), and each event — an actor placed
 a model loaded, a trial done, an actor dead, a trial past its time limit — has
 one method. It talks to the cluster only through an ``ActorRunner``
 (``RayActorRunner`` in production), so it is tested without a cluster too. What
-happened it tells its listeners as typed events (``sweeper.run.events``): the run's
-accounting (``RunSummary``) and its ``Observer`` (the command line's live view);
-it counts nothing and draws nothing itself.
+happened it tells its listeners as typed events (``sweeper.run.events``): the writer of
+its results (a ``ResultSink``), the run's accounting (``RunSummary``) and its ``Observer``
+(the command line's live view); it writes, counts and draws nothing itself. It is handed
+what it needs, built over a results directory (``sweeper.run.assembly``): the sink, the
+searches, where the run starts (``Start``: the trials still to run) and what each group's
+actor is asked for (``GroupLaunch``), so it reads neither the directory nor the environment.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from sweeper.run.events import (
     Placement,
     PlanSkipped,
     Polled,
+    ResultSink,
     Resumed,
     Retrying,
     RunEnded,
@@ -69,18 +73,13 @@ from sweeper.run.group_launch import GroupLaunch
 from sweeper.run.group_run import Call, GroupRun, GroupState, RunOptions
 from sweeper.run.observer import Observer, Quiet
 from sweeper.run.oom_pruning import OomPruning
-from sweeper.run.recorder import Recorder
-from sweeper.run.resume import is_settled, predicted_oom, resume_filter
-from sweeper.run.search import SearchRun
-from sweeper.run.search_policy import Decision, SearchPolicy
+from sweeper.run.search_policy import Decision, SearchPolicy, Start
 from sweeper.run.splitting import RunningGroup, Splitting
-from sweeper.run.storage import ResultStore
 from sweeper.run.summary import RunSummary
 
-# The seam and the writer live in their own modules; these names stay importable from here.
+# The seam to the cluster lives in its own module; these names stay importable from here.
 __all__ = ["ACTOR_CLASS", "ActorDied", "ActorRunner", "CallFailed", "CallKind", "GroupRun", "GroupState",
-           "RayActorRunner", "Recorder", "ResultsWriteError", "RunOptions", "RunSummary", "SweepRun",
-           "is_settled", "predicted_oom", "resume_filter", "run_plan"]
+           "RayActorRunner", "ResultsWriteError", "RunOptions", "RunSummary", "SweepRun"]
 
 
 class ResultsWriteError(SweeperError):
@@ -98,12 +97,14 @@ class SweepRun:
     shape recorded ``skipped`` (``predicted_oom``) when ``oom_pruning``.
     """
 
-    def __init__(self, plan: Plan, store: ResultStore, cluster: ClusterInfo, runner: ActorRunner, *,
-                 options: RunOptions | None = None, observer: Observer | None = None,
-                 clock: Callable[[], float] = time.monotonic, search: SearchRun | None = None):
+    def __init__(self, plan: Plan, cluster: ClusterInfo, runner: ActorRunner, *, sink: ResultSink,
+                 searches: SearchPolicy, start: Start, launch: GroupLaunch, options: RunOptions | None = None,
+                 observer: Observer | None = None, clock: Callable[[], float] = time.monotonic):
         self.plan, self.cluster, self.runner = plan, cluster, runner
         # What each group's actor is asked for and handed (resources, its load's request).
-        self.launch = GroupLaunch(cluster, store.server_log_dir)
+        self.launch = launch
+        # Where the run starts: what the results directory answered, the trials left to run.
+        self.start = start
         self.options = options if options is not None else RunOptions()
         # The out-of-memory rule: told each result, it returns the pending trials to skip.
         self.oom_pruning = OomPruning(self.options.oom_pruning)
@@ -113,8 +114,7 @@ class SweepRun:
         self.retries = Retries(self.options.max_retries)
         self.clock = clock
         self.observer: Observer = observer if observer is not None else Quiet()
-        self.recorder = Recorder(store)
-        self.store = store
+        self.recorder = sink
         self.summary = RunSummary(planned=len(plan.trials), slots=cluster.slots,
                                   slot_unit="GPU(s)" if cluster.device == "cuda" else "node(s)")
         # Who hears what happened: the accounting first, so that a view reads settled counts.
@@ -129,7 +129,7 @@ class SweepRun:
         self.calls: dict[Any, Call] = {}  # future -> what it answers
         # The sweep's searches (capacity per configuration, a search over configurations): told
         # every trial recorded, they decide what runs next (sweeper.run.search_policy).
-        self.searches = SearchPolicy(store, self.options.retry_failed, search)
+        self.searches = searches
 
     def emit(self, event: RunEvent) -> None:
         for listener in self.listeners:
@@ -164,7 +164,7 @@ class SweepRun:
             self._kill_all()
             self._flush_quietly()
             raise ResultsWriteError(
-                f"writing results to {self.store.uri} failed ({exc.strerror or first_line(exc)}); the sweep "
+                f"writing results to {self.recorder.uri} failed ({exc.strerror or first_line(exc)}); the sweep "
                 f"stopped; the trial(s) it finished and wrote are kept: free space (or fix the "
                 f"destination) and run the same command again to resume") from None
         except BaseException:
@@ -220,8 +220,9 @@ class SweepRun:
                 self.on_load_timeout(call.group)
 
     def _resume(self) -> list[Trial]:
-        """What is left to run: stored results stand, and the searches replay what is stored."""
-        start = self.searches.start(self.plan.runnable)
+        """What is left to run, as the run's start says: stored results stand, and the searches
+        have replayed what is stored."""
+        start = self.start
         if start.already_ok or start.kept:
             self.emit(Resumed(start.already_ok, start.kept, len(start.todo)))
         for label, found in start.decision.found:
@@ -567,10 +568,3 @@ class SweepRun:
                                                        "replaced"), {})
         self.replace_actor(g)
 
-
-def run_plan(plan: Plan, store: ResultStore, cluster: ClusterInfo, options: RunOptions | None = None, *,
-             observer: Observer | None = None, runner: ActorRunner | None = None) -> RunSummary:
-    """Run ``plan``'s missing trials on Ray actors (see ``SweepRun``), writing each one's shards
-    as it ends; what happens goes to ``observer`` as events (the command line's live view)."""
-    return SweepRun(plan, store, cluster, runner or RayActorRunner(), options=options or RunOptions(),
-                    observer=observer).run()

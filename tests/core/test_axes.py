@@ -53,8 +53,8 @@ def test_a_new_axis_joins_expansion_ids_rules_schema_and_tables():
 
 def test_a_new_axis_flows_through_a_real_run_and_the_report(ray_local, tmp_path):
     from sweeper.analysis.report import build_report
+    from sweeper.run.assembly import run_plan
     from sweeper.run.storage import ResultStore
-    from sweeper.run.sweep_run import run_plan
 
     with AXES.extended(KNOB):
         plan = make_plan(parse_sweep(SWEEP), "cpu")

@@ -9,8 +9,9 @@ import pytest
 
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
+from sweeper.run.assembly import run_plan
 from sweeper.run.storage import ResultStore
-from sweeper.run.sweep_run import RunOptions, run_plan
+from sweeper.run.sweep_run import RunOptions
 from tests.conftest import run_cli
 
 REQUIRED = ["trial_id", "sweep", "model", "backend", "precision", "batch_size", "input_len",

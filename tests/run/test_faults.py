@@ -19,8 +19,10 @@ from sweeper.core.results import TrialResult
 from sweeper.core.trial import MeasureSettings
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
+from sweeper.run.assembly import run_plan
+from sweeper.run.resume import predicted_oom
 from sweeper.run.storage import ResultStore
-from sweeper.run.sweep_run import RunOptions, predicted_oom, run_plan
+from sweeper.run.sweep_run import RunOptions
 from tests.conftest import ROOT, interruptible, on_the_shared_head
 
 

@@ -17,11 +17,12 @@ from sweeper.core.errors import SweepFileError, UserInputError
 from sweeper.plan.capabilities import Capabilities, NodeCapabilities, NodeType, NodeTypes
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import parse_sweep
+from sweeper.run.assembly import build_sweep_run
 from sweeper.run.autoscaler import node_types_of
 from sweeper.run.cluster import ClusterInfo
 from sweeper.run.session import check_gpus_per_node, declared
 from sweeper.run.storage import ResultStore
-from sweeper.run.sweep_run import RunOptions, SweepRun
+from sweeper.run.sweep_run import RunOptions
 from tests.conftest import ROOT, run_cli
 from tests.run.test_sweep_run import ScriptedRunner
 
@@ -45,7 +46,7 @@ def test_a_cluster_that_can_launch_gpu_nodes_asks_ray_for_gpus_before_any_is_up(
     assert "gpu-2 (2 GPUs, 1 CPU(s), up to 1)" in FROM_ZERO.text()
     plan = make_plan(_sweep(tensor_parallel=[1, 2]), FROM_ZERO.device)
     runner = ScriptedRunner()
-    SweepRun(plan, ResultStore(str(tmp_path / "out")), FROM_ZERO, runner, options=RunOptions(poll_s=0.01)).run()
+    build_sweep_run(plan, ResultStore(str(tmp_path / "out")), FROM_ZERO, runner, options=RunOptions(poll_s=0.01)).run()
     # Each group asks for its GPUs (that request is what makes the autoscaler launch a GPU
     # node), not for a node's CPUs, which any node it launches would give without a GPU.
     assert sorted(r["num_gpus"] for r in runner.started) == [1, 1, 2, 2]

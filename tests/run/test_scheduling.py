@@ -22,8 +22,9 @@ from sweeper.core.presets import PRESETS
 from sweeper.live import LiveObserver
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
+from sweeper.run.assembly import run_plan
 from sweeper.run.storage import ResultStore
-from sweeper.run.sweep_run import RunOptions, run_plan
+from sweeper.run.sweep_run import RunOptions
 from tests.cluster_scenarios import run_scenario
 from tests.conftest import ROOT
 from tests.fake_nvml import FakeClock

@@ -16,6 +16,7 @@ import pytest
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import parse_sweep
+from sweeper.run.assembly import build_sweep_run
 from sweeper.run.cluster import ClusterInfo
 from sweeper.run.events import RunEvent, TrialAdded
 from sweeper.run.observer import Quiet
@@ -64,7 +65,7 @@ def run(tmp_path, sweep, runner: ScriptedRunner, *, cluster=CPU, out: str = "out
     observer = Quiet()
     if events is not None:
         observer.on_event = events.append  # type: ignore[method-assign]
-    sweep_run = SweepRun(plan, store, cluster, runner, options=RunOptions(poll_s=0.01), observer=observer,
+    sweep_run = build_sweep_run(plan, store, cluster, runner, options=RunOptions(poll_s=0.01), observer=observer,
                          search=search)
     sweep_run.run()
     ids, derived = sweep_run.searched_plan() or ([p.trial.trial_id for p in plan.trials], {})

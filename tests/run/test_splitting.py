@@ -14,6 +14,7 @@ import pytest
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import parse_sweep
+from sweeper.run.assembly import build_sweep_run
 from sweeper.run.cluster import ClusterInfo
 from sweeper.run.observer import Quiet
 from sweeper.run.splitting import (
@@ -105,7 +106,7 @@ def sweep_of(batch_sizes: list[int], precisions: list[str] | None = None):
 def run(tmp_path, runner: TimedRunner, sweep, cluster=FOUR_GPUS, **options) -> tuple[SweepRun, list[dict]]:
     plan = make_plan(sweep, "cuda")
     store = ResultStore(str(tmp_path / "out"))
-    sweep_run = SweepRun(plan, store, cluster, runner, options=RunOptions(poll_s=0.01, **options),
+    sweep_run = build_sweep_run(plan, store, cluster, runner, options=RunOptions(poll_s=0.01, **options),
                          observer=Quiet(), clock=runner.clock)
     sweep_run.run()
     store.aggregate()

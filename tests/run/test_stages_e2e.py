@@ -10,8 +10,8 @@ from sweeper.analysis.report import build_report
 from sweeper.analysis.stage_plots import stage_breakdown, with_slots
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import load_sweep
+from sweeper.run.assembly import run_plan
 from sweeper.run.storage import ResultStore
-from sweeper.run.sweep_run import run_plan
 
 # One worker runs the module's sweep once (pytest-xdist).
 pytestmark = pytest.mark.xdist_group("stages")

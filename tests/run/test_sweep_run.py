@@ -20,6 +20,7 @@ from sweeper.core.results import TrialResult
 from sweeper.core.trial import Trial
 from sweeper.plan.expand import make_plan
 from sweeper.plan.spec import parse_sweep
+from sweeper.run.assembly import build_sweep_run
 from sweeper.run.cluster import ClusterInfo
 from sweeper.run.events import Polled, TrialRecorded
 from sweeper.run.observer import Quiet
@@ -105,7 +106,7 @@ class ScriptedRunner:
 def _run(tmp_path, runner: ScriptedRunner, sweep=None, **options: Any) -> tuple[SweepRun, list[dict]]:
     plan = make_plan(sweep or _sweep(), "cpu")
     store = ResultStore(str(tmp_path / "out"))
-    sweep_run = SweepRun(plan, store, CPU, runner, options=RunOptions(poll_s=0.01, **options),
+    sweep_run = build_sweep_run(plan, store, CPU, runner, options=RunOptions(poll_s=0.01, **options),
                          observer=Quiet())
     sweep_run.run()
     store.aggregate()
@@ -274,8 +275,8 @@ def test_resume_filter_and_the_clis_shortcut_follow_one_rule():
     from types import SimpleNamespace
 
     from sweeper.core.status import Reason, Status
+    from sweeper.run.resume import is_settled, resume_filter
     from sweeper.run.storage import StoredTrial
-    from sweeper.run.sweep_run import is_settled, resume_filter
 
     cases = [(Status.OK, None), *((Status.FAILED, r) for r in Reason), (Status.SKIPPED, Reason.PREDICTED_OOM),
              (Status.SKIPPED, Reason.UNSUPPORTED)]
@@ -407,7 +408,7 @@ class FailingStore(ResultStore):
 
 
 def test_shards_are_written_off_the_drivers_thread_in_order_and_a_failed_write_is_raised(tmp_path):
-    from sweeper.run.sweep_run import Recorder
+    from sweeper.run.recorder import Recorder
 
     trials = make_plan(_sweep(), "cpu").runnable
     store = FailingStore(str(tmp_path / "out"), fail_at=3)
@@ -434,7 +435,7 @@ def test_the_recorder_writes_what_the_run_s_events_say_and_nothing_else(tmp_path
     from sweeper.core.capacity import Capacity
     from sweeper.core.status import Reason, skipped_outcome
     from sweeper.run.events import CapacityFound, PlanSkipped
-    from sweeper.run.sweep_run import Recorder
+    from sweeper.run.recorder import Recorder
 
     ran, skipped = make_plan(_sweep(), "cpu").runnable[:2]
     store = ResultStore(str(tmp_path / "out"))
@@ -467,7 +468,7 @@ def test_a_finished_groups_close_does_not_hold_up_the_sweep_and_a_hung_one_is_ki
     ticks = itertools.count(step=1.0)
     runner = ScriptedRunner(closes_hang={1})
     store = ResultStore(str(tmp_path / "out"))
-    run = SweepRun(make_plan(_sweep(), "cpu"), store, CPU, runner, options=RunOptions(poll_s=0.01),
+    run = build_sweep_run(make_plan(_sweep(), "cpu"), store, CPU, runner, options=RunOptions(poll_s=0.01),
                    observer=Quiet(), clock=lambda: next(ticks))
     summary = run.run()
     store.aggregate()
@@ -492,7 +493,7 @@ def test_a_run_that_raises_kills_its_actors_before_the_error_reaches_the_caller(
 
     runner = Broken()
     plan = make_plan(_sweep(), "cpu")
-    sweep_run = SweepRun(plan, ResultStore(str(tmp_path / "out")), CPU, runner, options=RunOptions(poll_s=0.01))
+    sweep_run = build_sweep_run(plan, ResultStore(str(tmp_path / "out")), CPU, runner, options=RunOptions(poll_s=0.01))
     try:
         sweep_run.run()
     except RuntimeError as exc:

@@ -38,8 +38,8 @@ from sweeper.core.errors import SweepFileError
 from sweeper.core.schema import arrow_schema, to_table
 from sweeper.plan.expand import expand, make_plan
 from sweeper.plan.spec import load_sweep, parse_sweep
+from sweeper.run.assembly import run_plan
 from sweeper.run.storage import ResultStore
-from sweeper.run.sweep_run import run_plan
 from tests.conftest import ROOT
 
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-mistral"]
