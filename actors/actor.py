@@ -19,9 +19,9 @@ from actors import environment
 from actors.backends import create_backend
 from actors.backends.base import Backend, LoadInfo, ModelSpec
 from actors.layers.profile_pass import failed_pass, profile_layers
-from actors.measure import Measurement, measure_trial
-from actors.serving_measure import measure_serving_trial
+from actors.measure import Measurement
 from actors.stages import StageClock, stage
+from actors.windows import measure_for
 from actors.workload import PromptSources, answered
 from sweeper.core.backends import BACKENDS
 from sweeper.core.outcome import LoadResult, Placement, TrialOutcome
@@ -42,6 +42,8 @@ from sweeper.core.status import Reason, failed_outcome
 from sweeper.core.trial import GroupLoad, Trial
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from actors.telemetry import IdleBaseline, TelemetryBase
 
 log = logging.getLogger(__name__)
@@ -248,8 +250,7 @@ class TrialRunner:
                 raise RuntimeError("run() before a successful load()")
             if self._sources is None:
                 self._sources = PromptSources(load_info.vocab_size, trial.model_ref.max_positions)
-            measure = measure_trial if trial.serving is None else measure_serving_trial
-            measured = measure(backend, trial, load_info, self.telemetry, source=self._sources.for_trial(trial))
+            measured = measure_for(trial)(backend, trial, load_info, self.telemetry, source=self._sources.for_trial(trial))
             # Made here, in the process that recorded them: a record the schema cannot hold
             # fails its own trial (below), with the reason, and the sweep goes on.
             tables: dict[str, Any] = {"requests": records_table("requests", measured.requests)}
@@ -270,7 +271,9 @@ class TrialRunner:
         if trial.layer_profile is not None:
             # After the headline window has closed: hooks never touch the headline numbers.
             with stage("layer_pass"):
-                layer_pass, failure = self._profile_layers(trial, measured, tables)
+                layer_pass, layers, failure = self._profile_layers(trial, measured)
+            if layers is not None:
+                tables["layers"] = layers
             outcome = failure or outcome
         fidelity, perplexity = Fidelity(), Perplexity()
         if trial.fidelity is not None:
@@ -352,10 +355,10 @@ class TrialRunner:
                                                         self._sources.tokenizer(trial), chat=chat)
         return self._likelihoods[key]
 
-    def _profile_layers(self, trial: Trial, measured: Measurement,
-                        tables: dict[str, Any]) -> tuple[LayerPass, Outcome | None]:
-        """The layer-profiling pass's trials columns (its rows go into ``tables``), and the
-        trial's outcome if the pass broke.
+    def _profile_layers(self, trial: Trial,
+                        measured: Measurement) -> tuple[LayerPass, pa.Table | None, Outcome | None]:
+        """The layer-profiling pass's trials columns, its ``layers`` table (None: no rows), and
+        the trial's outcome if the pass broke.
 
         A pass that breaks fails the trial: what the sweep asked for was not
         produced, and ``--retry-failed`` re-runs it. The headline numbers stay
@@ -376,8 +379,6 @@ class TrialRunner:
             oom = self._is_oom(exc)
             backend.recover()
             text = self._redacted(trial, _error_text(exc))
-            return failed_pass(text), failed_outcome(Reason.OOM if oom else Reason.LAYER_PROFILE_FAILED,
-                                                     f"layer profiling pass: {text}")
-        if layers is not None:
-            tables["layers"] = layers
-        return profile.columns, None
+            return failed_pass(text), None, failed_outcome(Reason.OOM if oom else Reason.LAYER_PROFILE_FAILED,
+                                                           f"layer profiling pass: {text}")
+        return profile.columns, layers, None
