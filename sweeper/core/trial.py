@@ -336,23 +336,34 @@ class Trial:
         extra = [f"{name}={value}" for name, value in self.axes().items()
                  if name not in _LABELLED and not AXES[name].in_variant
                  and AXES[name].identity_part(self.point[name])]
-        load = (f"bs={self.batch_size}" if self.serving is None
-                else f"rate={self.request_rate:g}/s" + (f" conc={self.max_concurrency}" if self.max_concurrency else ""))
-        prompts = f"in={self.input_len}" if self.prompts is None else f"data={PurePath(self.dataset).name}"
-        if self.shared_prefix is not None:  # e.g. in=2176 (8 prefixes of 2048)
-            prompts += f" ({self.shared_prefix.num_prefixes} prefixes of {self.shared_prefix.prefix_len})"
-        if self.prompts is not None and self.prompts.conversations is not None:  # e.g. data=chats.json (conversations)
-            c = self.prompts.conversations
-            prompts += " (conversations" + (f", gap {c.turn_gap_s:g} s" if c.turn_gap_s else "") + \
-                (", reference history" if c.history == "reference" else "") + ")"
-        out = (f"out={self.output_len}" if self.output_lengths == "fixed"
-               else f"out={self.output_lengths}<={self.output_len}")
-        return (f"{self.model} {self.backend}/{self.precision} {load} {prompts} {out}"
+        return (f"{self.model} {self.backend}/{self.precision} {self._load_label()} {self._prompts_label()} "
+                f"{self._out_label()}"
                 + (f" {variant}" if variant else "")
                 + "".join(f" {e}" for e in extra)
                 + (f" r{self.repeat}" if self.repeat else "")
                 + (f" layers={self.layer_profile}" if self.layer_profile else ""))
 
+    def _load_label(self) -> str:
+        """``bs=8``, or ``rate=16/s`` (``conc=32`` beside it where capped)."""
+        if self.serving is None:
+            return f"bs={self.batch_size}"
+        return f"rate={self.request_rate:g}/s" + (f" conc={self.max_concurrency}" if self.max_concurrency else "")
+
+    def _prompts_label(self) -> str:
+        """``in=128``, or ``data=FILE``; e.g. ``in=2176 (8 prefixes of 2048)``, ``data=chats.json
+        (conversations, gap 1 s)``."""
+        prompts = f"in={self.input_len}" if self.prompts is None else f"data={PurePath(self.dataset).name}"
+        if self.shared_prefix is not None:
+            prompts += f" ({self.shared_prefix.num_prefixes} prefixes of {self.shared_prefix.prefix_len})"
+        if self.prompts is not None and self.prompts.conversations is not None:
+            c = self.prompts.conversations
+            prompts += " (conversations" + (f", gap {c.turn_gap_s:g} s" if c.turn_gap_s else "") + \
+                (", reference history" if c.history == "reference" else "") + ")"
+        return prompts
+
+    def _out_label(self) -> str:
+        return (f"out={self.output_len}" if self.output_lengths == "fixed"
+                else f"out={self.output_lengths}<={self.output_len}")
 
 @dataclass(frozen=True)
 class GroupLoad:
