@@ -35,7 +35,13 @@ def test_the_serving_example_runs_resumes_and_reports(tmp_path):
     noop = trials[trials["backend"] == "noop"].set_index("request_rate")
     # The simulated engine serves 16 requests per 5-20 ms step: 2 req/s is light, 128 and inf are not.
     assert not noop.loc[2.0, "saturated"] and noop.loc[128.0, "saturated"] and noop.loc[math.inf, "saturated"]
-    assert noop.loc[2.0, "slo_attainment"] == 1.0
+    # The example's SLO (TPOT 20 ms) sits at the simulated step's longest: on a busy machine a
+    # stall can push one request past it, so the row is checked against its own requests, and
+    # light load against saturation, not against a perfect score.
+    met = dict(duckdb.sql(f"SELECT trial_id, avg(meets_slo::INT) FROM '{out}/requests.parquet' "
+                          "GROUP BY trial_id").fetchall())
+    assert all(met[t] == pytest.approx(a) for t, a in zip(trials["trial_id"], trials["slo_attainment"], strict=True))
+    assert noop.loc[2.0, "slo_attainment"] > noop.loc[math.inf, "slo_attainment"]
 
     requests = duckdb.sql(f"SELECT trial_id, count(*) AS n, min(len(itl_s)) AS gaps, "
                           f"bool_and(error IS NULL) AS ok FROM '{out}/requests.parquet' GROUP BY trial_id").df()
