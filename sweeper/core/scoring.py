@@ -207,7 +207,11 @@ def matches_exact(extracted: str, reference: Reference, settings: ScoringSetting
 
 def extract_regex(reply: str, settings: ScoringSettings) -> str | None:
     assert settings.pattern is not None  # the settings' own check
-    found = re.search(settings.pattern, reply)
+    return _match_value(re.search(settings.pattern, reply))
+
+
+def _match_value(found: re.Match[str] | None) -> str | None:
+    """A regex answer: the match's first group (the whole match without groups), if not blank."""
     if found is None:
         return None
     value = found.group(1) if found.re.groups else found.group()
@@ -219,10 +223,7 @@ def stated_regex(reply: str, settings: ScoringSettings) -> str | None:
     an answer looks like; one at the reply's very end may be cut short)."""
     assert settings.pattern is not None
     found = re.search(settings.pattern, reply)
-    if found is None or found.end() >= len(reply):
-        return None
-    value = found.group(1) if found.re.groups else found.group()
-    return value if value is not None and value.strip() else None
+    return _match_value(found) if found is not None and found.end() < len(reply) else None
 
 
 # A choice named by its letter: the whole reply a letter ("B", "(B)", "B.", "B) ..."), or after
@@ -294,7 +295,7 @@ def judge(reply: str, reference: Reference, settings: ScoringSettings, *, cut: b
     model did. Such a reply is truncated, and it is judged only on an answer it had stated as
     its answer before the cut (``Scorer.stated``): its last number may be a step of its working,
     its letter one of several it meant to weigh, but "#### 22" or "the answer is 22" followed by
-    a loop of restatements is an answer given (a reader's check of 50 GPU replies, 2026-12-07).
+    a loop of restatements is an answer given (406 cut GPU replies read, BENCHMARKS §35).
     Without a stated answer it is wrong, with what the scorer read kept for a look."""
     scorer = SCORERS[settings.method]
     if cut:

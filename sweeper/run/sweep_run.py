@@ -384,11 +384,12 @@ class SweepRun:
 
     def _successor(self, g: GroupRun) -> GroupRun | None:
         """The waiting group ``g``'s actor goes on to, if any (``HandOver``)."""
-        def seen(h: GroupRun) -> OpenGroup:
-            return OpenGroup(key=id(h), group=h.group, resources=h.resources, waiting=h.state is GroupState.WAITING)
-
-        key = HandOver.successor(seen(g), [seen(h) for h in self.open])
-        return next((h for h in self.open if id(h) == key), None)
+        # Keyed by place in ``open``, as the split rule's snapshot is; ``g`` is closed already.
+        key = HandOver.successor(
+            OpenGroup(key=None, group=g.group, resources=g.resources, waiting=False),
+            [OpenGroup(key=i, group=h.group, resources=h.resources, waiting=h.state is GroupState.WAITING)
+             for i, h in enumerate(self.open)])
+        return self.open[key] if isinstance(key, int) else None
 
     def hand_over(self, g: GroupRun, h: GroupRun) -> None:
         """``g`` is done: its actor, already started and holding its GPU, loads ``h``'s model

@@ -82,15 +82,7 @@ def group_running(pgid: int) -> bool:
 
 def stop_group(pgid: int, timeout_s: float) -> None:
     """SIGTERM to the whole group, then SIGKILL to whatever is left after ``timeout_s``."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and group_running(pgid):
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
+    stop_groups({pgid}, timeout_s)
 
 
 def tree_groups(pid: int) -> set[int]:
@@ -124,7 +116,8 @@ def tree_groups(pid: int) -> set[int]:
 
 
 def stop_groups(pgids: set[int], timeout_s: float) -> None:
-    """``stop_group`` for several groups at once: SIGTERM to each, one shared bound, then SIGKILL."""
+    """SIGTERM to each group, then, after one shared bound (none once every group is gone),
+    SIGKILL to whatever is left of them."""
     for pgid in pgids:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
